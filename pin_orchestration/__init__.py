@@ -1,0 +1,1 @@
+"""pin-orchestration: the PIN platform's PostgreSQL-backed background work, run by Dagster."""

@@ -1,0 +1,194 @@
+"""Dagster wiring of news-comment-reconcile: the asset, its run config and its checks."""
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at definition time.
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    DailyPartitionsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
+from pydantic import Field
+
+from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.jobruns import count_runs_since, last_successful_run_at
+from pin_orchestration.locks import default_holder
+from pin_orchestration.news.reconcile import (
+    JOB_CODE,
+    LOCK_KEY,
+    ReconcileConfigError,
+    ReconcileOptions,
+    ReconcileResult,
+    RunStatus,
+    Scope,
+    run_reconcile,
+)
+from pin_orchestration.resources.database import DatabaseResource
+
+POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
+DRIFT_CHECK = "drift_within_threshold"
+# The seed's alert: no successful run for more than 26 hours.
+STALE_AFTER_SECONDS = 26 * 3600
+
+news_daily_partitions = DailyPartitionsDefinition(
+    start_date="2025-01-01", timezone="Europe/Moscow", fmt="%Y-%m-%d"
+)
+
+
+class ReconcileConfig(Config):
+    scope: str = Field(
+        default=Scope.DAILY_WINDOW.value,
+        description="DailyWindow (posts with comment activity in the lookback window) "
+        "or FullSweep (every post that is not Archived)",
+    )
+    batch_size: int = Field(default=500, description="Posts per batch (> 0)")
+    max_run_duration_seconds: float = Field(
+        default=1200, description="Stop after this long; the next run resumes from the checkpoint"
+    )
+    window_lookback_hours: float = Field(
+        default=26, description="DailyWindow: comment activity at or after end-of-day minus this"
+    )
+    lock_ttl_seconds: float = Field(
+        default=1800, description="TTL of the distributed lock; must exceed the max duration"
+    )
+    drift_alert_threshold: int = Field(
+        default=100, description="Corrections in one run above this fail the drift check"
+    )
+
+    def to_options(self) -> ReconcileOptions:
+        return ReconcileOptions(
+            scope=self.scope,  # type: ignore[arg-type]  # validated by ReconcileOptions
+            batch_size=self.batch_size,
+            max_run_duration_seconds=self.max_run_duration_seconds,
+            window_lookback_hours=self.window_lookback_hours,
+            lock_ttl_seconds=self.lock_ttl_seconds,
+            drift_alert_threshold=self.drift_alert_threshold,
+        )
+
+
+def _result_metadata(result: ReconcileResult) -> dict[str, object]:
+    summary = result.summary()
+    metadata: dict[str, object] = {k: v for k, v in summary.items() if v is not None}
+    if result.corrections:
+        rows = "\n".join(
+            f"| {c['post_id']} | {c['from']} | {c['to']} |" for c in result.corrections
+        )
+        metadata["corrections"] = MetadataValue.md(
+            f"| post_id | from | to |\n|---|---|---|\n{rows}"
+        )
+    return metadata
+
+
+@asset(
+    key=POST_COMMENT_COUNTS,
+    partitions_def=news_daily_partitions,
+    check_specs=[
+        AssetCheckSpec(
+            DRIFT_CHECK,
+            asset=POST_COMMENT_COUNTS,
+            description="Drift corrected in the run stays at or under drift_alert_threshold; "
+            "more points at a bug in the hot-path increment (INV-CMT-005)",
+        )
+    ],
+    output_required=False,
+    group_name="news",
+    kinds={"postgres"},
+    description="news.posts.comments_count reconciled to the number of Visible comments "
+    "(seed 000). A partition is a day in Europe/Moscow; its DailyWindow looks back "
+    "from the end of that day.",
+)
+def post_comment_counts(
+    context: AssetExecutionContext, config: ReconcileConfig, database: DatabaseResource
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    options = config.to_options()
+    try:
+        options.validate()
+    except ReconcileConfigError as exc:
+        raise Failure(description=str(exc)) from exc
+    window_end = context.partition_time_window.end if context.has_partition_key else None
+    anchor = min(datetime.now(UTC), window_end) if window_end else None
+    run_id = context.run.run_id
+    with stop_requested_on_signals(reraise=True) as stop:
+        result = run_reconcile(
+            database.get_engine(),
+            options,
+            run_id=run_id,
+            holder=default_holder(run_id),
+            window_anchor=anchor,
+            stop_requested=stop,
+            logger=context.log,
+        )
+        if result.status == RunStatus.SKIPPED:
+            # Lock held by another runner: nothing is materialized and the run succeeds.
+            # The check still reports (Dagster requires its output), saying why.
+            yield AssetCheckResult(
+                check_name=DRIFT_CHECK,
+                passed=True,
+                metadata={"skipped": "lock held", "lock_key": LOCK_KEY},
+            )
+            return
+        if result.status == RunStatus.FAILED:
+            raise Failure(
+                description=f"{JOB_CODE} batch failed: {result.error}",
+                metadata=_result_metadata(result),
+            )
+        yield MaterializeResult(
+            metadata=_result_metadata(result),
+            check_results=[
+                AssetCheckResult(
+                    check_name=DRIFT_CHECK,
+                    passed=result.drift_corrected <= options.drift_alert_threshold,
+                    severity=AssetCheckSeverity.ERROR,
+                    metadata={
+                        "drift_corrected": result.drift_corrected,
+                        "drift_alert_threshold": options.drift_alert_threshold,
+                    },
+                )
+            ],
+        )
+
+
+@asset_check(
+    asset=POST_COMMENT_COUNTS,
+    name="reconciled_within_26h",
+    description="A reconcile run succeeded within the last 26 hours",
+)
+def reconciled_within_26h(
+    context: AssetCheckExecutionContext, database: DatabaseResource
+) -> AssetCheckResult:
+    last = last_successful_run_at(database.get_engine(), JOB_CODE)
+    age = (datetime.now(UTC) - last).total_seconds() if last else None
+    return AssetCheckResult(
+        passed=age is not None and age <= STALE_AFTER_SECONDS,
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "last_success_at": last.isoformat() if last else "never",
+            "age_hours": round(age / 3600, 2) if age is not None else -1,
+        },
+    )
+
+
+@asset_check(
+    asset=POST_COMMENT_COUNTS,
+    name="no_failed_runs_in_26h",
+    description="No reconcile run failed in the last 26 hours (errors_total not growing)",
+)
+def no_failed_runs_in_26h(
+    context: AssetCheckExecutionContext, database: DatabaseResource
+) -> AssetCheckResult:
+    failed = count_runs_since(database.get_engine(), JOB_CODE, "failed", STALE_AFTER_SECONDS)
+    return AssetCheckResult(
+        passed=failed == 0, severity=AssetCheckSeverity.WARN, metadata={"failed_runs": failed}
+    )

@@ -1,0 +1,32 @@
+"""Engines for the platform database."""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+
+from pin_orchestration.settings import Settings
+
+
+@functools.cache
+def create_db_engine(url: str) -> Engine:
+    """One pooled engine per URL for the life of the process."""
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def resolve_database_url(settings: Settings | None = None) -> str:
+    """PIN_DATABASE_URL when set; otherwise the embedded PostgreSQL under the PIN home."""
+    settings = settings or Settings.from_env()
+    if settings.database_url:
+        return settings.database_url
+    from pin_orchestration.embedded import start_embedded_postgres
+
+    return start_embedded_postgres(settings.home / "pgdata")
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """The same database as a plain libpq URL (what dagster-postgres / psycopg2 expect)."""
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)

@@ -1,0 +1,44 @@
+"""The code location: every area's Dagster definitions, merged, plus shared resources."""
+
+from __future__ import annotations
+
+from dagster import Definitions
+
+from pin_orchestration.assets.news import (
+    no_failed_runs_in_26h,
+    post_comment_counts,
+    reconciled_within_26h,
+)
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.schedules.news import (
+    build_full_sweep_schedule,
+    news_comment_reconcile_daily,
+    news_comment_reconcile_health_hourly,
+    news_comment_reconcile_health_job,
+    news_comment_reconcile_job,
+)
+from pin_orchestration.settings import Settings
+
+
+def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
+    return Definitions(
+        assets=[post_comment_counts],
+        asset_checks=[reconciled_within_26h, no_failed_runs_in_26h],
+        jobs=[news_comment_reconcile_job, news_comment_reconcile_health_job],
+        schedules=[
+            news_comment_reconcile_daily,
+            build_full_sweep_schedule(settings.news_full_sweep_cron),
+            news_comment_reconcile_health_hourly,
+        ],
+    )
+
+
+def build_definitions(settings: Settings | None = None) -> Definitions:
+    settings = settings or Settings.from_env()
+    return Definitions.merge(
+        Definitions(resources={"database": DatabaseResource()}),
+        news_comment_reconcile_definitions(settings),
+    )
+
+
+defs = build_definitions()

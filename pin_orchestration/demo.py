@@ -1,0 +1,104 @@
+"""Demo data for the embedded default (`pin demo seed`): realistic rows with some drift.
+
+Idempotent: ids are deterministic, rows are inserted with ON CONFLICT DO NOTHING, so a
+second seed changes nothing (and does not undo what the jobs have since corrected).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine, text
+
+DEMO_POSTS = 200
+_DEMO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def uuid7(unix_ms: int | None = None, rand: random.Random | None = None) -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48-bit Unix-ms timestamp, version 7, variant, 74 random bits."""
+    ms = int(time.time() * 1000) if unix_ms is None else unix_ms
+    random_bits = rand.getrandbits(74) if rand else int.from_bytes(os.urandom(10)) >> 6
+    value = (ms & (2**48 - 1)) << 80
+    value |= 0x7 << 76
+    value |= (random_bits >> 62) << 64  # rand_a: 12 bits
+    value |= 0b10 << 62
+    value |= random_bits & (2**62 - 1)  # rand_b: 62 bits
+    return uuid.UUID(int=value)
+
+
+def seed_news(engine: Engine) -> dict[str, int]:
+    """Posts with Visible/hidden/deleted comments; about one post in ten has a drifted counter."""
+    rand = random.Random(20261130)
+    now = datetime.now(UTC)
+    posts: list[dict[str, object]] = []
+    comments: list[dict[str, object]] = []
+    for i in range(DEMO_POSTS):
+        created = _DEMO_EPOCH + timedelta(hours=i * 7)
+        post_id = uuid7(int(created.timestamp() * 1000), rand)
+        status = rand.choices(["Published", "Unpublished", "Draft", "Archived"], [80, 8, 6, 6])[0]
+        visible = 0
+        # Half the posts had comments today (DailyWindow sees them), half only long ago.
+        recent = i % 2 == 0
+        for j in range(rand.randint(0, 15)):
+            comment_status = rand.choices(
+                ["Visible", "HiddenByModerator", "DeletedByAuthor"], [85, 8, 7]
+            )[0]
+            visible += comment_status == "Visible"
+            at = (
+                now - timedelta(hours=rand.uniform(0, 20))
+                if recent
+                else created + timedelta(hours=j)
+            )
+            comments.append(
+                {
+                    # ids derive from the post's fixed timeline, never from `now`, so a
+                    # second seed finds the same ids.
+                    "id": uuid7(int((created + timedelta(minutes=j)).timestamp() * 1000), rand),
+                    "post_id": post_id,
+                    "status": comment_status,
+                    "body": f"demo comment {j} on post {i}",
+                    "at": at,
+                }
+            )
+        drifted = rand.random() < 0.1
+        count = visible + rand.choice([-3, -2, -1, 1, 2, 4]) if drifted else visible
+        posts.append(
+            {
+                "id": post_id,
+                "status": status,
+                "count": max(count, 0),
+                "title": f"Demo post {i}",
+                "at": created,
+            }
+        )
+    with engine.begin() as conn:
+        inserted_posts = conn.execute(
+            text(
+                """
+                INSERT INTO news.posts (id, status, comments_count, title, created_at, updated_at)
+                VALUES (:id, :status, :count, :title, :at, :at)
+                ON CONFLICT (id) DO NOTHING
+                """
+            ),
+            posts,
+        ).rowcount
+        inserted_comments = conn.execute(
+            text(
+                """
+                INSERT INTO news.comments (id, post_id, status, body, created_at, updated_at)
+                VALUES (:id, :post_id, :status, :body, :at, :at)
+                ON CONFLICT (id) DO NOTHING
+                """
+            ),
+            comments,
+        ).rowcount
+    return {"posts": inserted_posts, "comments": inserted_comments}
+
+
+def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:
+    """Everything `pin demo seed` loads, per area."""
+    return {"news": seed_news(engine)}

@@ -1,0 +1,104 @@
+"""`pin up`: the whole system on one machine — database, migrations, demo data, local
+stand-ins for external services, the metrics endpoint, and Dagster (webserver + daemon).
+
+Every external part is switched to a real one by environment variables, never by code:
+PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pin_orchestration.db import create_db_engine, libpq_url, resolve_database_url
+from pin_orchestration.demo import seed_demo_data
+from pin_orchestration.metrics import serve_metrics
+from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def prepare_dagster_home(settings: Settings, dagster_yaml: Path) -> Path:
+    """DAGSTER_HOME under the PIN home, holding the repository's dagster.yaml."""
+    if not dagster_yaml.is_file():
+        raise FileNotFoundError(
+            f"{dagster_yaml} not found: run `pin up` from the repository root or pass "
+            "--dagster-yaml PATH"
+        )
+    home = settings.home / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(dagster_yaml, home / "dagster.yaml")
+    return home
+
+
+def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callable[[], None]]:
+    """Start what stands in for external services; returns how to stop each.
+
+    An area whose external service is unset adds its stand-in here and exports its URL
+    into `env`, so the Dagster processes started afterwards use it.
+    """
+    return []
+
+
+def run_stack(
+    *,
+    settings: Settings,
+    dagster_yaml: Path,
+    workspace_yaml: Path,
+    host: str,
+    port: int,
+    metrics_port: int,
+    seed_demo: bool = True,
+) -> int:
+    embedded = settings.database_url is None
+    if embedded:
+        from pin_orchestration.embedded import start_embedded_postgres
+
+        database_url = start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)
+        log.info("embedded PostgreSQL running, data in %s", settings.home / "pgdata")
+    else:
+        database_url = resolve_database_url(settings)
+    upgrade_database(database_url)
+    engine = create_db_engine(database_url)
+    if seed_demo:
+        log.info("demo data: %s", seed_demo_data(engine))
+
+    env = dict(os.environ)
+    env.update(
+        {
+            "PIN_DATABASE_URL": database_url,
+            "PIN_DAGSTER_PG_URL": env.get("PIN_DAGSTER_PG_URL") or libpq_url(database_url),
+            "PIN_HOME": str(settings.home),
+            "DAGSTER_HOME": str(prepare_dagster_home(settings, dagster_yaml)),
+        }
+    )
+    stoppers = start_local_services(settings, env)
+    metrics_server = serve_metrics(engine, host, metrics_port)
+    log.info("metrics on http://%s:%d/metrics", host, metrics_port)
+    dagster = [
+        sys.executable,
+        "-m",
+        "dagster",
+        "dev",
+        "-w",
+        str(workspace_yaml),
+        "-h",
+        host,
+        "-p",
+        str(port),
+    ]
+    log.info("Dagster UI on http://%s:%d", host, port)
+    try:
+        return subprocess.call(dagster, env=env)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        metrics_server.shutdown()
+        for stop in reversed(stoppers):
+            stop()

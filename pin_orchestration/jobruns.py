@@ -1,0 +1,69 @@
+"""The record of each background-job run in pin.job_runs.
+
+Runs are short-lived processes, so what alerts and metrics need to know about past runs
+("no successful run in 26 h", totals of corrected drift) is kept here, durably.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+_INSERT = text(
+    """
+    INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at, result)
+    VALUES (:job_code, :run_id, :status, :started_at, now(), CAST(:result AS jsonb))
+    """
+)
+_LAST_SUCCESS = text(
+    """
+    SELECT max(finished_at) FROM pin.job_runs
+    WHERE job_code = :job_code AND status = 'succeeded'
+    """
+)
+_COUNT_SINCE = text(
+    """
+    SELECT count(*) FROM pin.job_runs
+    WHERE job_code = :job_code AND status = :status
+      AND finished_at >= now() - make_interval(secs => :seconds)
+    """
+)
+
+
+def record_job_run(
+    engine: Engine,
+    *,
+    job_code: str,
+    run_id: str,
+    status: str,
+    started_at: datetime,
+    result: dict[str, Any],
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            _INSERT,
+            {
+                "job_code": job_code,
+                "run_id": run_id,
+                "status": status,
+                "started_at": started_at,
+                "result": json.dumps(result, default=str),
+            },
+        )
+
+
+def last_successful_run_at(engine: Engine, job_code: str) -> datetime | None:
+    with engine.connect() as conn:
+        return conn.execute(_LAST_SUCCESS, {"job_code": job_code}).scalar()
+
+
+def count_runs_since(engine: Engine, job_code: str, status: str, seconds: float) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                _COUNT_SINCE, {"job_code": job_code, "status": status, "seconds": seconds}
+            ).scalar_one()
+        )

@@ -1,0 +1,127 @@
+"""Prometheus exposition of the seeds' metrics (`pin metrics serve`).
+
+Job runs are short-lived processes, so every figure is read from durable state in
+PostgreSQL at scrape time by custom collectors — nothing lives in process memory. An
+area adds its collector to `collectors()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, text
+
+from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
+
+RUN_DURATION_BUCKETS_MS = (100, 500, 1_000, 5_000, 30_000, 60_000, 300_000, 1_200_000)
+
+_RECONCILE_TOTALS = text(
+    """
+    SELECT
+        coalesce(sum((result->>'posts_reconciled')::bigint), 0) AS posts_reconciled,
+        coalesce(sum((result->>'drift_corrected')::bigint), 0) AS drift_corrected,
+        count(*) FILTER (WHERE status = 'failed') AS errors,
+        coalesce(sum((result->>'duration_ms')::bigint)
+                 FILTER (WHERE status <> 'skipped'), 0) AS duration_sum,
+        count(*) FILTER (WHERE status <> 'skipped') AS runs
+    FROM pin.job_runs WHERE job_code = :job_code
+    """
+)
+_RUN_DURATION_BUCKETS = text(
+    """
+    SELECT b.le, count(r.id) AS runs
+    FROM unnest(CAST(:buckets AS bigint[])) AS b(le)
+    LEFT JOIN pin.job_runs AS r
+        ON r.job_code = :job_code AND r.status <> 'skipped'
+       AND (r.result->>'duration_ms')::bigint <= b.le
+    GROUP BY b.le ORDER BY b.le
+    """
+)
+_LATEST_BACKLOG = text(
+    """
+    SELECT (result->>'backlog_remaining')::boolean FROM pin.job_runs
+    WHERE job_code = :job_code AND status <> 'skipped'
+    ORDER BY finished_at DESC LIMIT 1
+    """
+)
+
+
+def run_duration_histogram(
+    engine: Engine, name: str, documentation: str, job_code: str
+) -> HistogramMetricFamily:
+    """A histogram of pin.job_runs durations (ms) of one job, cumulative as Prometheus wants."""
+    with engine.connect() as conn:
+        buckets = conn.execute(
+            _RUN_DURATION_BUCKETS,
+            {"buckets": list(RUN_DURATION_BUCKETS_MS), "job_code": job_code},
+        ).all()
+        totals = conn.execute(_RECONCILE_TOTALS, {"job_code": job_code}).one()
+    family = HistogramMetricFamily(name, documentation)
+    family.add_metric(
+        [],
+        [(str(le), runs) for le, runs in buckets] + [("+Inf", totals.runs)],
+        sum_value=totals.duration_sum,
+    )
+    return family
+
+
+class ReconcileCollector(Collector):
+    """news_comment_reconcile_* (seed 000, REC-9)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        with self.engine.connect() as conn:
+            totals = conn.execute(_RECONCILE_TOTALS, {"job_code": RECONCILE_JOB_CODE}).one()
+            backlog = conn.execute(_LATEST_BACKLOG, {"job_code": RECONCILE_JOB_CODE}).scalar()
+        yield CounterMetricFamily(
+            "news_comment_reconcile_posts_reconciled",
+            "Posts compared with their Visible comment count",
+            value=totals.posts_reconciled,
+        )
+        yield CounterMetricFamily(
+            "news_comment_reconcile_drift_corrected",
+            "Posts whose comments_count was wrong and was corrected",
+            value=totals.drift_corrected,
+        )
+        yield CounterMetricFamily(
+            "news_comment_reconcile_errors", "Reconcile runs that failed", value=totals.errors
+        )
+        yield GaugeMetricFamily(
+            "news_comment_reconcile_backlog_remaining",
+            "1 when the last run stopped at max_run_duration_seconds with posts left",
+            value=1 if backlog else 0,
+        )
+        yield run_duration_histogram(
+            self.engine,
+            "news_comment_reconcile_run_duration_ms",
+            "Duration of reconcile runs in milliseconds",
+            RECONCILE_JOB_CODE,
+        )
+
+
+def collectors(engine: Engine) -> Iterable[Collector]:
+    return [ReconcileCollector(engine)]
+
+
+def build_registry(engine: Engine) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors(engine):
+        registry.register(collector)
+    return registry
+
+
+def serve_metrics(engine: Engine, host: str, port: int) -> WSGIServer:
+    """Start the /metrics endpoint in a background thread; returns the server to shut down."""
+    server, _thread = start_http_server(port, addr=host, registry=build_registry(engine))
+    return server

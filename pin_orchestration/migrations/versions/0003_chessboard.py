@@ -1,0 +1,18 @@
+"""chessboard schema (issue 4).
+
+Revision ID: 0003
+Revises: 0002
+"""
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass

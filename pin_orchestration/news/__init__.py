@@ -1,0 +1,1 @@
+"""The news context: comment-count reconcile and the snapshot-detach outbox."""

@@ -1,0 +1,296 @@
+"""news-comment-reconcile (seed 000): keep news.posts.comments_count equal to the number of
+the post's Visible comments.
+
+Read top to bottom: options and their validation, then `run_reconcile`, which takes the
+distributed lock, resumes from the checkpoint and walks posts in id order one batch (one
+statement, one transaction) at a time until a batch comes back short, the run's time is
+up, or a stop was requested.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from pin_orchestration.jobruns import record_job_run
+from pin_orchestration.locks import held_lock
+from pin_orchestration.sql import load_queries
+
+JOB_CODE = "news-comment-reconcile"
+LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"
+# The keyset cursor before the first post.
+START_CURSOR = uuid.UUID(int=0)
+# How many individual corrections a run keeps for its report (all are logged at DEBUG).
+CORRECTIONS_REPORTED = 50
+
+log = logging.getLogger(__name__)
+
+
+class Scope(StrEnum):
+    DAILY_WINDOW = "DailyWindow"
+    FULL_SWEEP = "FullSweep"
+
+
+class ReconcileConfigError(ValueError):
+    """The run's options are invalid; raised before any work is done."""
+
+
+@dataclass(frozen=True)
+class ReconcileOptions:
+    scope: Scope = Scope.DAILY_WINDOW
+    batch_size: int = 500
+    max_run_duration_seconds: float = 20 * 60
+    window_lookback_hours: float = 26
+    lock_ttl_seconds: float = 30 * 60
+    drift_alert_threshold: int = 100
+
+    def validate(self) -> None:
+        problems: list[str] = []
+        if self.scope not in tuple(Scope):
+            problems.append(
+                f"scope must be one of {', '.join(s.value for s in Scope)} (got {self.scope!r})"
+            )
+        if self.batch_size <= 0:
+            problems.append(f"batch_size must be > 0 (got {self.batch_size}); default is 500")
+        if self.max_run_duration_seconds <= 0:
+            problems.append(
+                "max_run_duration_seconds must be > 0 "
+                f"(got {self.max_run_duration_seconds}); default is 1200"
+            )
+        if self.scope == Scope.DAILY_WINDOW and self.window_lookback_hours <= 0:
+            problems.append(
+                "window_lookback_hours must be > 0 for scope DailyWindow "
+                f"(got {self.window_lookback_hours}); default is 26"
+            )
+        if self.lock_ttl_seconds <= self.max_run_duration_seconds:
+            problems.append(
+                f"lock_ttl_seconds ({self.lock_ttl_seconds}) must exceed "
+                f"max_run_duration_seconds ({self.max_run_duration_seconds}) so the lock "
+                "cannot expire under a live run; default is 1800"
+            )
+        if self.drift_alert_threshold < 0:
+            problems.append(
+                f"drift_alert_threshold must be >= 0 (got {self.drift_alert_threshold})"
+            )
+        if problems:
+            raise ReconcileConfigError(
+                "invalid news-comment-reconcile config: " + "; ".join(problems)
+            )
+
+
+class RunStatus(StrEnum):
+    SUCCEEDED = "succeeded"
+    SKIPPED = "skipped"  # the lock was held by another runner
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass
+class ReconcileResult:
+    status: RunStatus
+    scope: Scope
+    start_after_post_id: uuid.UUID | None = None
+    posts_reconciled: int = 0
+    drift_corrected: int = 0
+    batches_processed: int = 0
+    last_post_id: uuid.UUID | None = None
+    backlog_remaining: bool = False
+    duration_ms: int = 0
+    error: str | None = None
+    corrections: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The seed's run result, as plain JSON-able values."""
+        data = asdict(self)
+        data.pop("corrections")
+        for key in ("start_after_post_id", "last_post_id"):
+            data[key] = str(data[key]) if data[key] else None
+        data["status"] = self.status.value
+        data["scope"] = self.scope.value
+        return data
+
+
+@dataclass(frozen=True)
+class _BatchOutcome:
+    candidate_count: int
+    last_candidate_id: uuid.UUID | None
+    locked_count: int
+    corrections: list[dict[str, Any]]
+
+
+def checkpoint_key(scope: Scope) -> str:
+    return f"{JOB_CODE}:{scope.value}"
+
+
+def _batch_sql(scope: Scope) -> str:
+    queries = load_queries("pin_orchestration.news", "reconcile.sql")
+    if scope == Scope.FULL_SWEEP:
+        candidates, visible = queries["full_sweep_candidates"], queries["visible_in_id_range"]
+    else:
+        candidates, visible = queries["daily_window_candidates"], queries["visible_in_id_list"]
+    # Only SQL fragments are composed here; every value is a bound parameter.
+    return queries["reconcile_batch"].format(candidates=candidates, visible_filter=visible)
+
+
+def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
+    query = text(load_queries("pin_orchestration.news", "reconcile.sql")["read_checkpoint"])
+    with engine.connect() as conn:
+        return conn.execute(query, {"checkpoint_key": checkpoint_key(scope)}).scalar()
+
+
+def reconcile_batch(
+    engine: Engine,
+    scope: Scope,
+    cursor: uuid.UUID,
+    batch_size: int,
+    window_start: datetime | None,
+) -> _BatchOutcome:
+    """Reconcile the next batch after `cursor` in one transaction."""
+    params: dict[str, Any] = {
+        "cursor": cursor,
+        "batch_size": batch_size,
+        "checkpoint_key": checkpoint_key(scope),
+    }
+    if scope == Scope.DAILY_WINDOW:
+        params["window_start"] = window_start
+    with engine.begin() as conn:
+        # The counter is recomputable from comments: losing the last commit to a crash
+        # costs nothing, so don't wait for the WAL flush on every batch.
+        conn.execute(text("SET LOCAL synchronous_commit = off"))
+        row = conn.execute(text(_batch_sql(scope)), params).one()
+    return _BatchOutcome(
+        candidate_count=row.candidate_count,
+        last_candidate_id=row.last_candidate_id,
+        locked_count=row.locked_count,
+        corrections=row.corrections,
+    )
+
+
+def run_reconcile(
+    engine: Engine,
+    options: ReconcileOptions,
+    *,
+    run_id: str,
+    holder: str,
+    window_anchor: datetime | None = None,
+    stop_requested: threading.Event | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> ReconcileResult:
+    """One reconcile run under the distributed lock.
+
+    `window_anchor` is the instant the DailyWindow looks back from (now by default; the
+    end of the partition's day for a backfill). A set `stop_requested` is honoured
+    between batches: what was committed stays, the checkpoint points past it.
+    """
+    options.validate()
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    scope = Scope(options.scope)
+    result = ReconcileResult(status=RunStatus.SUCCEEDED, scope=scope)
+    window_start = None
+    if scope == Scope.DAILY_WINDOW:
+        window_start = (window_anchor or started_at) - timedelta(
+            hours=options.window_lookback_hours
+        )
+
+    with held_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as acquired:
+        if not acquired:
+            logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
+            result.status = RunStatus.SKIPPED
+            _finish(engine, result, run_id, started, started_at)
+            return result
+
+        cursor = read_checkpoint(engine, scope)
+        result.start_after_post_id = cursor
+        logger.info(
+            "%s started: jobRunId=%s scope=%s cursor=%s window_start=%s batch_size=%d",
+            JOB_CODE,
+            run_id,
+            scope.value,
+            cursor,
+            window_start,
+            options.batch_size,
+        )
+        cursor = cursor or START_CURSOR
+        while True:
+            if stop_requested is not None and stop_requested.is_set():
+                result.status = RunStatus.CANCELLED
+                result.backlog_remaining = True
+                logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
+                break
+            try:
+                batch = reconcile_batch(engine, scope, cursor, options.batch_size, window_start)
+            except Exception as exc:  # noqa: BLE001 — recorded, reported, and re-raised by callers
+                result.status = RunStatus.FAILED
+                result.error = f"{type(exc).__name__}: {exc}"[:512]
+                result.backlog_remaining = True
+                logger.exception(
+                    "%s batch after %s failed; earlier batches stay committed", JOB_CODE, cursor
+                )
+                break
+            if batch.candidate_count == 0:
+                break
+            result.batches_processed += 1
+            result.posts_reconciled += batch.locked_count
+            result.drift_corrected += len(batch.corrections)
+            result.last_post_id = batch.last_candidate_id
+            room = CORRECTIONS_REPORTED - len(result.corrections)
+            result.corrections.extend(batch.corrections[: max(room, 0)])
+            logger.info(
+                "%s batch processed: rows=%d locked=%d corrected=%d",
+                JOB_CODE,
+                batch.candidate_count,
+                batch.locked_count,
+                len(batch.corrections),
+            )
+            for c in batch.corrections:
+                logger.debug("drift corrected: post %s %s→%s", c["post_id"], c["from"], c["to"])
+            if batch.candidate_count < options.batch_size:
+                break
+            cursor = batch.last_candidate_id
+            # Checked after a batch, so even a tiny budget makes progress every run.
+            if time.monotonic() - started >= options.max_run_duration_seconds:
+                result.backlog_remaining = True
+                logger.warning(
+                    "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
+                    JOB_CODE,
+                    options.max_run_duration_seconds,
+                    cursor,
+                )
+                break
+
+        _finish(engine, result, run_id, started, started_at)
+        logger.info(
+            "%s completed: status=%s postsReconciled=%d driftCorrected=%d batches=%d "
+            "backlogRemaining=%s durationMs=%d",
+            JOB_CODE,
+            result.status.value,
+            result.posts_reconciled,
+            result.drift_corrected,
+            result.batches_processed,
+            result.backlog_remaining,
+            result.duration_ms,
+        )
+        return result
+
+
+def _finish(
+    engine: Engine, result: ReconcileResult, run_id: str, started: float, started_at: datetime
+) -> None:
+    result.duration_ms = int((time.monotonic() - started) * 1000)
+    record_job_run(
+        engine,
+        job_code=JOB_CODE,
+        run_id=run_id,
+        status=result.status.value,
+        started_at=started_at,
+        result=result.summary(),
+    )

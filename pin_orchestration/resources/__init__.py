@@ -1,0 +1,1 @@
+"""Dagster resources: thin handles on the external parts, configured from the environment."""

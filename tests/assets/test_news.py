@@ -1,0 +1,124 @@
+"""The reconcile asset run by Dagster: materialization metadata, checks, skip and failure."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import DagsterInstance, Definitions, materialize
+from sqlalchemy import Engine, text
+
+from pin_orchestration.assets.news import (
+    DRIFT_CHECK,
+    POST_COMMENT_COUNTS,
+    no_failed_runs_in_26h,
+    post_comment_counts,
+    reconciled_within_26h,
+)
+from pin_orchestration.locks import try_acquire_lock
+from pin_orchestration.news.reconcile import LOCK_KEY
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.schedules.news import news_comment_reconcile_health_job
+from tests.news.factories import add_comments, add_post, comments_count
+
+OP = "news__post_comment_counts"
+
+
+def run_asset(db_url: str, config: dict | None = None, raise_on_error: bool = True):
+    return materialize(
+        [post_comment_counts],
+        partition_key="2026-11-29",
+        resources={"database": DatabaseResource(url=db_url)},
+        run_config={"ops": {OP: {"config": config or {"scope": "FullSweep"}}}},
+        instance=DagsterInstance.ephemeral(),
+        raise_on_error=raise_on_error,
+    )
+
+
+def test_materialization_corrects_drift_and_reports(db_url: str, db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    add_comments(db_engine, post, 3)
+    result = run_asset(db_url)
+    assert result.success
+    assert comments_count(db_engine, post) == 3
+    (mat,) = result.asset_materializations_for_node(OP)
+    assert mat.partition == "2026-11-29"
+    meta = {k: v.value for k, v in mat.metadata.items()}
+    assert meta["drift_corrected"] == 1
+    assert meta["posts_reconciled"] == 1
+    assert meta["batches_processed"] == 1
+    assert meta["backlog_remaining"] is False
+    assert meta["last_post_id"] == str(post)
+    assert "duration_ms" in meta
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == DRIFT_CHECK and check.passed
+
+
+def test_drift_over_threshold_fails_the_drift_check(db_url: str, db_engine: Engine) -> None:
+    for _ in range(3):
+        add_post(db_engine, comments_count=1)
+    result = run_asset(db_url, {"scope": "FullSweep", "drift_alert_threshold": 2})
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed
+    assert check.metadata["drift_corrected"].value == 3
+
+
+def test_lock_held_skips_successfully_without_materializing(db_url: str, db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    assert try_acquire_lock(db_engine, LOCK_KEY, 600, "other-pod")
+    result = run_asset(db_url)
+    assert result.success
+    assert result.asset_materializations_for_node(OP) == []
+    assert comments_count(db_engine, post) == 5
+
+
+def test_invalid_config_fails_naming_the_field(db_url: str, db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    result = run_asset(db_url, {"scope": "FullSweep", "batch_size": 0}, raise_on_error=False)
+    assert not result.success
+    failure = result.get_step_failure_events()[0]
+    assert "batch_size must be > 0" in failure.step_failure_data.error.message
+    assert comments_count(db_engine, post) == 5
+
+
+def test_failed_batch_fails_the_run(db_url: str, db_engine: Engine) -> None:
+    add_post(db_engine, comments_count=5)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION news.reject() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'disk on fire'; END $$;"
+                "CREATE TRIGGER reject BEFORE UPDATE ON news.posts "
+                "FOR EACH ROW EXECUTE FUNCTION news.reject();"
+            )
+        )
+    result = run_asset(db_url, raise_on_error=False)
+    assert not result.success
+    assert "disk on fire" in result.get_step_failure_events()[0].step_failure_data.error.message
+
+
+@pytest.mark.parametrize("age_hours, passed", [(None, False), (2, True), (30, False)])
+def test_reconciled_within_26h_check(
+    db_url: str, db_engine: Engine, age_hours: float | None, passed: bool
+) -> None:
+    if age_hours is not None:
+        with db_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at) "
+                    "VALUES ('news-comment-reconcile', 'r', 'succeeded', now(), "
+                    "now() - make_interval(hours => :h))"
+                ),
+                {"h": age_hours},
+            )
+    defs = Definitions(
+        assets=[post_comment_counts],
+        asset_checks=[reconciled_within_26h, no_failed_runs_in_26h],
+        resources={"database": DatabaseResource(url=db_url)},
+    )
+    job = Definitions.merge(defs, Definitions(jobs=[news_comment_reconcile_health_job]))
+    outcome = job.resolve_job_def("news_comment_reconcile_health").execute_in_process(
+        instance=DagsterInstance.ephemeral()
+    )
+    evaluations = {e.check_name: e for e in outcome.get_asset_check_evaluations()}
+    assert evaluations["reconciled_within_26h"].passed is passed
+    assert evaluations["no_failed_runs_in_26h"].passed
+    assert all(e.asset_key == POST_COMMENT_COUNTS for e in evaluations.values())

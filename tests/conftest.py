@@ -1,0 +1,74 @@
+"""Fixtures: every test gets a fresh, migrated database, cloned from a template.
+
+PIN_DATABASE_URL (a server the tests may create databases on) selects the PostgreSQL to
+use; without it the session starts an embedded PostgreSQL in a temporary directory, so
+the suite also runs on a machine that has only Python.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from pin_orchestration.db import create_db_engine
+from pin_orchestration.migrations import upgrade_database
+
+
+def _with_database(url: str, database: str) -> str:
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL on a server where tests may create databases."""
+    configured = os.environ.get("PIN_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    from pin_orchestration.embedded import start_embedded_postgres
+
+    data_dir: Path = tmp_path_factory.mktemp("embedded-pg")
+    yield start_embedded_postgres(data_dir, stop_on_exit=True)
+
+
+@pytest.fixture(scope="session")
+def admin_engine(pg_server_url: str) -> Iterator[Engine]:
+    engine = create_engine(pg_server_url, isolation_level="AUTOCOMMIT", pool_size=2)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server_url: str, admin_engine: Engine) -> Iterator[str]:
+    """A database migrated to head once per session; tests clone it (CREATE … TEMPLATE)."""
+    name = f"pin_tpl_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    upgrade_database(_with_database(pg_server_url, name))
+    yield name
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, admin_engine: Engine, template_database: str) -> Iterator[str]:
+    """URL of a fresh database for this test, with every migration applied."""
+    name = f"pin_t_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
+    url = _with_database(pg_server_url, name)
+    yield url
+    create_db_engine(url).dispose()
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def db_engine(db_url: str) -> Engine:
+    return create_db_engine(db_url)

@@ -1,0 +1,317 @@
+"""news-comment-reconcile against the real PostgreSQL: the seed's test table (REC-10) and more."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import Engine, text
+
+from pin_orchestration.locks import try_acquire_lock
+from pin_orchestration.news.reconcile import (
+    LOCK_KEY,
+    ReconcileConfigError,
+    ReconcileOptions,
+    RunStatus,
+    Scope,
+    read_checkpoint,
+    run_reconcile,
+)
+from tests.news.factories import add_comments, add_post, comments_count, days_ago
+
+FULL = ReconcileOptions(scope=Scope.FULL_SWEEP)
+
+
+def reconcile(engine: Engine, options: ReconcileOptions = FULL, **kwargs):
+    return run_reconcile(engine, options, run_id="test-run", holder="test-holder", **kwargs)
+
+
+def test_empty_batch_is_a_noop_success(db_engine: Engine) -> None:
+    result = reconcile(db_engine)
+    assert result.status == RunStatus.SUCCEEDED
+    assert (result.drift_corrected, result.posts_reconciled, result.batches_processed) == (0, 0, 0)
+    assert result.backlog_remaining is False
+
+
+def test_all_counters_right_corrects_nothing(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=2)
+    add_comments(db_engine, post, 2)
+    result = reconcile(db_engine)
+    assert (result.posts_reconciled, result.drift_corrected) == (1, 0)
+
+
+def test_drift_5_to_3_is_corrected(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    add_comments(db_engine, post, 3)
+    with db_engine.connect() as conn:
+        before = conn.execute(
+            text("SELECT status, title, updated_at FROM news.posts WHERE id = :id"), {"id": post}
+        ).one()
+    result = reconcile(db_engine)
+    assert comments_count(db_engine, post) == 3
+    assert result.drift_corrected == 1
+    assert result.corrections == [{"post_id": str(post), "from": 5, "to": 3}]
+    with db_engine.connect() as conn:
+        after = conn.execute(
+            text("SELECT status, title, updated_at FROM news.posts WHERE id = :id"), {"id": post}
+        ).one()
+    # Only the counter and its audit timestamp change.
+    assert (after.status, after.title) == (before.status, before.title)
+    assert after.updated_at > before.updated_at
+
+
+def test_rerun_is_idempotent(db_engine: Engine) -> None:
+    posts = [add_post(db_engine, comments_count=i) for i in range(5)]
+    for post in posts:
+        add_comments(db_engine, post, 2)
+    first = reconcile(db_engine)
+    assert first.drift_corrected == 4
+    with db_engine.connect() as conn:
+        stamps = conn.execute(text("SELECT id, updated_at FROM news.posts ORDER BY id")).all()
+    second = reconcile(db_engine)
+    assert second.drift_corrected == 0
+    assert second.posts_reconciled == 5
+    with db_engine.connect() as conn:
+        assert (
+            conn.execute(text("SELECT id, updated_at FROM news.posts ORDER BY id")).all() == stamps
+        )
+    assert all(comments_count(db_engine, p) == 2 for p in posts)
+
+
+def test_hidden_and_deleted_comments_do_not_count(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=9)
+    add_comments(db_engine, post, 2, status="Visible")
+    add_comments(db_engine, post, 3, status="HiddenByModerator")
+    add_comments(db_engine, post, 4, status="DeletedByAuthor")
+    reconcile(db_engine)
+    assert comments_count(db_engine, post) == 2
+
+
+def test_post_without_comments_goes_to_zero(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=4)
+    reconcile(db_engine)
+    assert comments_count(db_engine, post) == 0
+
+
+def test_archived_posts_are_left_alone(db_engine: Engine) -> None:
+    archived = add_post(db_engine, comments_count=7, status="Archived")
+    add_comments(db_engine, archived, 1)
+    reconcile(db_engine)
+    assert comments_count(db_engine, archived) == 7
+
+
+def test_post_locked_by_live_writer_is_skipped_not_waited_on(db_engine: Engine) -> None:
+    busy = add_post(db_engine, comments_count=5)
+    free = add_post(db_engine, comments_count=5)
+    add_comments(db_engine, busy, 1)
+    add_comments(db_engine, free, 1)
+    # A hot-path inc/dec holds the row lock on a second connection while the job runs.
+    with db_engine.connect() as hot_path:
+        hot_path.execute(
+            text("UPDATE news.posts SET comments_count = comments_count + 1 WHERE id = :id"),
+            {"id": busy},
+        )
+        result = reconcile(db_engine)
+        hot_path.commit()
+    assert result.status == RunStatus.SUCCEEDED
+    assert result.posts_reconciled == 1
+    assert comments_count(db_engine, free) == 1
+    # The hot-path update is not lost; the post is reconciled by the next run.
+    assert comments_count(db_engine, busy) == 6
+    reconcile(db_engine)
+    assert comments_count(db_engine, busy) == 1
+
+
+def test_locked_rows_do_not_end_the_sweep_early(db_engine: Engine) -> None:
+    """A short batch caused by SKIP LOCKED is not the end of the data."""
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(6))
+    with db_engine.connect() as hot_path:
+        hot_path.execute(
+            text("SELECT 1 FROM news.posts WHERE id = :id FOR UPDATE"), {"id": posts[0]}
+        )
+        result = reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=3))
+        hot_path.rollback()
+    assert result.posts_reconciled == 5
+    assert all(comments_count(db_engine, p) == 0 for p in posts[1:])
+
+
+def test_checkpoint_resume_after_max_run_duration(db_engine: Engine) -> None:
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(7))
+    # Every batch runs past a tiny budget: one batch per run.
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=3, max_run_duration_seconds=1e-6)
+    first = reconcile(db_engine, options)
+    assert first.status == RunStatus.SUCCEEDED
+    # The budget is checked after each batch, so every run makes progress.
+    assert first.batches_processed == 1
+    assert first.backlog_remaining is True
+    assert first.last_post_id == posts[2]
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) == posts[2]
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 0, 1, 1, 1, 1]
+
+    second = reconcile(db_engine, options)
+    assert second.start_after_post_id == posts[2]
+    assert second.posts_reconciled == 3
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 0, 0, 0, 0, 1]
+
+    third = reconcile(db_engine, options)
+    assert third.posts_reconciled == 1
+    assert third.backlog_remaining is False
+    # The sweep reached the end: the next run starts from the beginning again.
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) is None
+    assert all(comments_count(db_engine, p) == 0 for p in posts)
+
+
+def test_lock_contention_skips_without_work(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "other-pod")
+    result = reconcile(db_engine)
+    assert result.status == RunStatus.SKIPPED
+    assert result.batches_processed == 0
+    assert comments_count(db_engine, post) == 5
+    with db_engine.connect() as conn:
+        holder = conn.execute(
+            text("SELECT holder FROM pin.distributed_locks WHERE lock_key = :k"), {"k": LOCK_KEY}
+        ).scalar_one()
+    assert holder == "other-pod"
+
+
+def test_expired_lock_is_taken_over(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "dead-pod")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1 second'")
+        )
+    result = reconcile(db_engine)
+    assert result.status == RunStatus.SUCCEEDED
+    assert comments_count(db_engine, post) == 0
+
+
+def test_cancellation_between_batches_keeps_committed_work(db_engine: Engine) -> None:
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(6))
+    stop = threading.Event()
+
+    class StopAfterFirstBatch:
+        def info(self, msg: str, *args: object) -> None:
+            if msg.endswith("batch processed: rows=%d locked=%d corrected=%d"):
+                stop.set()
+
+        def __getattr__(self, name: str):
+            return lambda *a, **k: None
+
+    result = reconcile(
+        db_engine,
+        ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=2),
+        stop_requested=stop,
+        logger=StopAfterFirstBatch(),  # type: ignore[arg-type]
+    )
+    assert result.status == RunStatus.CANCELLED
+    assert result.batches_processed == 1
+    assert result.backlog_remaining is True
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 1, 1, 1, 1]
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) == posts[1]
+
+
+def test_daily_window_only_takes_posts_with_recent_activity(db_engine: Engine) -> None:
+    recent = add_post(db_engine, comments_count=9)
+    add_comments(db_engine, recent, 1, at=days_ago(0.5))
+    quiet = add_post(db_engine, comments_count=9)
+    add_comments(db_engine, quiet, 1, at=days_ago(3))
+    result = reconcile(db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW))
+    assert result.posts_reconciled == 1
+    assert comments_count(db_engine, recent) == 1
+    assert comments_count(db_engine, quiet) == 9
+    reconcile(db_engine)  # FullSweep reaches the quiet post
+    assert comments_count(db_engine, quiet) == 1
+
+
+def test_daily_window_sees_a_comment_hidden_recently(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=2)
+    add_comments(db_engine, post, 2, at=days_ago(5))
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE news.comments SET status = 'HiddenByModerator', updated_at = now() "
+                "WHERE id = (SELECT id FROM news.comments WHERE post_id = :p LIMIT 1)"
+            ),
+            {"p": post},
+        )
+    reconcile(db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW))
+    assert comments_count(db_engine, post) == 1
+
+
+def test_window_anchor_moves_the_window_for_backfills(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=9)
+    add_comments(db_engine, post, 1, at=days_ago(10))
+    result = reconcile(
+        db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW), window_anchor=days_ago(9.5)
+    )
+    assert result.posts_reconciled == 1
+    assert comments_count(db_engine, post) == 1
+
+
+def test_failing_batch_keeps_earlier_batches_and_checkpoint(db_engine: Engine) -> None:
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(4))
+    # The second batch fails: a trigger rejects the update of posts[3].
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.reject() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.id = '{posts[3]}'::uuid THEN RAISE EXCEPTION 'disk on fire'; END IF;
+                  RETURN NEW;
+                END $$;
+                CREATE TRIGGER reject BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.reject();
+                """
+            )
+        )
+    result = reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=2))
+    assert result.status == RunStatus.FAILED
+    assert "disk on fire" in (result.error or "")
+    assert result.batches_processed == 1
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 1, 1]
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) == posts[1]
+    with db_engine.connect() as conn:
+        status = conn.execute(
+            text("SELECT status FROM pin.job_runs ORDER BY id DESC LIMIT 1")
+        ).scalar_one()
+    assert status == "failed"
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (ReconcileOptions(batch_size=0), "batch_size"),
+        (ReconcileOptions(max_run_duration_seconds=0), "max_run_duration_seconds"),
+        (ReconcileOptions(window_lookback_hours=-1), "window_lookback_hours"),
+        (ReconcileOptions(lock_ttl_seconds=60, max_run_duration_seconds=120), "lock_ttl_seconds"),
+        (ReconcileOptions(scope="Sometimes"), "scope"),  # type: ignore[arg-type]
+    ],
+)
+def test_invalid_config_fails_before_any_work(
+    db_engine: Engine, options: ReconcileOptions, field: str
+) -> None:
+    post = add_post(db_engine, comments_count=5)
+    with pytest.raises(ReconcileConfigError, match=field):
+        reconcile(db_engine, options)
+    assert comments_count(db_engine, post) == 5
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM pin.job_runs")).scalar_one() == 0
+
+
+def test_full_sweep_window_lookback_is_not_required(db_engine: Engine) -> None:
+    reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, window_lookback_hours=0))
+
+
+def test_run_is_recorded_for_alerts(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=5)
+    reconcile(db_engine)
+    with db_engine.connect() as conn:
+        row = conn.execute(text("SELECT status, result FROM pin.job_runs")).one()
+    assert row.status == "succeeded"
+    assert row.result["drift_corrected"] == 1
+    assert row.result["last_post_id"] == str(post)
+    assert uuid.UUID(row.result["last_post_id"]) == post

@@ -1,0 +1,47 @@
+"""Load the whole code location and pin down its names, crons and timezones.
+
+An accidental rename of an asset, job, schedule or sensor breaks operators' bookmarks,
+backfills and alert routing: it has to show up here, in review.
+"""
+
+from __future__ import annotations
+
+from pin_orchestration.definitions import defs
+
+
+def test_code_location_snapshot() -> None:
+    repo = defs.get_repository_def()
+    assets = sorted(key.to_user_string() for key in repo.asset_graph.get_all_asset_keys())
+    checks = sorted(
+        f"{key.asset_key.to_user_string()}:{key.name}" for key in repo.asset_graph.asset_check_keys
+    )
+    jobs = sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__"))
+    schedules = sorted(
+        (s.name, s.cron_schedule, s.execution_timezone, s.default_status.value)
+        for s in repo.schedule_defs
+    )
+    sensors = sorted((s.name, s.default_status.value) for s in repo.sensor_defs)
+
+    assert "news/post_comment_counts" in assets
+    assert {
+        "news/post_comment_counts:drift_within_threshold",
+        "news/post_comment_counts:reconciled_within_26h",
+        "news/post_comment_counts:no_failed_runs_in_26h",
+    } <= set(checks)
+    assert {"news_comment_reconcile", "news_comment_reconcile_health"} <= set(jobs)
+    assert {
+        ("news_comment_reconcile_daily", "0 3 * * *", "Europe/Moscow", "RUNNING"),
+        ("news_comment_reconcile_full_sweep", "0 4 * * 0", "Europe/Moscow", "RUNNING"),
+        ("news_comment_reconcile_health_hourly", "17 * * * *", "Europe/Moscow", "RUNNING"),
+    } <= set(schedules)
+    assert all(status == "RUNNING" for _, status in sensors)
+
+
+def test_reconcile_asset_is_daily_partitioned_in_moscow() -> None:
+    repo = defs.get_repository_def()
+    asset = repo.assets_defs_by_key[
+        next(k for k in repo.assets_defs_by_key if k.to_user_string() == "news/post_comment_counts")
+    ]
+    partitions = asset.partitions_def
+    assert partitions.timezone == "Europe/Moscow"
+    assert partitions.get_partition_keys()[0] == "2025-01-01"
