@@ -92,11 +92,15 @@ def run_stack(
         str(port),
     ]
     log.info("Dagster UI on http://%s:%d", host, port)
-    dagster_dev = subprocess.Popen(dagster, env=env)
+    # A process started in the background inherits an ignored SIGINT, and dagster dev maps
+    # SIGTERM to whatever SIGINT does: give it the default back so it can be stopped.
+    dagster_dev = subprocess.Popen(
+        dagster, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
 
-    def forward(signo: int, _frame: FrameType | None) -> None:
-        # dagster dev stops its webserver, daemon and code servers on the signal.
-        dagster_dev.send_signal(signo)
+    def forward(_signo: int, _frame: FrameType | None) -> None:
+        # Ctrl-C is how dagster dev stops its webserver, daemon and code servers cleanly.
+        dagster_dev.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
