@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -159,8 +159,13 @@ def drain_tick(
     policy: RecalcPolicy = DEFAULT_POLICY,
     should_stop: Callable[[], bool] = lambda: False,
     on_outcome: Callable[[ProjectOutcome], None] | None = None,
+    exclude: Collection[uuid.UUID] = (),
 ) -> TickResult:
-    """One worker tick: up to `policy.batch_size` due projects, each its own transaction."""
+    """One worker tick: up to `policy.batch_size` due projects, each its own transaction.
+
+    `exclude` names projects not to claim (a long drain run passes the ones that already
+    failed in it, so a failing row is retried on a later tick, not in a tight loop).
+    """
     policy.validate()
     with engine.connect() as conn:
         due = queue_stats(conn, now=now, policy=policy).due
@@ -168,7 +173,7 @@ def drain_tick(
     if due == 0:
         return tick
     log.info("recalc_batch_started size=%d", min(due, policy.batch_size))
-    tried: list[uuid.UUID] = []
+    tried: list[uuid.UUID] = list(exclude)
     while len(tick.outcomes) < policy.batch_size:
         if should_stop():
             tick.stopped = True
