@@ -102,10 +102,17 @@ def kafka_producer_config(bootstrap_servers: str, message_timeout_ms: int) -> di
 
 
 class KafkaSink:
-    def __init__(self, bootstrap_servers: str, *, message_timeout_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        message_timeout_ms: int = 30_000,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
         self._bootstrap = bootstrap_servers
         self._timeout_s = message_timeout_ms / 1000
-        self._producer = Producer(kafka_producer_config(bootstrap_servers, message_timeout_ms))
+        config = kafka_producer_config(bootstrap_servers, message_timeout_ms)
+        self._producer = Producer({**config, **(extra_config or {})})
 
     def describe(self) -> str:
         return f"Kafka at {self._bootstrap}"
