@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 
 import click
@@ -142,3 +146,28 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     with stop_requested_on_signals() as stop:
         run_publisher(engine, sink, stop=stop, holder=default_holder(),
                       poll_interval_seconds=poll_interval_seconds)
+
+
+def start_publisher_process(env: dict[str, str]) -> Callable[[], None]:
+    """For `pin up`: the long-running outbox publisher as a child process (Kafka when
+    PIN_KAFKA_BOOTSTRAP_SERVERS is set, else the JSONL sink under PIN_HOME); returns how
+    to stop it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pin_orchestration.chessboard.cli", "publish"], env=env
+    )
+
+    def stop() -> None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    return stop
+
+
+if __name__ == "__main__":
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    chessboard()

@@ -9,7 +9,7 @@ recalculate): drain runs are short-lived processes and keep nothing in memory.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -18,6 +18,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
@@ -68,21 +69,15 @@ def record_outcomes(engine: Engine, outcomes: Iterable[ProjectOutcome]) -> None:
         )
 
 
-class ChessboardRecalcCollector:
+class ChessboardRecalcCollector(Collector):
     """prometheus-client custom collector: one read of PostgreSQL per scrape."""
 
-    def __init__(
-        self, engine_factory: Callable[[], Engine], policy: RecalcPolicy = DEFAULT_POLICY
-    ) -> None:
-        self._engine_factory = engine_factory
+    def __init__(self, engine: Engine, policy: RecalcPolicy = DEFAULT_POLICY) -> None:
+        self.engine = engine
         self._policy = policy
 
-    def describe(self) -> list[Metric]:
-        return []  # collected lazily: nothing is read from the database at registration
-
     def collect(self) -> Iterator[Metric]:
-        engine = self._engine_factory()
-        with engine.connect() as conn:
+        with self.engine.connect() as conn:
             stats = queue_stats(conn, policy=self._policy)
             outbox = conn.execute(query("outbox_stats")).one()
             rows = conn.execute(query("read_metrics")).all()
