@@ -25,22 +25,21 @@ def add_project(
     return pid
 
 
-def add_building(conn: Connection, project_id: uuid.UUID) -> uuid.UUID:
-    bid = uuid.uuid4()
+def _add_child(conn: Connection, table: str, project_id: uuid.UUID) -> uuid.UUID:
+    child_id = uuid.uuid4()
     conn.execute(
-        text("INSERT INTO chessboard.buildings (id, project_id) VALUES (:id, :p)"),
-        {"id": bid, "p": project_id},
+        text(f"INSERT INTO chessboard.{table} (id, project_id) VALUES (:id, :p)"),
+        {"id": child_id, "p": project_id},
     )
-    return bid
+    return child_id
+
+
+def add_building(conn: Connection, project_id: uuid.UUID) -> uuid.UUID:
+    return _add_child(conn, "buildings", project_id)
 
 
 def add_layout_group(conn: Connection, project_id: uuid.UUID) -> uuid.UUID:
-    gid = uuid.uuid4()
-    conn.execute(
-        text("INSERT INTO chessboard.layout_groups (id, project_id) VALUES (:id, :p)"),
-        {"id": gid, "p": project_id},
-    )
-    return gid
+    return _add_child(conn, "layout_groups", project_id)
 
 
 def add_layout(
