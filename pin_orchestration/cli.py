@@ -198,3 +198,7 @@ def metrics_serve(host: str, port: int) -> None:
         threading.Event().wait()
     except KeyboardInterrupt:
         server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
