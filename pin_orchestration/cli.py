@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.chessboard.cli import chessboard
 from pin_orchestration.db import create_db_engine, resolve_database_url
 from pin_orchestration.settings import Settings, SettingsError
 
@@ -59,6 +60,9 @@ def up(
             seed_demo=not no_demo,
         )
     )
+
+
+main.add_command(chessboard)
 
 
 @main.group()

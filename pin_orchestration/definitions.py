@@ -4,10 +4,22 @@ from __future__ import annotations
 
 from dagster import Definitions
 
+from pin_orchestration.assets.chessboard import (
+    aggregates_match_source_of_truth,
+    no_poison_recalc_requests,
+    project_aggregates,
+)
 from pin_orchestration.assets.news import (
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
+)
+from pin_orchestration.jobs.chessboard import (
+    chessboard_divergence_check,
+    chessboard_force_recalc,
+    chessboard_project_recalc_drain,
+    chessboard_publish_outbox,
+    chessboard_reset_poison_row,
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.schedules.news import (
@@ -17,6 +29,7 @@ from pin_orchestration.schedules.news import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )
+from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.settings import Settings
 
 
@@ -33,11 +46,27 @@ def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
     )
 
 
+def chessboard_project_recalc_definitions() -> Definitions:
+    return Definitions(
+        assets=[project_aggregates],
+        asset_checks=[aggregates_match_source_of_truth, no_poison_recalc_requests],
+        jobs=[
+            chessboard_project_recalc_drain,
+            chessboard_force_recalc,
+            chessboard_divergence_check,
+            chessboard_reset_poison_row,
+            chessboard_publish_outbox,
+        ],
+        sensors=[chessboard_project_recalc_sensor],
+    )
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
         Definitions(resources={"database": DatabaseResource()}),
         news_comment_reconcile_definitions(settings),
+        chessboard_project_recalc_definitions(),
     )
 
 

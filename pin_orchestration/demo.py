@@ -101,4 +101,9 @@ def seed_news(engine: Engine) -> dict[str, int]:
 
 def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:
     """Everything `pin demo seed` loads, per area."""
-    return {"news": seed_news(engine)}
+    from pin_orchestration.chessboard.sample import WorldShape, generate_world
+
+    return {
+        "news": seed_news(engine),
+        "chessboard": generate_world(engine, WorldShape(), prefix="demo"),
+    }

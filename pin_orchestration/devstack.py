@@ -2,7 +2,8 @@
 stand-ins for external services, the metrics endpoint, and Dagster (webserver + daemon).
 
 Every external part is switched to a real one by environment variables, never by code:
-PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME).
+PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME),
+PIN_KAFKA_BOOTSTRAP_SERVERS (else chessboard events go to $PIN_HOME/chessboard-events.jsonl).
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
     An area whose external service is unset adds its stand-in here and exports its URL
     into `env`, so the Dagster processes started afterwards use it.
     """
-    return []
+    from pin_orchestration.chessboard.cli import start_publisher_process
+
+    # The chessboard outbox publisher: to Kafka when PIN_KAFKA_BOOTSTRAP_SERVERS is set,
+    # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start).
+    return [start_publisher_process(env)]
 
 
 def run_stack(

@@ -111,7 +111,9 @@ class ReconcileCollector(Collector):
 
 
 def collectors(engine: Engine) -> Iterable[Collector]:
-    return [ReconcileCollector(engine)]
+    from pin_orchestration.chessboard.metrics import ChessboardRecalcCollector
+
+    return [ReconcileCollector(engine), ChessboardRecalcCollector(engine)]
 
 
 def build_registry(engine: Engine) -> CollectorRegistry:

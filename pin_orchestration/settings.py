@@ -21,6 +21,9 @@ class Settings:
     home: Path
     # Cron of the weekly FullSweep reconcile (Europe/Moscow).
     news_full_sweep_cron: str
+    # Kafka bootstrap servers of the chessboard event publisher. None selects the local
+    # JSONL sink under `home` (embedded default).
+    kafka_bootstrap_servers: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -39,4 +42,9 @@ class Settings:
                 f"PIN_NEWS_FULL_SWEEP_CRON must be a 5-field cron expression (got {cron!r}), "
                 "e.g. '0 4 * * 0' for Sundays at 04:00 Europe/Moscow"
             )
-        return cls(database_url=database_url, home=home, news_full_sweep_cron=cron)
+        return cls(
+            database_url=database_url,
+            home=home,
+            news_full_sweep_cron=cron,
+            kafka_bootstrap_servers=env.get("PIN_KAFKA_BOOTSTRAP_SERVERS") or None,
+        )

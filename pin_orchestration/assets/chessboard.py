@@ -1,0 +1,168 @@
+"""Dagster wiring of chessboard project-aggregates-recalc (seed 002): the per-project asset,
+its dynamic partitions and its checks. The work itself is in pin_orchestration.chessboard.
+
+A materialization of partition <project id> is one recalculated project: the drain runs
+launched by `chessboard_project_recalc_sensor` log them as projects come off the queue, and
+an operator forces a recalc of chosen projects by materializing (backfilling) their
+partitions in the UI.
+"""
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at definition time.
+
+import uuid
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    DagsterInstance,
+    DynamicPartitionsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
+from sqlalchemy import Engine
+
+from pin_orchestration.chessboard.drain import POISON_ALERT, force_recalc_project
+from pin_orchestration.chessboard.queue import poison_rows
+from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence
+from pin_orchestration.resources.database import DatabaseResource
+
+PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
+DIVERGENCE_CHECK = "aggregates_match_source_of_truth"
+POISON_CHECK = "no_poison_recalc_requests"
+
+chessboard_projects = DynamicPartitionsDefinition(name="chessboard_projects")
+
+
+def project_id_of(partition_key: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(partition_key)
+    except ValueError:
+        raise Failure(
+            description=f"partition key must be a project id (uuid), got {partition_key!r}"
+        ) from None
+
+
+def ensure_project_partitions(instance: DagsterInstance, project_ids: list[uuid.UUID]) -> None:
+    """A dynamic partition must exist before it is materialized; adding is idempotent."""
+    if project_ids:
+        instance.add_dynamic_partitions(chessboard_projects.name, [str(p) for p in project_ids])
+
+
+def recalc_metadata(recalc: RecalcResult) -> dict[str, object]:
+    return {k: v for k, v in recalc.as_metadata().items() if v is not None}
+
+
+@asset(
+    key=PROJECT_AGGREGATES,
+    partitions_def=chessboard_projects,
+    group_name="chessboard",
+    kinds={"postgres"},
+    description="Denormalized counters and price/area bounds of one chessboard project, its "
+    "buildings, layouts and layout groups, recalculated from property_objects/layouts (seed "
+    "002). Materializing a partition forces a recalc of that project now; changed rows get "
+    "version + 1 and a snapshot event in chessboard.event_outbox.",
+)
+def project_aggregates(
+    context: AssetExecutionContext, database: DatabaseResource
+) -> MaterializeResult:
+    project_id = project_id_of(context.partition_key)
+    recalc = force_recalc_project(database.get_engine(), project_id)
+    if recalc.skipped:
+        context.log.info(f"project {project_id} is {recalc.skip_reason}: nothing recalculated")
+        return MaterializeResult(metadata={"skipped": recalc.skip_reason or ""})
+    return MaterializeResult(metadata={**recalc_metadata(recalc), "trigger": "force"})
+
+
+@asset_check(
+    asset=PROJECT_AGGREGATES,
+    name=DIVERGENCE_CHECK,
+    partitions_def=chessboard_projects,
+    description="Runbook 'divergence check': the project's stored aggregates equal "
+    "count/min/max over its property objects and layouts. A failure is fixed by "
+    "materializing the partition (force recalc).",
+)
+def aggregates_match_source_of_truth(
+    context: AssetCheckExecutionContext, database: DatabaseResource
+) -> AssetCheckResult:
+    evaluation = divergence_evaluation(database.get_engine(), project_id_of(context.partition_key))
+    return AssetCheckResult(
+        passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+    )
+
+
+def divergence_evaluation(engine: Engine, project_id: uuid.UUID) -> AssetCheckEvaluation:
+    """The divergence check of one project as an evaluation of its partition, so the
+    runbook job can log it for any chosen projects."""
+    with engine.connect() as conn:
+        diverged = find_divergence(conn, project_id)
+    metadata: dict[str, object] = {"diverged_rows": len(diverged)}
+    if diverged:
+        rows = "\n".join(
+            f"| {d.entity} | {d.id} | {d.stored} | {d.truth} |" for d in diverged[:50]
+        )
+        metadata["divergence"] = MetadataValue.md(
+            f"| entity | id | stored | truth |\n|---|---|---|---|\n{rows}"
+        )
+    return AssetCheckEvaluation(
+        asset_key=PROJECT_AGGREGATES,
+        check_name=DIVERGENCE_CHECK,
+        partition=str(project_id),
+        passed=not diverged,
+        severity=AssetCheckSeverity.ERROR,
+        metadata=metadata,
+    )
+
+
+def poison_evaluation(rows: list[dict[str, object]]) -> AssetCheckEvaluation:
+    """Passed when no queue row has reached the poison threshold; else CHESSBOARD_RECALC_POISON.
+
+    An evaluation (not a result) so a drain run can log it the moment it poisons a row.
+    """
+    metadata: dict[str, object] = {"poison_rows": len(rows)}
+    if rows:
+        metadata["alert"] = POISON_ALERT
+        table = "\n".join(
+            f"| {r['project_id']} | {r['attempt_count']} | {r['last_error']} |" for r in rows[:50]
+        )
+        metadata["rows"] = MetadataValue.md(
+            f"| project_id | attempt_count | last_error |\n|---|---|---|\n{table}"
+        )
+        metadata["runbook"] = (
+            "read last_error, check the project's property objects/layouts, fix, then "
+            "run job chessboard_reset_poison_row (or `pin chessboard reset-poison ID`)"
+        )
+    return AssetCheckEvaluation(
+        asset_key=PROJECT_AGGREGATES,
+        check_name=POISON_CHECK,
+        passed=not rows,
+        severity=AssetCheckSeverity.ERROR,
+        metadata=metadata,
+        description=f"{POISON_ALERT}: {len(rows)} project(s) left in the queue after "
+        "repeated recalc failures" if rows else None,
+    )
+
+
+@asset_check(
+    asset=PROJECT_AGGREGATES,
+    name=POISON_CHECK,
+    description="CHESSBOARD_RECALC_POISON: no queue row has failed recalc poison_threshold "
+    "(5) times. Drain runs report this check whenever they poison a row.",
+)
+def no_poison_recalc_requests(
+    context: AssetCheckExecutionContext, database: DatabaseResource
+) -> AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        evaluation = poison_evaluation(poison_rows(conn))
+    return AssetCheckResult(
+        passed=evaluation.passed,
+        severity=evaluation.severity,
+        metadata=evaluation.metadata,
+        description=evaluation.description,
+    )

@@ -1,0 +1,379 @@
+-- Queries of chessboard project-aggregates-recalc (seed 002).
+--
+-- Every aggregate is a pure function of chessboard.property_objects / chessboard.layouts:
+--   free object   = deleted_at IS NULL AND status = 'Free'
+--   active object = deleted_at IS NULL AND status <> 'Hidden'
+--   live layout   = deleted_at IS NULL
+-- Empty sets give NULL prices/areas and 0 counts. Each recalc_* statement aggregates one
+-- project's slice, updates only rows whose stored values differ (IS DISTINCT FROM), bumps
+-- their version and updated_at, and writes the snapshot event of each changed row to the
+-- outbox — all inside the caller's per-project transaction.
+
+-- ---------------------------------------------------------------------------------------
+-- Debounce queue (AGG-1, AGG-2, AGG-6)
+
+-- Trailing debounce: a new row is due `debounce` after now; an existing row moves its due
+-- time to now + debounce, but never past first_requested_at + cap (starvation cap).
+-- name: request_recalc
+INSERT INTO chessboard.project_recalc_requests AS r (
+    project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
+    attempt_count, created_at, updated_at
+)
+SELECT :project_id, :tenant_id, clock.now + make_interval(secs => :debounce_seconds),
+       clock.now, 1, :reason, 0, clock.now, clock.now
+FROM (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now) AS clock
+ON CONFLICT (project_id) DO UPDATE
+SET due_at = least(
+        excluded.updated_at + make_interval(secs => :debounce_seconds),
+        r.first_requested_at + make_interval(secs => :cap_seconds)
+    ),
+    requested_count = r.requested_count + 1,
+    last_reason = excluded.last_reason,
+    tenant_id = excluded.tenant_id,
+    updated_at = excluded.updated_at
+RETURNING due_at, requested_count
+
+-- Runbook "force recalc": make the project's row due now (insert it if absent).
+-- name: force_due_now
+INSERT INTO chessboard.project_recalc_requests AS r (
+    project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
+    attempt_count, created_at, updated_at
+)
+SELECT p.id, coalesce(p.tenant_id, CAST(:unknown_tenant AS uuid)), clock.now, clock.now, 1,
+       :reason, 0, clock.now, clock.now
+FROM chessboard.projects AS p,
+     (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now) AS clock
+WHERE p.id = :project_id
+ON CONFLICT (project_id) DO UPDATE
+SET due_at = excluded.due_at,
+    requested_count = r.requested_count + 1,
+    last_reason = excluded.last_reason,
+    updated_at = excluded.updated_at
+RETURNING project_id
+
+-- Runbook "reset a poison row": attempts back to 0, due now.
+-- name: reset_poison
+UPDATE chessboard.project_recalc_requests
+SET attempt_count = 0, last_error = NULL,
+    due_at = coalesce(CAST(:now AS timestamptz), now()), updated_at = now()
+WHERE project_id = :project_id
+RETURNING project_id, attempt_count
+
+-- One due row, oldest due first, skipping rows another worker holds and poison rows
+-- (left for manual handling). `skip` holds the rows this tick already tried, so a row
+-- whose recalc just failed (due_at unchanged) is retried on the next tick, not now.
+-- name: claim_next_due
+SELECT project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
+       attempt_count
+FROM chessboard.project_recalc_requests
+WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
+  AND attempt_count < :poison_threshold
+  AND project_id <> ALL (CAST(:skip AS uuid[]))
+ORDER BY due_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- The force-recalc path locks the project's queue row, if any, waiting for a drainer.
+-- name: lock_request
+SELECT project_id, tenant_id, requested_count
+FROM chessboard.project_recalc_requests
+WHERE project_id = :project_id
+FOR UPDATE
+
+-- name: delete_request
+DELETE FROM chessboard.project_recalc_requests WHERE project_id = :project_id
+
+-- Written after the project's transaction rolled back.
+-- name: record_failure
+UPDATE chessboard.project_recalc_requests
+SET attempt_count = attempt_count + 1, last_error = :error, updated_at = now()
+WHERE project_id = :project_id
+RETURNING attempt_count
+
+-- What the sensor needs to decide whether to launch drain runs: cheap aggregates only.
+-- name: queue_stats
+SELECT count(*) AS depth,
+       count(*) FILTER (
+           WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
+             AND attempt_count < :poison_threshold
+       ) AS due,
+       count(*) FILTER (WHERE attempt_count >= :poison_threshold) AS poison,
+       min(due_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
+       coalesce(sum(requested_count), 0) AS pending_requests,
+       extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - min(due_at))
+           AS oldest_due_age_seconds
+FROM chessboard.project_recalc_requests
+
+-- name: poison_rows
+SELECT project_id, tenant_id, attempt_count, last_error, last_reason, first_requested_at
+FROM chessboard.project_recalc_requests
+WHERE attempt_count >= :poison_threshold
+ORDER BY project_id
+
+-- ---------------------------------------------------------------------------------------
+-- Recalc of one project (AGG-3 .. AGG-5)
+
+-- Locks the project row so a force recalc and a drain of the same project serialize.
+-- name: lock_project
+SELECT id, tenant_id, status, deleted_at
+FROM chessboard.projects
+WHERE id = :project_id
+FOR NO KEY UPDATE
+
+-- name: recalc_project
+WITH truth AS (
+    SELECT min(po.price) FILTER (WHERE po.status = 'Free') AS price_min,
+           max(po.price) FILTER (WHERE po.status = 'Free') AS price_max,
+           count(*) FILTER (WHERE po.status <> 'Hidden') AS total_count,
+           count(*) FILTER (WHERE po.status = 'Free') AS free_count
+    FROM chessboard.property_objects AS po
+    WHERE po.project_id = :project_id AND po.deleted_at IS NULL
+),
+changed AS (
+    UPDATE chessboard.projects AS p
+    SET price_min = t.price_min,
+        price_max = t.price_max,
+        property_objects_total_count = t.total_count,
+        property_objects_free_count = t.free_count,
+        version = p.version + 1,
+        updated_at = now()
+    FROM truth AS t
+    WHERE p.id = :project_id
+      AND (p.price_min, p.price_max, p.property_objects_total_count,
+           p.property_objects_free_count)
+          IS DISTINCT FROM (t.price_min, t.price_max, t.total_count, t.free_count)
+    RETURNING p.*
+),
+events AS (
+    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
+    SELECT 'pin.chessboard.project-upserted.v1', 'project', c.id, CAST(:tenant_id AS uuid),
+           c.version,
+           jsonb_build_object(
+               'contract_version', 1, 'event_type', 'ProjectUpsertedKafkaEvent',
+               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
+               'occurred_at', now(), 'snapshot', to_jsonb(c))
+    FROM changed AS c
+    RETURNING entity_id
+)
+SELECT t.price_min, t.price_max, t.total_count, t.free_count,
+       (SELECT count(*) FROM events) AS republished
+FROM truth AS t
+
+-- Building counters are updated but never published (outside the building event payload).
+-- name: recalc_buildings
+WITH counts AS (
+    SELECT po.building_id,
+           count(*) FILTER (WHERE po.status <> 'Hidden') AS total_count,
+           count(*) FILTER (WHERE po.status = 'Free') AS free_count
+    FROM chessboard.property_objects AS po
+    WHERE po.project_id = :project_id AND po.deleted_at IS NULL
+      AND po.building_id IS NOT NULL
+    GROUP BY po.building_id
+),
+truth AS (
+    SELECT b.id, coalesce(c.total_count, 0) AS total_count,
+           coalesce(c.free_count, 0) AS free_count
+    FROM chessboard.buildings AS b
+    LEFT JOIN counts AS c ON c.building_id = b.id
+    WHERE b.project_id = :project_id
+),
+changed AS (
+    UPDATE chessboard.buildings AS b
+    SET property_objects_total_count = t.total_count,
+        property_objects_free_count = t.free_count,
+        updated_at = now()
+    FROM truth AS t
+    WHERE b.id = t.id
+      AND (b.property_objects_total_count, b.property_objects_free_count)
+          IS DISTINCT FROM (t.total_count, t.free_count)
+    RETURNING b.id
+)
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM changed) AS changed
+
+-- name: recalc_layouts
+WITH counts AS (
+    SELECT po.layout_id, count(*) AS active_count
+    FROM chessboard.property_objects AS po
+    WHERE po.project_id = :project_id AND po.deleted_at IS NULL
+      AND po.status <> 'Hidden' AND po.layout_id IS NOT NULL
+    GROUP BY po.layout_id
+),
+truth AS (
+    SELECT l.id, coalesce(c.active_count, 0) AS active_count
+    FROM chessboard.layouts AS l
+    LEFT JOIN counts AS c ON c.layout_id = l.id
+    WHERE l.project_id = :project_id
+),
+changed AS (
+    UPDATE chessboard.layouts AS l
+    SET property_objects_count = t.active_count,
+        version = l.version + 1,
+        updated_at = now()
+    FROM truth AS t
+    WHERE l.id = t.id AND l.property_objects_count IS DISTINCT FROM t.active_count
+    RETURNING l.*
+),
+events AS (
+    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
+    SELECT 'pin.chessboard.layout-upserted.v1', 'layout', c.id, CAST(:tenant_id AS uuid),
+           c.version,
+           jsonb_build_object(
+               'contract_version', 1, 'event_type', 'LayoutUpsertedKafkaEvent',
+               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
+               'occurred_at', now(), 'snapshot', to_jsonb(c))
+    FROM changed AS c
+    RETURNING entity_id
+)
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+
+-- name: recalc_layout_groups
+WITH areas AS (
+    SELECT l.layout_group_id, count(*) AS layouts_count,
+           min(l.total_area) AS area_min, max(l.total_area) AS area_max
+    FROM chessboard.layouts AS l
+    WHERE l.project_id = :project_id AND l.deleted_at IS NULL
+      AND l.layout_group_id IS NOT NULL
+    GROUP BY l.layout_group_id
+),
+truth AS (
+    SELECT g.id, coalesce(a.layouts_count, 0) AS layouts_count, a.area_min, a.area_max
+    FROM chessboard.layout_groups AS g
+    LEFT JOIN areas AS a ON a.layout_group_id = g.id
+    WHERE g.project_id = :project_id
+),
+changed AS (
+    UPDATE chessboard.layout_groups AS g
+    SET layouts_count = t.layouts_count,
+        area_min = t.area_min,
+        area_max = t.area_max,
+        version = g.version + 1,
+        updated_at = now()
+    FROM truth AS t
+    WHERE g.id = t.id
+      AND (g.layouts_count, g.area_min, g.area_max)
+          IS DISTINCT FROM (t.layouts_count, t.area_min, t.area_max)
+    RETURNING g.*
+),
+events AS (
+    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
+    SELECT 'pin.chessboard.layout-group-upserted.v1', 'layout_group', c.id,
+           CAST(:tenant_id AS uuid), c.version,
+           jsonb_build_object(
+               'contract_version', 1, 'event_type', 'LayoutGroupUpsertedKafkaEvent',
+               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
+               'occurred_at', now(), 'snapshot', to_jsonb(c))
+    FROM changed AS c
+    RETURNING entity_id
+)
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+
+-- ---------------------------------------------------------------------------------------
+-- Divergence check (runbook "расхождение денормализации"): stored values vs the truth.
+
+-- name: divergence
+WITH po AS (
+    SELECT * FROM chessboard.property_objects
+    WHERE project_id = :project_id AND deleted_at IS NULL
+),
+project_truth AS (
+    SELECT 'project' AS entity, p.id,
+           jsonb_build_object(
+               'price_min', p.price_min, 'price_max', p.price_max,
+               'property_objects_total_count', p.property_objects_total_count,
+               'property_objects_free_count', p.property_objects_free_count) AS stored,
+           jsonb_build_object(
+               'price_min', (SELECT min(price) FROM po WHERE status = 'Free'),
+               'price_max', (SELECT max(price) FROM po WHERE status = 'Free'),
+               'property_objects_total_count', (SELECT count(*) FROM po WHERE status <> 'Hidden'),
+               'property_objects_free_count', (SELECT count(*) FROM po WHERE status = 'Free')
+           ) AS truth
+    FROM chessboard.projects AS p
+    WHERE p.id = :project_id
+),
+building_truth AS (
+    SELECT 'building', b.id,
+           jsonb_build_object(
+               'property_objects_total_count', b.property_objects_total_count,
+               'property_objects_free_count', b.property_objects_free_count),
+           jsonb_build_object(
+               'property_objects_total_count',
+               (SELECT count(*) FROM po WHERE po.building_id = b.id AND status <> 'Hidden'),
+               'property_objects_free_count',
+               (SELECT count(*) FROM po WHERE po.building_id = b.id AND status = 'Free'))
+    FROM chessboard.buildings AS b
+    WHERE b.project_id = :project_id
+),
+layout_truth AS (
+    SELECT 'layout', l.id,
+           jsonb_build_object('property_objects_count', l.property_objects_count),
+           jsonb_build_object(
+               'property_objects_count',
+               (SELECT count(*) FROM po WHERE po.layout_id = l.id AND status <> 'Hidden'))
+    FROM chessboard.layouts AS l
+    WHERE l.project_id = :project_id
+),
+group_truth AS (
+    SELECT 'layout_group', g.id,
+           jsonb_build_object(
+               'layouts_count', g.layouts_count, 'area_min', g.area_min,
+               'area_max', g.area_max),
+           (SELECT jsonb_build_object(
+                       'layouts_count', count(*), 'area_min', min(l.total_area),
+                       'area_max', max(l.total_area))
+            FROM chessboard.layouts AS l
+            WHERE l.project_id = :project_id AND l.layout_group_id = g.id
+              AND l.deleted_at IS NULL)
+    FROM chessboard.layout_groups AS g
+    WHERE g.project_id = :project_id
+)
+SELECT entity, id, stored, truth
+FROM (
+    SELECT * FROM project_truth
+    UNION ALL SELECT * FROM building_truth
+    UNION ALL SELECT * FROM layout_truth
+    UNION ALL SELECT * FROM group_truth
+) AS rows
+WHERE stored <> truth
+ORDER BY entity, id
+
+-- ---------------------------------------------------------------------------------------
+-- Metrics (AGG-8): counters persisted because drain runs are short-lived processes.
+
+-- name: add_metric
+INSERT INTO chessboard.recalc_metrics AS m (name, label, value, updated_at)
+SELECT u.name, u.label, u.value, now()
+FROM unnest(CAST(:names AS text[]), CAST(:labels AS text[]), CAST(:values AS float8[]))
+     AS u(name, label, value)
+ON CONFLICT (name, label) DO UPDATE
+SET value = m.value + excluded.value, updated_at = excluded.updated_at
+
+-- name: read_metrics
+SELECT name, label, value, updated_at FROM chessboard.recalc_metrics ORDER BY name, label
+
+-- name: outbox_stats
+SELECT count(*) AS pending,
+       extract(epoch FROM now() - min(created_at)) AS oldest_pending_age_seconds
+FROM chessboard.event_outbox
+WHERE published_at IS NULL
+
+-- ---------------------------------------------------------------------------------------
+-- Outbox publisher (AGG-5: at-least-once delivery after commit)
+
+-- name: unpublished_events
+SELECT id, topic, entity, entity_id, tenant_id, version, payload
+FROM chessboard.event_outbox
+WHERE published_at IS NULL
+ORDER BY id
+LIMIT :limit
+
+-- Only after the broker acknowledged the message.
+-- name: mark_published
+UPDATE chessboard.event_outbox
+SET published_at = now()
+WHERE id = ANY (CAST(:ids AS bigint[])) AND published_at IS NULL
+
+-- name: mark_failed
+UPDATE chessboard.event_outbox AS o
+SET publish_attempts = o.publish_attempts + 1, last_error = f.error
+FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f(id, error)
+WHERE o.id = f.id

@@ -1,0 +1,167 @@
+"""The debounce queue chessboard.project_recalc_requests (seed 002, AGG-1 and runbook edits).
+
+One row per project (PK = the coalescing key). Raisers call `request_project_recalc` in the
+same transaction as the mutation that made the aggregates stale, so the trigger cannot be
+lost: a new row is due `debounce` from now; each further request pushes the due time out
+by `debounce` again (trailing), but never past `first_requested_at + starvation_cap`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Connection, Engine, text
+
+from pin_orchestration.sql import load_queries
+
+# Tenant recorded for a forced recalc of a project whose row has no tenant_id.
+UNKNOWN_TENANT = uuid.UUID(int=0)
+
+
+def query(name: str) -> Any:
+    """A named statement of chessboard/queries.sql as a SQLAlchemy text clause."""
+    return text(load_queries("pin_orchestration.chessboard", "queries.sql")[name])
+
+
+class RecalcTriggerReason(StrEnum):
+    """last_reason values (seed: RecalcTriggerReason, stored as a string, varchar(32))."""
+
+    PROPERTY_OBJECT_STATUS_CHANGED = "PropertyObjectStatusChanged"
+    PROPERTY_OBJECT_PRICE_CHANGED = "PropertyObjectPriceChanged"
+    PROPERTY_OBJECT_UPSERTED = "PropertyObjectUpserted"
+    LAYOUT_CHANGED = "LayoutChanged"
+    TALENT_SYNC = "TalentSync"
+    CRUD = "Crud"
+    # Not in the seed's list: the runbook's force recalc, so operators' requests are
+    # distinguishable from the domain's in the queue.
+    MANUAL = "Manual"
+
+
+class RecalcConfigError(ValueError):
+    """A recalc policy or a request names an invalid value."""
+
+
+@dataclass(frozen=True)
+class RecalcPolicy:
+    """The seed's thresholds, all configurable: debounce 30 s, cap 5 min, batch 50, poison 5."""
+
+    debounce_seconds: float = 30.0
+    starvation_cap_seconds: float = 300.0
+    batch_size: int = 50
+    poison_threshold: int = 5
+
+    def validate(self) -> None:
+        problems = [
+            f"{name} must be > 0 (got {value})"
+            for name, value in (
+                ("debounce_seconds", self.debounce_seconds),
+                ("starvation_cap_seconds", self.starvation_cap_seconds),
+                ("batch_size", self.batch_size),
+                ("poison_threshold", self.poison_threshold),
+            )
+            if value <= 0
+        ]
+        if self.starvation_cap_seconds < self.debounce_seconds:
+            problems.append(
+                f"starvation_cap_seconds ({self.starvation_cap_seconds}) must be >= "
+                f"debounce_seconds ({self.debounce_seconds})"
+            )
+        if problems:
+            raise RecalcConfigError("invalid recalc policy: " + "; ".join(problems))
+
+
+DEFAULT_POLICY = RecalcPolicy()
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth: int
+    due: int
+    poison: int
+    next_due_at: datetime | None
+    pending_requests: int
+    oldest_due_age_seconds: float | None
+
+
+def _reason(reason: RecalcTriggerReason | str) -> RecalcTriggerReason:
+    try:
+        return RecalcTriggerReason(reason)
+    except ValueError:
+        allowed = ", ".join(r.value for r in RecalcTriggerReason)
+        raise RecalcConfigError(f"reason must be one of {allowed} (got {reason!r})") from None
+
+
+def request_project_recalc(
+    conn: Connection,
+    project_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    reason: RecalcTriggerReason | str,
+    *,
+    now: datetime | None = None,
+    policy: RecalcPolicy = DEFAULT_POLICY,
+) -> datetime:
+    """Debounce upsert (AGG-1) in the caller's transaction; returns the row's new due time.
+
+    `now` defaults to the database clock (transaction start); tests pass their own.
+    """
+    row = conn.execute(
+        query("request_recalc"),
+        {
+            "project_id": project_id,
+            "tenant_id": tenant_id,
+            "reason": _reason(reason).value,
+            "now": now,
+            "debounce_seconds": policy.debounce_seconds,
+            "cap_seconds": policy.starvation_cap_seconds,
+        },
+    ).one()
+    return row.due_at
+
+
+def force_recalc_now(engine: Engine, project_id: uuid.UUID, *, now: datetime | None = None) -> bool:
+    """Runbook "force recalc": the project's row is due now. False when no such project."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            query("force_due_now"),
+            {
+                "project_id": project_id,
+                "reason": RecalcTriggerReason.MANUAL.value,
+                "now": now,
+                "unknown_tenant": UNKNOWN_TENANT,
+            },
+        ).first()
+    return row is not None
+
+
+def reset_poison_row(engine: Engine, project_id: uuid.UUID, *, now: datetime | None = None) -> bool:
+    """Runbook "reset a poison row": attempt_count = 0, last_error cleared, due now."""
+    with engine.begin() as conn:
+        row = conn.execute(query("reset_poison"), {"project_id": project_id, "now": now}).first()
+    return row is not None
+
+
+def queue_stats(
+    conn: Connection, *, now: datetime | None = None, policy: RecalcPolicy = DEFAULT_POLICY
+) -> QueueStats:
+    """Depth, due rows, poison rows and the next due time — one cheap aggregate query."""
+    row = conn.execute(
+        query("queue_stats"), {"now": now, "poison_threshold": policy.poison_threshold}
+    ).one()
+    age = row.oldest_due_age_seconds
+    return QueueStats(
+        depth=row.depth,
+        due=row.due,
+        poison=row.poison,
+        next_due_at=row.next_due_at,
+        pending_requests=int(row.pending_requests),
+        oldest_due_age_seconds=float(age) if age is not None and age > 0 else None,
+    )
+
+
+def poison_rows(conn: Connection, *, policy: RecalcPolicy = DEFAULT_POLICY) -> list[dict[str, Any]]:
+    rows = conn.execute(query("poison_rows"), {"poison_threshold": policy.poison_threshold})
+    return [dict(r._mapping) for r in rows]

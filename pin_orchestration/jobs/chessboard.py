@@ -1,0 +1,214 @@
+"""Jobs of chessboard project-aggregates-recalc: the drain run the sensor launches, and the
+runbook actions (force recalc, reset a poison row, publish the outbox once) launchable
+from the UI with config."""
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at definition time.
+
+import time
+import uuid
+
+from dagster import (
+    AssetMaterialization,
+    Config,
+    Failure,
+    OpExecutionContext,
+    in_process_executor,
+    job,
+    op,
+)
+from pydantic import Field
+
+from pin_orchestration.assets.chessboard import (
+    PROJECT_AGGREGATES,
+    divergence_evaluation,
+    ensure_project_partitions,
+    poison_evaluation,
+    project_id_of,
+    recalc_metadata,
+)
+from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.chessboard.drain import ProjectOutcome, drain_tick
+from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, drain_outbox, make_sink
+from pin_orchestration.chessboard.queue import (
+    RecalcConfigError,
+    RecalcPolicy,
+    force_recalc_now,
+    poison_rows,
+    reset_poison_row,
+)
+from pin_orchestration.locks import default_holder, held_lock
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.settings import Settings
+
+DRAIN_JOB = "chessboard_project_recalc_drain"
+# dagster.yaml caps concurrent runs per value of this tag (pin/drain: limit 2).
+DRAIN_TAGS = {"pin/drain": "chessboard-project-recalc"}
+
+
+class DrainConfig(Config):
+    batch_size: int = Field(default=50, description="Due rows per tick (seed: 50)")
+    poison_threshold: int = Field(
+        default=5, description="Failed attempts after which a row is poison (seed: 5)"
+    )
+    max_run_duration_seconds: float = Field(
+        default=240, description="Keep draining ticks for at most this long, then end the run"
+    )
+
+
+@op(
+    name="drain_chessboard_project_recalc_queue",
+    description="Ticks of the recalc drain until no due row is left (or the max duration): "
+    "each recalculated project is logged as a materialization of its partition.",
+)
+def drain_project_recalc_queue(
+    context: OpExecutionContext, config: DrainConfig, database: DatabaseResource
+) -> None:
+    policy = RecalcPolicy(batch_size=config.batch_size, poison_threshold=config.poison_threshold)
+    try:
+        policy.validate()
+    except RecalcConfigError as exc:
+        raise Failure(description=str(exc)) from exc
+    engine = database.get_engine()
+    deadline = time.monotonic() + config.max_run_duration_seconds
+    failed: set[uuid.UUID] = set()
+    totals = {"recalculated": 0, "skipped": 0, "failed": 0}
+
+    def report(outcome: ProjectOutcome) -> None:
+        totals[outcome.result] += 1
+        if outcome.result == "recalculated" and outcome.recalc is not None:
+            ensure_project_partitions(context.instance, [outcome.project_id])
+            context.log_event(
+                AssetMaterialization(
+                    asset_key=PROJECT_AGGREGATES,
+                    partition=str(outcome.project_id),
+                    metadata={
+                        **recalc_metadata(outcome.recalc),
+                        "trigger": "queue",
+                        "requested_count": outcome.requested_count,
+                        "last_reason": outcome.last_reason,
+                        "duration_ms": round(outcome.duration_seconds * 1000, 2),
+                    },
+                )
+            )
+        elif outcome.result == "failed":
+            failed.add(outcome.project_id)
+            context.log.error(
+                f"project_recalc_failed project_id={outcome.project_id} "
+                f"attempt_count={outcome.attempt_count} error={outcome.error}"
+            )
+        if outcome.poisoned:
+            with engine.connect() as conn:
+                context.log_event(poison_evaluation(poison_rows(conn, policy=policy)))
+
+    with stop_requested_on_signals(reraise=True) as stop:
+
+        def should_stop() -> bool:
+            return stop.is_set() or time.monotonic() >= deadline
+
+        while not should_stop():
+            tick = drain_tick(
+                engine, policy=policy, should_stop=should_stop, on_outcome=report, exclude=failed
+            )
+            if not tick.outcomes:
+                break
+    context.log.info(f"drain finished: {totals}")
+
+
+@job(
+    name=DRAIN_JOB,
+    executor_def=in_process_executor,
+    tags=DRAIN_TAGS,
+    description="Drain chessboard.project_recalc_requests (seed 002, AGG-2). Launched by "
+    "chessboard_project_recalc_sensor; several may run at once (capped by tag pin/drain).",
+)
+def chessboard_project_recalc_drain() -> None:
+    drain_project_recalc_queue()
+
+
+class ProjectsConfig(Config):
+    project_ids: list[str] = Field(description="Project ids (uuid)")
+
+
+@op(name="queue_forced_recalcs")
+def force_recalc(
+    context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
+) -> None:
+    """Runbook 'force recalc': each project's queue row becomes due now (the next drain run
+    recalculates it). To recalc right away instead, materialize the partitions."""
+    ids = [project_id_of(p) for p in config.project_ids]
+    missing = [p for p in ids if not force_recalc_now(database.get_engine(), p)]
+    ensure_project_partitions(context.instance, [p for p in ids if p not in missing])
+    if missing:
+        raise Failure(description=f"no such project(s): {', '.join(map(str, missing))}")
+    context.log.info(f"queued a recalc due now for {len(ids)} project(s)")
+
+
+@job(name="chessboard_force_recalc", executor_def=in_process_executor)
+def chessboard_force_recalc() -> None:
+    force_recalc()
+
+
+@op(name="check_project_divergence")
+def check_divergence(
+    context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
+) -> None:
+    """Runbook 'divergence check': stored aggregates vs count/min/max over the source of
+    truth, reported as the aggregates_match_source_of_truth check of each project's
+    partition (a failure is fixed by materializing that partition)."""
+    ids = [project_id_of(p) for p in config.project_ids]
+    ensure_project_partitions(context.instance, ids)
+    diverged = 0
+    for project_id in ids:
+        evaluation = divergence_evaluation(database.get_engine(), project_id)
+        diverged += not evaluation.passed
+        context.log_event(evaluation)
+    context.log.info(f"{diverged} of {len(ids)} project(s) diverge from the source of truth")
+
+
+@job(name="chessboard_divergence_check", executor_def=in_process_executor)
+def chessboard_divergence_check() -> None:
+    check_divergence()
+
+
+@op(name="reset_poison_rows")
+def reset_poison(
+    context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
+) -> None:
+    """Runbook 'reset a poison row' (after fixing its cause): attempts 0, due now."""
+    ids = [project_id_of(p) for p in config.project_ids]
+    missing = [p for p in ids if not reset_poison_row(database.get_engine(), p)]
+    if missing:
+        raise Failure(description=f"no queue row for: {', '.join(map(str, missing))}")
+    with database.get_engine().connect() as conn:
+        context.log_event(poison_evaluation(poison_rows(conn)))
+
+
+@job(name="chessboard_reset_poison_row", executor_def=in_process_executor)
+def chessboard_reset_poison_row() -> None:
+    reset_poison()
+
+
+@op(name="publish_outbox_once")
+def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> None:
+    """Publish every pending outbox event once (the long-running publisher is
+    `pin chessboard publish`); skipped when that publisher holds the lock."""
+    engine = database.get_engine()
+    holder = default_holder(context.run.run_id)
+    with held_lock(engine, LOCK_KEY, 120, holder) as acquired:
+        if not acquired:
+            context.log.info(f"skipped: {LOCK_KEY} held by the running publisher")
+            return
+        sink = make_sink(Settings.from_env().kafka_bootstrap_servers, Settings.from_env().home)
+        try:
+            result = drain_outbox(engine, sink)
+        finally:
+            sink.close()
+    context.log.info(f"published {result.published} of {result.read} event(s) to "
+                     f"{sink.describe()}")
+    if result.failed:
+        raise Failure(description=f"{result.failed} event(s) not acknowledged; they stay pending")
+
+
+@job(name="chessboard_publish_outbox", executor_def=in_process_executor)
+def chessboard_publish_outbox() -> None:
+    publish_outbox()

@@ -1,0 +1,213 @@
+"""Dagster wiring of the chessboard recalc: sensor, drain run, partition materialization,
+asset checks — executed for real against PostgreSQL and an ephemeral Dagster instance."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    DagsterEventType,
+    DagsterInstance,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    materialize,
+)
+from sqlalchemy import Engine, text
+
+from pin_orchestration.assets.chessboard import (
+    DIVERGENCE_CHECK,
+    POISON_CHECK,
+    chessboard_projects,
+    no_poison_recalc_requests,
+    project_aggregates,
+)
+from pin_orchestration.chessboard.queue import request_project_recalc
+from pin_orchestration.jobs.chessboard import (
+    DRAIN_TAGS,
+    chessboard_divergence_check,
+    chessboard_project_recalc_drain,
+)
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
+from tests.chessboard.world import add_object, add_project, outbox, queue_row, row
+
+PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
+
+
+@pytest.fixture
+def instance():
+    with DagsterInstance.ephemeral() as instance:
+        yield instance
+
+
+@pytest.fixture
+def resources(db_url: str) -> dict:
+    return {"database": DatabaseResource(url=db_url)}
+
+
+def make_due(engine: Engine, *project_ids: uuid.UUID) -> None:
+    """Requests raised a minute ago by the database's clock: due now."""
+    with engine.begin() as conn:
+        minute_ago = conn.execute(text("SELECT now() - interval '1 minute'")).scalar()
+        for p in project_ids:
+            request_project_recalc(conn, p, uuid.uuid4(), "Crud", now=minute_ago)
+
+
+def test_sensor_skips_when_nothing_is_due(db_engine: Engine, instance, resources) -> None:
+    with db_engine.begin() as conn:
+        p = add_project(conn)
+        request_project_recalc(conn, p, uuid.uuid4(), "Crud")  # due in 30 s
+    result = chessboard_project_recalc_sensor(
+        build_sensor_context(instance=instance, resources=resources)
+    )
+    assert isinstance(result, SkipReason)
+    assert "no due recalc requests (depth 1" in result.skip_message
+
+
+def test_sensor_launches_drain_runs_not_one_per_project(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        projects = [add_project(conn) for _ in range(60)]
+    make_due(db_engine, *projects)
+
+    result = chessboard_project_recalc_sensor(
+        build_sensor_context(instance=instance, resources=resources)
+    )
+
+    assert isinstance(result, SensorResult)
+    requests = result.run_requests
+    assert len(requests) == 2  # 60 due rows / batch 50 → 2 drain runs, within the cap of 2
+    assert all(isinstance(r, RunRequest) and r.tags["pin/drain"] == DRAIN_TAGS["pin/drain"]
+               for r in requests)
+    assert len({r.run_key for r in requests}) == 2
+
+
+def test_drain_run_materializes_each_recalculated_project(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        a, b = add_project(conn), add_project(conn)
+        add_object(conn, a, status="Free", price="10")
+        add_object(conn, b, status="Sold", price="20")
+    make_due(db_engine, a, b)
+
+    result = chessboard_project_recalc_drain.execute_in_process(
+        instance=instance, resources=resources
+    )
+
+    assert result.success
+    materialized = {
+        m.partition: m.metadata for m in result.asset_materializations_for_node(
+            "drain_chessboard_project_recalc_queue")
+    }
+    assert set(materialized) == {str(a), str(b)}
+    assert materialized[str(a)]["property_objects_free_count"].value == 1
+    assert materialized[str(a)]["republished_project"].value == 1
+    assert set(instance.get_dynamic_partitions(chessboard_projects.name)) == {str(a), str(b)}
+    with db_engine.connect() as conn:
+        assert queue_row(conn, a) is None and queue_row(conn, b) is None
+
+
+def test_drain_run_raises_the_poison_alert_as_a_failed_check(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        bad = add_project(conn, property_objects_total_count=3)
+        conn.execute(text("""
+            CREATE FUNCTION public.test_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'corrupt project'; END $$
+        """))
+        conn.execute(text("""CREATE TRIGGER fail BEFORE UPDATE ON chessboard.projects
+                             FOR EACH ROW EXECUTE FUNCTION public.test_fail()"""))
+    make_due(db_engine, bad)
+    with db_engine.begin() as conn:
+        conn.execute(text("UPDATE chessboard.project_recalc_requests SET attempt_count = 4"))
+
+    result = chessboard_project_recalc_drain.execute_in_process(
+        instance=instance, resources=resources
+    )
+
+    assert result.success  # other projects would continue; the failure is data, not a crash
+    evaluations = [
+        e.event_specific_data for e in result.all_events
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    assert [(ev.check_name, ev.passed) for ev in evaluations] == [(POISON_CHECK, False)]
+    assert "CHESSBOARD_RECALC_POISON" in evaluations[0].description
+    with db_engine.connect() as conn:
+        assert queue_row(conn, bad)["attempt_count"] == 5
+
+    check = materialize(
+        [project_aggregates, no_poison_recalc_requests], instance=instance,
+        resources=resources, selection=AssetSelection.checks(no_poison_recalc_requests),
+    )
+    assert [c.passed for c in check.get_asset_check_evaluations()] == [False]
+
+
+def test_backfilling_a_partition_forces_a_recalc_and_the_check_confirms_it(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        p = add_project(conn, property_objects_free_count=7)  # drifted
+        add_object(conn, p, status="Free", price="10")
+    with db_engine.begin() as conn:  # a pending request is covered by the forced recalc
+        request_project_recalc(conn, p, uuid.uuid4(), "Crud")
+    instance.add_dynamic_partitions(chessboard_projects.name, [str(p)])
+
+    def check_passed() -> bool:
+        run = chessboard_divergence_check.execute_in_process(
+            instance=instance, resources=resources,
+            run_config={"ops": {"check_project_divergence": {
+                "config": {"project_ids": [str(p)]}}}},
+        )
+        [evaluation] = [
+            e.event_specific_data for e in run.all_events
+            if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+        ]
+        assert (evaluation.check_name, evaluation.partition) == (DIVERGENCE_CHECK, str(p))
+        return evaluation.passed
+
+    assert not check_passed()
+
+    run = materialize([project_aggregates], instance=instance, resources=resources,
+                      partition_key=str(p))
+
+    [mat] = run.asset_materializations_for_node("chessboard__project_aggregates")
+    assert mat.partition == str(p)
+    assert mat.metadata["property_objects_free_count"].value == 1
+    assert check_passed()
+    with db_engine.connect() as conn:
+        assert row(conn, "projects", p)["version"] == 2
+        assert queue_row(conn, p) is None
+        assert [e["entity"] for e in outbox(conn)] == ["project"]
+
+
+def test_materializing_an_archived_project_changes_nothing(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        p = add_project(conn, status="Archived", property_objects_free_count=7)
+    instance.add_dynamic_partitions(chessboard_projects.name, [str(p)])
+    run = materialize([project_aggregates], instance=instance, resources=resources,
+                      partition_key=str(p))
+    [mat] = run.asset_materializations_for_node("chessboard__project_aggregates")
+    assert mat.metadata["skipped"].value == "archived"
+    with db_engine.connect() as conn:
+        assert row(conn, "projects", p)["property_objects_free_count"] == 7
+
+
+def test_drain_with_nothing_due_is_a_quick_noop(db_engine: Engine, instance, resources) -> None:
+    started = datetime.now(UTC)
+    result = chessboard_project_recalc_drain.execute_in_process(
+        instance=instance, resources=resources
+    )
+    assert result.success
+    assert result.asset_materializations_for_node("drain_chessboard_project_recalc_queue") == []
+    assert datetime.now(UTC) - started < timedelta(seconds=30)
