@@ -194,3 +194,8 @@ def metrics_serve(host: str, port: int) -> None:
         threading.Event().wait()
     except KeyboardInterrupt:
         server.shutdown()
+
+
+from pin_orchestration.news.snapshot_detach_cli import detach  # noqa: E402
+
+main.add_command(detach)

@@ -9,7 +9,14 @@ from pin_orchestration.assets.news import (
     post_comment_counts,
     reconciled_within_26h,
 )
+from pin_orchestration.assets.news_snapshot_detach import (
+    news_snapshot_detach_requeue,
+    news_snapshot_detach_retry,
+    snapshot_detach_outbox,
+    snapshot_detach_outbox_checks,
+)
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.selections import SelectionsResource
 from pin_orchestration.schedules.news import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
@@ -17,6 +24,7 @@ from pin_orchestration.schedules.news import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )
+from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 from pin_orchestration.settings import Settings
 
 
@@ -33,11 +41,22 @@ def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
     )
 
 
+def news_snapshot_detach_definitions() -> Definitions:
+    return Definitions(
+        assets=[snapshot_detach_outbox],
+        asset_checks=[snapshot_detach_outbox_checks],
+        jobs=[news_snapshot_detach_retry, news_snapshot_detach_requeue],
+        sensors=[news_snapshot_detach_outbox_sensor],
+        resources={"selections": SelectionsResource()},
+    )
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
         Definitions(resources={"database": DatabaseResource()}),
         news_comment_reconcile_definitions(settings),
+        news_snapshot_detach_definitions(),
     )
 
 
