@@ -359,6 +359,10 @@ def drain(
 ) -> DrainResult:
     """Claim, call and record until no row is due, the run's time is up, or a stop is asked.
 
+    Run-level lines go to `logger` (the Dagster run log); per-entry lines (detached,
+    retry, quarantined) to this module's logger, which a run shows as captured stderr —
+    a large backlog must not turn into one event-log write per row.
+
     At most `max_concurrency` calls are in flight; the next batch is claimed as soon as
     fewer than that are queued, so the pool never idles while rows are due. No
     transaction is open while a call is in flight: each claim and each group of outcomes
@@ -389,8 +393,8 @@ def drain(
                 unstarted.append(entry)
             else:
                 outcomes.append(decide(entry, call, options))
-        _apply_outcomes(engine, outcomes, clock(), result, logger)
-        _release(engine, unstarted, clock(), result, logger)
+        _apply_outcomes(engine, outcomes, clock(), result)
+        _release(engine, unstarted, clock(), result)
 
     with ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool:
         try:
@@ -398,7 +402,7 @@ def drain(
                 stopping = should_stop()
                 if stopping:
                     result.status = RunStatus.CANCELLED
-                    _release_unstarted(engine, inflight, clock(), result, logger)
+                    _release_unstarted(engine, inflight, clock(), result)
                 elif more_due and len(inflight) <= options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
@@ -414,7 +418,7 @@ def drain(
                         if claimed:
                             result.batches += 1
                             result.claimed += len(claimed)
-                            logger.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
+                            log.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
                             if on_batch is not None:
                                 on_batch()
                         for entry in claimed:
@@ -431,7 +435,7 @@ def drain(
             result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
             result.backlog_remaining = True
             try:
-                _release_unstarted(engine, inflight, clock(), result, logger)
+                _release_unstarted(engine, inflight, clock(), result)
                 if inflight:
                     done, _ = wait(list(inflight))
                     settle(done)
@@ -452,10 +456,9 @@ def _release_unstarted(
     inflight: dict[Future[CallResult | None], ClaimedEntry],
     now: datetime,
     result: DrainResult,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     unstarted = [future for future in inflight if future.cancel()]
-    _release(engine, [inflight.pop(future) for future in unstarted], now, result, logger)
+    _release(engine, [inflight.pop(future) for future in unstarted], now, result)
 
 
 def _release(
@@ -463,14 +466,13 @@ def _release(
     entries: Sequence[ClaimedEntry],
     now: datetime,
     result: DrainResult,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     if not entries:
         return
     released = release_claims(engine, entries, now)
     result.released += released
     result.backlog_remaining = True
-    logger.warning(
+    log.warning(
         "%s stop requested: %d claimed rows not called, %d given back their attempt",
         JOB_CODE,
         len(entries),
@@ -483,12 +485,11 @@ def _apply_outcomes(
     outcomes: Sequence[Outcome],
     now: datetime,
     result: DrainResult,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     try:
         applied = record_outcomes(engine, outcomes, now)
     except Exception:  # noqa: BLE001 — rows stay Pending with their backoff; the run goes on
-        logger.exception(
+        log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
             "their backoff",
             JOB_CODE,
@@ -499,14 +500,14 @@ def _apply_outcomes(
         entry = outcome.entry
         if entry.id not in applied:
             result.superseded += 1
-            logger.warning(
+            log.warning(
                 "entry outcome superseded: snapshotId=%s attempts=%d (a newer claim owns the row)",
                 entry.snapshot_id,
                 entry.attempts,
             )
         elif outcome.status == Status.DONE:
             result.succeeded += 1
-            logger.info(
+            log.info(
                 "entry detached: snapshotId=%s attempts=%d code=%s",
                 entry.snapshot_id,
                 entry.attempts,
@@ -515,7 +516,7 @@ def _apply_outcomes(
         elif outcome.status == Status.PENDING:
             result.failed += 1
             result.retried += 1
-            logger.info(
+            log.info(
                 "entry retry: snapshotId=%s attempts=%d errorCode=%s nextAttemptAt=%s",
                 entry.snapshot_id,
                 entry.attempts,
@@ -533,7 +534,7 @@ def _apply_outcomes(
                 last_error=outcome.last_error,
             )
             result.quarantine_events.append(event)
-            logger.error("entry quarantined: %s", event.describe())
+            log.error("entry quarantined: %s", event.describe())
 
 
 # --- one run under the lock ------------------------------------------------------------------

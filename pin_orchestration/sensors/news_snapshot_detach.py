@@ -30,6 +30,10 @@ from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
 @sensor(
     name="news_snapshot_detach_outbox_sensor",
     job=news_snapshot_detach_retry,
@@ -41,7 +45,7 @@ def news_snapshot_detach_outbox_sensor(
     context: SensorEvaluationContext, database: DatabaseResource
 ) -> SensorResult:
     interval = Settings.from_env().snapshot_detach_polling_seconds
-    now = datetime.now(UTC)
+    now = _now()
     state = sensor_state(database.get_engine())
     cursor = json.loads(context.cursor) if context.cursor else {}
 
