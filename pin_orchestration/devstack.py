@@ -2,7 +2,8 @@
 stand-ins for external services, the metrics endpoint, and Dagster (webserver + daemon).
 
 Every external part is switched to a real one by environment variables, never by code:
-PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME).
+PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME), PIN_SELECTIONS_URL (else
+the selections stand-in on 127.0.0.1:8790).
 """
 
 from __future__ import annotations
@@ -43,7 +44,18 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
     An area whose external service is unset adds its stand-in here and exports its URL
     into `env`, so the Dagster processes started afterwards use it.
     """
-    return []
+    stoppers: list[Callable[[], None]] = []
+    if settings.selections_url is None:
+        from pin_orchestration.news.selections_standin import DEFAULT_PORT, SelectionsStandIn
+
+        stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token).start()
+        env["PIN_SELECTIONS_URL"] = stand_in.url
+        stoppers.append(stand_in.stop)
+        log.info(
+            "selections stand-in on %s (tell it to fail: POST %s/admin/fail {\"status\": 503})",
+            stand_in.url, stand_in.url,
+        )
+    return stoppers
 
 
 def run_stack(

@@ -604,3 +604,15 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts) == ("Done", 2)
+
+
+def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engine) -> None:
+    from pin_orchestration.demo import seed_snapshot_detach_outbox
+    from pin_orchestration.news.selections_standin import SelectionsStandIn
+
+    assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 14}
+    assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 0}
+    with SelectionsStandIn() as stand_in, SelectionsClient(stand_in.url, None) as c:
+        result = run_detach_retry(db_engine, c, NO_JITTER, run_id="demo", holder="demo")
+    assert result.succeeded == 12
+    assert statuses(db_engine) == {"Done": 12, "Quarantined": 2}
