@@ -669,6 +669,46 @@ def quarantined_entries(engine: Engine, limit: int = 20) -> list[dict[str, Any]]
         ]
 
 
+# Buckets (seconds) of news_snapshot_detach_lag_seconds: created_at → Done.
+LAG_BUCKETS_SECONDS = (1, 10, 60, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """DET-6 figures, all read from PostgreSQL (runs are short-lived processes)."""
+
+    state: OutboxState
+    # Totals over every recorded run (pin.job_runs results).
+    succeeded: int
+    retried: int
+    failed: int
+    quarantined: int
+    # Cumulative Done counts per LAG_BUCKETS_SECONDS bound, then the count and sum.
+    lag_buckets: list[tuple[float, int]]
+    lag_count: int
+    lag_sum_seconds: float
+
+
+def read_metrics(engine: Engine) -> MetricsSnapshot:
+    state = outbox_state(engine)
+    with engine.connect() as conn:
+        totals = conn.execute(_query("run_totals"), {"job_code": JOB_CODE}).one()
+        buckets = conn.execute(
+            _query("done_lag_histogram"), {"bounds": [float(b) for b in LAG_BUCKETS_SECONDS]}
+        ).all()
+        lag = conn.execute(_query("done_lag_totals")).one()
+    return MetricsSnapshot(
+        state=state,
+        succeeded=totals.succeeded,
+        retried=totals.retried,
+        failed=totals.failed,
+        quarantined=totals.quarantined,
+        lag_buckets=[(float(b.upper_bound), b.cumulative_count) for b in buckets],
+        lag_count=lag.count,
+        lag_sum_seconds=float(lag.sum_seconds),
+    )
+
+
 class RequeueError(ValueError):
     """The runbook action found nothing to re-enqueue."""
 

@@ -616,3 +616,39 @@ def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engi
         result = run_detach_retry(db_engine, c, NO_JITTER, run_id="demo", holder="demo")
     assert result.succeeded == 12
     assert statuses(db_engine) == {"Done": 12, "Quarantined": 2}
+
+
+def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:
+    from prometheus_client import generate_latest
+
+    from pin_orchestration.metrics import build_registry
+
+    def scrape() -> dict[str, float]:
+        text_format = generate_latest(build_registry(db_engine)).decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text_format.splitlines()
+            if line.startswith("news_snapshot_detach_")
+        }
+
+    enqueue(db_engine, 3)
+    assert scrape()["news_snapshot_detach_pending"] == 3
+    run(db_engine, selections)  # success: succeeded_total += 3
+    [flaky, poison] = enqueue(db_engine, 2)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE news.snapshot_detach_outbox SET attempts = 11 WHERE snapshot_id = :s"),
+            {"s": poison},
+        )
+    selections.status = 503
+    run(db_engine, selections)
+    metrics = scrape()
+    assert metrics["news_snapshot_detach_succeeded_total"] == 3
+    assert metrics["news_snapshot_detach_retried_total"] == 1
+    assert metrics["news_snapshot_detach_quarantined_total"] == 1
+    assert metrics["news_snapshot_detach_failed_total"] == 2
+    assert metrics["news_snapshot_detach_pending"] == 1
+    assert metrics["news_snapshot_detach_oldest_age_seconds"] >= 0
+    assert metrics["news_snapshot_detach_lag_seconds_count"] == 3
+    assert metrics['news_snapshot_detach_lag_seconds_bucket{le="60"}'] == 3
+    assert row(db_engine, flaky).status == "Pending"
