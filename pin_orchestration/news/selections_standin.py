@@ -111,6 +111,9 @@ class SelectionsStandIn:
 def _handler_for(stand_in: SelectionsStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as a pooled client expects
+        # Headers and body go out in two writes: without TCP_NODELAY the second waits for
+        # the client's delayed ACK (~40 ms a request).
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass

@@ -26,7 +26,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -44,6 +44,9 @@ from pin_orchestration.sql import load_queries
 JOB_CODE = "news-snapshot-detach-retry"
 LOCK_KEY = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 LAST_ERROR_MAX = 512
+# Outcomes of calls that finish close together are written in one transaction: at most
+# this long after the first of them (or once max_concurrency of them are waiting).
+OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +231,12 @@ def _stamp_params(entries: Sequence[ClaimedEntry]) -> dict[str, list[Any]]:
     }
 
 
+def _relaxed_commit(conn: Connection) -> None:
+    """Don't wait for the WAL flush: a claim or an outcome lost to a database crash only
+    means one more (idempotent, INV-SNP-005) detach call after the backoff."""
+    conn.execute(text("SET LOCAL synchronous_commit = off"))
+
+
 def claim_due(
     conn: Connection,
     options: DetachOptions,
@@ -259,6 +268,7 @@ def claim_batch(
 ) -> list[ClaimedEntry]:
     """The claim as its own transaction: committed (row locks released) on return."""
     with engine.begin() as conn:
+        _relaxed_commit(conn)
         return claim_due(conn, options, now, rand)
 
 
@@ -285,6 +295,7 @@ def record_outcomes(engine: Engine, outcomes: Sequence[Outcome], now: datetime) 
         "now": now,
     }
     with engine.begin() as conn:
+        _relaxed_commit(conn)
         return set(conn.execute(_query("record_outcomes"), params).scalars())
 
 
@@ -364,9 +375,10 @@ def drain(
     a large backlog must not turn into one event-log write per row.
 
     At most `max_concurrency` calls are in flight; the next batch is claimed as soon as
-    fewer than that are queued, so the pool never idles while rows are due. No
-    transaction is open while a call is in flight: each claim and each group of outcomes
-    is its own short transaction, made on this thread.
+    no more than that are left queued or running, so the pool never idles while rows are
+    due. No transaction is open while a call is in flight: each claim and each group of
+    outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
+    transaction, made on this thread.
     """
     options.validate()
     result = DrainResult()
@@ -381,10 +393,14 @@ def drain(
             return None
         return caller.detach(entry.snapshot_id, entry.reason)
 
-    def settle(done: Iterable[Future[CallResult | None]]) -> None:
+    # Done calls whose outcome is not written yet: written in groups, one transaction each.
+    finished: dict[Future[CallResult | None], ClaimedEntry] = {}
+    last_write = time.monotonic()
+
+    def settle() -> None:
+        nonlocal last_write
         outcomes, unstarted = [], []
-        for future in done:
-            entry = inflight.pop(future)
+        for future, entry in finished.items():
             try:
                 call = future.result()
             except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
@@ -393,15 +409,20 @@ def drain(
                 unstarted.append(entry)
             else:
                 outcomes.append(decide(entry, call, options))
+        finished.clear()
+        last_write = time.monotonic()
         _apply_outcomes(engine, outcomes, clock(), result)
         _release(engine, unstarted, clock(), result)
+
+    def collect(timeout: float | None) -> None:
+        done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            finished[future] = inflight.pop(future)
 
     with ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool:
         try:
             while True:
-                stopping = should_stop()
-                if stopping:
-                    result.status = RunStatus.CANCELLED
+                if should_stop():
                     _release_unstarted(engine, inflight, clock(), result)
                 elif more_due and len(inflight) <= options.max_concurrency:
                     if time.monotonic() >= deadline:
@@ -414,7 +435,9 @@ def drain(
                         )
                     else:
                         claimed = claim_batch(engine, options, clock(), rand)
-                        more_due = len(claimed) == options.batch_size
+                        # Claim again until a claim comes back empty: under SKIP LOCKED
+                        # a short batch may only mean a parallel runner held some rows.
+                        more_due = bool(claimed)
                         if claimed:
                             result.batches += 1
                             result.claimed += len(claimed)
@@ -424,10 +447,18 @@ def drain(
                         for entry in claimed:
                             future = pool.submit(attempt, entry)
                             inflight[future] = entry
-                if not inflight:
+                if inflight:
+                    collect(OUTCOME_WRITE_INTERVAL_SECONDS)
+                if finished and (
+                    not inflight
+                    or len(finished) >= options.max_concurrency
+                    or time.monotonic() - last_write >= OUTCOME_WRITE_INTERVAL_SECONDS
+                ):
+                    settle()
+                if not inflight and not finished and (not more_due or should_stop()):
                     break
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                settle(done)
+            if should_stop():
+                result.status = RunStatus.CANCELLED
         except BaseException as exc:
             # Interrupted (run terminated, Ctrl-C) or the database failed: stop gracefully —
             # unstarted claims are given back, calls in flight finish and are recorded.
@@ -436,9 +467,9 @@ def drain(
             result.backlog_remaining = True
             try:
                 _release_unstarted(engine, inflight, clock(), result)
-                if inflight:
-                    done, _ = wait(list(inflight))
-                    settle(done)
+                while inflight:
+                    collect(None)
+                settle()
             except Exception:  # noqa: BLE001 — the original error is the one to report
                 logger.exception("%s could not record outcomes while stopping", JOB_CODE)
             raise

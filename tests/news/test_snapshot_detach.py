@@ -652,3 +652,15 @@ def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -
     assert metrics["news_snapshot_detach_lag_seconds_count"] == 3
     assert metrics['news_snapshot_detach_lag_seconds_bucket{le="60"}'] == 3
     assert row(db_engine, flaky).status == "Pending"
+
+
+def test_max_run_duration_leaves_the_rest_for_the_next_tick(
+    db_engine: Engine, selections: Selections
+) -> None:
+    enqueue(db_engine, 30)
+    selections.on_call = lambda _s: time.sleep(0.02)
+    options = DetachOptions(batch_size=10, max_concurrency=1, max_run_duration_seconds=0.05)
+    result = run(db_engine, selections, options)
+    assert result.backlog_remaining is True
+    assert result.succeeded == result.claimed < 30
+    assert statuses(db_engine) == {"Done": result.claimed, "Pending": 30 - result.claimed}
