@@ -23,7 +23,8 @@ def resolve_database_url(settings: Settings | None = None) -> str:
         return settings.database_url
     from pin_orchestration.embedded import start_embedded_postgres
 
-    return start_embedded_postgres(settings.home / "pgdata")
+    # Stopped when the last process using it exits: no server is left behind.
+    return start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)
 
 
 def libpq_url(sqlalchemy_url: str) -> str:

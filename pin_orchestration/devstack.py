@@ -68,14 +68,9 @@ def run_stack(
     metrics_port: int,
     seed_demo: bool = True,
 ) -> int:
-    embedded = settings.database_url is None
-    if embedded:
-        from pin_orchestration.embedded import start_embedded_postgres
-
-        database_url = start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)
+    database_url = resolve_database_url(settings)
+    if settings.database_url is None:
         log.info("embedded PostgreSQL running, data in %s", settings.home / "pgdata")
-    else:
-        database_url = resolve_database_url(settings)
     upgrade_database(database_url)
     engine = create_db_engine(database_url)
     if seed_demo:

@@ -72,3 +72,14 @@ def db_url(pg_server_url: str, admin_engine: Engine, template_database: str) -> 
 @pytest.fixture
 def db_engine(db_url: str) -> Engine:
     return create_db_engine(db_url)
+
+
+@pytest.fixture
+def empty_db_url(pg_server_url: str, admin_engine: Engine) -> Iterator[str]:
+    """URL of a new database with nothing in it (for migration and CLI tests)."""
+    name = f"pin_e_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield _with_database(pg_server_url, name)
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

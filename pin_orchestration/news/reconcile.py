@@ -122,7 +122,8 @@ class ReconcileResult:
 class _BatchOutcome:
     candidate_count: int
     last_candidate_id: uuid.UUID | None
-    locked_count: int
+    # Drifted posts a live hot-path writer held: left for the next run.
+    skipped_locked: int
     corrections: list[dict[str, Any]]
 
 
@@ -130,20 +131,25 @@ def checkpoint_key(scope: Scope) -> str:
     return f"{JOB_CODE}:{scope.value}"
 
 
-def _batch_sql(scope: Scope) -> str:
-    queries = load_queries("pin_orchestration.news", "reconcile.sql")
+def _queries() -> dict[str, str]:
+    return load_queries("pin_orchestration.news", "reconcile.sql")
+
+
+def _find_drift_sql(scope: Scope) -> str:
+    queries = _queries()
     if scope == Scope.FULL_SWEEP:
         candidates, visible = queries["full_sweep_candidates"], queries["visible_in_id_range"]
     else:
         candidates, visible = queries["daily_window_candidates"], queries["visible_in_id_list"]
     # Only SQL fragments are composed here; every value is a bound parameter.
-    return queries["reconcile_batch"].format(candidates=candidates, visible_filter=visible)
+    return queries["find_drift_and_lock"].format(candidates=candidates, visible_filter=visible)
 
 
 def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
-    query = text(load_queries("pin_orchestration.news", "reconcile.sql")["read_checkpoint"])
     with engine.connect() as conn:
-        return conn.execute(query, {"checkpoint_key": checkpoint_key(scope)}).scalar()
+        return conn.execute(
+            text(_queries()["read_checkpoint"]), {"checkpoint_key": checkpoint_key(scope)}
+        ).scalar()
 
 
 def reconcile_batch(
@@ -154,23 +160,28 @@ def reconcile_batch(
     window_start: datetime | None,
 ) -> _BatchOutcome:
     """Reconcile the next batch after `cursor` in one transaction."""
-    params: dict[str, Any] = {
-        "cursor": cursor,
-        "batch_size": batch_size,
-        "checkpoint_key": checkpoint_key(scope),
-    }
+    params: dict[str, Any] = {"cursor": cursor, "batch_size": batch_size}
     if scope == Scope.DAILY_WINDOW:
         params["window_start"] = window_start
     with engine.begin() as conn:
         # The counter is recomputable from comments: losing the last commit to a crash
         # costs nothing, so don't wait for the WAL flush on every batch.
         conn.execute(text("SET LOCAL synchronous_commit = off"))
-        row = conn.execute(text(_batch_sql(scope)), params).one()
+        found = conn.execute(text(_find_drift_sql(scope)), params).one()
+        full = found.candidate_count == batch_size
+        corrections = conn.execute(
+            text(_queries()["correct_locked_posts"]),
+            {
+                "locked_ids": found.locked_ids,
+                "checkpoint_key": checkpoint_key(scope),
+                "next_cursor": found.last_candidate_id if full else None,
+            },
+        ).scalar_one()
     return _BatchOutcome(
-        candidate_count=row.candidate_count,
-        last_candidate_id=row.last_candidate_id,
-        locked_count=row.locked_count,
-        corrections=row.corrections,
+        candidate_count=found.candidate_count,
+        last_candidate_id=found.last_candidate_id,
+        skipped_locked=found.drifted_count - len(found.locked_ids),
+        corrections=corrections,
     )
 
 
@@ -239,17 +250,17 @@ def run_reconcile(
             if batch.candidate_count == 0:
                 break
             result.batches_processed += 1
-            result.posts_reconciled += batch.locked_count
+            result.posts_reconciled += batch.candidate_count - batch.skipped_locked
             result.drift_corrected += len(batch.corrections)
             result.last_post_id = batch.last_candidate_id
             room = CORRECTIONS_REPORTED - len(result.corrections)
             result.corrections.extend(batch.corrections[: max(room, 0)])
             logger.info(
-                "%s batch processed: rows=%d locked=%d corrected=%d",
+                "%s batch processed: rows=%d corrected=%d skipped_locked=%d",
                 JOB_CODE,
                 batch.candidate_count,
-                batch.locked_count,
                 len(batch.corrections),
+                batch.skipped_locked,
             )
             for c in batch.corrections:
                 logger.debug("drift corrected: post %s %s→%s", c["post_id"], c["from"], c["to"])

@@ -1,0 +1,174 @@
+"""The `pin` command line, run as an operator would: real subprocesses, real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+
+from pin_orchestration.db import create_db_engine
+from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.news.reconcile import Scope, read_checkpoint
+from tests.news.factories import add_post
+
+PIN = [sys.executable, "-m", "pin_orchestration.cli"]
+
+
+def pin(
+    *args: str, url: str | None, home: Path | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PIN_DATABASE_URL"}
+    if url is not None:
+        env["PIN_DATABASE_URL"] = url
+    if home is not None:
+        env["PIN_HOME"] = str(home)
+    return subprocess.run(
+        [*PIN, *args], env=env, capture_output=True, text=True, timeout=120, **kwargs
+    )
+
+
+def test_db_upgrade_creates_every_schema_and_is_repeatable(empty_db_url: str) -> None:
+    first = pin("db", "upgrade", url=empty_db_url)
+    assert first.returncode == 0, first.stderr
+    second = pin("db", "upgrade", url=empty_db_url)
+    assert second.returncode == 0, second.stderr
+    engine = create_engine(empty_db_url)
+    with engine.connect() as conn:
+        tables = set(
+            conn.execute(
+                text(
+                    "SELECT table_schema || '.' || table_name FROM information_schema.tables "
+                    "WHERE table_schema IN ('news', 'pin')"
+                )
+            ).scalars()
+        )
+    engine.dispose()
+    assert {
+        "news.posts",
+        "news.comments",
+        "pin.distributed_locks",
+        "pin.job_checkpoints",
+        "pin.job_runs",
+    } <= tables
+
+
+def test_upstream_writer_knowing_only_spec_columns_can_insert(db_url: str) -> None:
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO news.posts (id, status, comments_count, updated_at) "
+                "VALUES (gen_random_uuid(), 'Published', 0, now())"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO news.comments (id, post_id, status, created_at, updated_at) "
+                "SELECT gen_random_uuid(), id, 'Visible', now(), now() FROM news.posts"
+            )
+        )
+
+
+def test_demo_seed_is_idempotent_and_reconcile_fixes_its_drift(db_url: str) -> None:
+    first = pin("demo", "seed", url=db_url)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["news"]["posts"] == 200
+    second = pin("demo", "seed", url=db_url)
+    assert json.loads(second.stdout)["news"] == {"posts": 0, "comments": 0}
+
+    run = pin("news", "reconcile", "--scope", "FullSweep", url=db_url)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["status"] == "succeeded"
+    assert summary["drift_corrected"] > 0
+    again = json.loads(pin("news", "reconcile", "--scope", "FullSweep", url=db_url).stdout)
+    assert again["drift_corrected"] == 0
+
+
+def test_bad_config_is_refused_naming_the_field(db_url: str) -> None:
+    run = pin("news", "reconcile", "--batch-size", "0", url=db_url)
+    assert run.returncode == 2
+    assert "batch_size must be > 0" in run.stderr
+
+
+def test_bad_database_url_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    run = pin("demo", "seed", url="mysql://x@y/z", home=tmp_path)
+    assert run.returncode == 1
+    assert "PIN_DATABASE_URL must be a PostgreSQL SQLAlchemy URL" in run.stderr
+
+
+def test_locks_list_and_release(db_url: str) -> None:
+    from pin_orchestration.locks import try_acquire_lock
+
+    assert try_acquire_lock(create_db_engine(db_url), "Pin:lock:x", 60, "host:1")
+    listed = pin("locks", "list", url=db_url)
+    assert "Pin:lock:x\thost:1\theld" in listed.stdout
+    assert pin("locks", "release", "Pin:lock:x", url=db_url).returncode == 0
+    assert pin("locks", "list", url=db_url).stdout == ""
+
+
+def test_sigterm_stops_between_batches_keeping_committed_work(db_url: str) -> None:
+    engine = create_db_engine(db_url)
+    posts = sorted(add_post(engine, comments_count=1) for _ in range(3000))
+    proc = subprocess.Popen(
+        [*PIN, "news", "reconcile", "--scope", "FullSweep", "--batch-size", "1"],
+        env={**os.environ, "PIN_DATABASE_URL": db_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while read_checkpoint(engine, Scope.FULL_SWEEP) is None:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    summary = json.loads(out)
+    assert summary["status"] == "cancelled"
+    assert summary["backlog_remaining"] is True
+    done = summary["batches_processed"]
+    assert 0 < done < len(posts)
+    checkpoint = read_checkpoint(engine, Scope.FULL_SWEEP)
+    assert checkpoint == posts[done - 1]
+    with engine.connect() as conn:
+        counts = dict(conn.execute(text("SELECT id, comments_count FROM news.posts")).all())
+    # Exactly the committed batches were corrected; nothing after the checkpoint.
+    assert [counts[p] for p in posts] == [0] * done + [1] * (len(posts) - done)
+
+
+def test_fresh_machine_path_embedded_postgres(tmp_path: Path) -> None:
+    """No PIN_DATABASE_URL: the embedded PostgreSQL starts from scratch, is migrated, demo
+    data loads and a reconcile corrects its drift — the path of a laptop with only Python."""
+    home = tmp_path / "pin-home"
+    try:
+        upgrade = pin("db", "upgrade", url=None, home=home)
+        assert upgrade.returncode == 0, upgrade.stderr
+        assert (home / "pgdata" / "PG_VERSION").exists()
+        seeded = pin("demo", "seed", url=None, home=home)
+        assert seeded.returncode == 0, seeded.stderr
+        run = pin("news", "reconcile", "--scope", "FullSweep", url=None, home=home)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["drift_corrected"] > 0
+        # State survives the restart of the server between commands.
+        again = pin("news", "reconcile", "--scope", "FullSweep", url=None, home=home)
+        assert json.loads(again.stdout)["drift_corrected"] == 0
+    finally:
+        import pgserver
+
+        pgserver.get_server(home / "pgdata", cleanup_mode="stop").cleanup()
+
+
+def test_migrations_apply_on_a_fresh_database_in_process(empty_db_url: str) -> None:
+    upgrade_database(empty_db_url)
+    from pin_orchestration.migrations import current_revision
+
+    engine = create_engine(empty_db_url)
+    assert current_revision(engine) is not None
+    engine.dispose()

@@ -1,0 +1,87 @@
+"""The distributed TTL lock, with real concurrent connections."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import Engine, text
+
+from pin_orchestration.locks import (
+    extend_lock,
+    force_release_lock,
+    held_lock,
+    list_locks,
+    release_lock,
+    try_acquire_lock,
+)
+
+KEY = "Pin:lock:job:scheduled:test"
+
+
+def test_exactly_one_of_many_concurrent_acquirers_wins(db_engine: Engine) -> None:
+    contenders = 8
+    barrier = threading.Barrier(contenders)
+
+    def contend(i: int) -> bool:
+        with db_engine.connect():  # each thread checks out its own connection first
+            pass
+        barrier.wait()
+        return try_acquire_lock(db_engine, KEY, 60, f"pod-{i}")
+
+    with ThreadPoolExecutor(contenders) as pool:
+        wins = list(pool.map(contend, range(contenders)))
+    assert wins.count(True) == 1
+    (lock,) = list_locks(db_engine)
+    assert lock.holder == f"pod-{wins.index(True)}"
+
+
+def test_acquire_does_not_wait_for_a_holder(db_engine: Engine) -> None:
+    assert try_acquire_lock(db_engine, KEY, 60, "a")
+    started = time.monotonic()
+    assert not try_acquire_lock(db_engine, KEY, 60, "b")
+    assert time.monotonic() - started < 5  # answered, not queued behind "a"
+
+
+def test_lock_expires_after_its_ttl(db_engine: Engine) -> None:
+    assert try_acquire_lock(db_engine, KEY, 0.3, "crashed-pod")
+    assert not try_acquire_lock(db_engine, KEY, 60, "b")
+    deadline = time.monotonic() + 10
+    while not try_acquire_lock(db_engine, KEY, 60, "b"):
+        assert time.monotonic() < deadline, "the lock never expired"
+        time.sleep(0.05)
+    assert list_locks(db_engine)[0].holder == "b"
+    # The crashed holder's late release does not free b's lock.
+    assert not release_lock(db_engine, KEY, "crashed-pod")
+    assert list_locks(db_engine)[0].holder == "b"
+
+
+def test_extend_keeps_the_lock_and_fails_once_lost(db_engine: Engine) -> None:
+    assert try_acquire_lock(db_engine, KEY, 60, "a")
+    assert extend_lock(db_engine, KEY, 120, "a")
+    assert not extend_lock(db_engine, KEY, 120, "b")
+    with db_engine.begin() as conn:
+        conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'"))
+    assert not extend_lock(db_engine, KEY, 120, "a")
+
+
+def test_held_lock_releases_on_exit_even_on_error(db_engine: Engine) -> None:
+    try:
+        with held_lock(db_engine, KEY, 60, "a") as acquired:
+            assert acquired
+            with held_lock(db_engine, KEY, 60, "b") as second:
+                assert not second
+            raise RuntimeError("job failed")
+    except RuntimeError:
+        pass
+    assert list_locks(db_engine) == []
+
+
+def test_operator_sees_holder_and_can_force_release(db_engine: Engine) -> None:
+    assert try_acquire_lock(db_engine, KEY, 60, "host-1:4242:run-9")
+    (lock,) = list_locks(db_engine)
+    assert (lock.lock_key, lock.holder, lock.expired) == (KEY, "host-1:4242:run-9", False)
+    assert lock.expires_at > lock.acquired_at
+    assert force_release_lock(db_engine, KEY)
+    assert list_locks(db_engine) == []
