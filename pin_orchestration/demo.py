@@ -135,4 +135,7 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
 
 def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:
     """Everything `pin demo seed` loads, per area."""
-    return {"news": {**seed_news(engine), **seed_snapshot_detach_outbox(engine)}}
+    return {
+        "news": seed_news(engine),
+        "news_snapshot_detach": seed_snapshot_detach_outbox(engine),
+    }
