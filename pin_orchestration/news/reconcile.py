@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.jobruns import record_job_run
+from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import held_lock
 from pin_orchestration.sql import load_queries
 
@@ -84,13 +84,6 @@ class ReconcileOptions:
             raise ReconcileConfigError(
                 "invalid news-comment-reconcile config: " + "; ".join(problems)
             )
-
-
-class RunStatus(StrEnum):
-    SUCCEEDED = "succeeded"
-    SKIPPED = "skipped"  # the lock was held by another runner
-    CANCELLED = "cancelled"
-    FAILED = "failed"
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.demo import uuid7
-from pin_orchestration.jobruns import last_successful_run_at, record_job_run
+from pin_orchestration.jobruns import RunStatus, last_successful_run_at, record_job_run
 from pin_orchestration.locks import extend_lock, held_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
 from pin_orchestration.sql import load_queries
@@ -314,13 +314,6 @@ def release_claims(engine: Engine, entries: Sequence[ClaimedEntry], now: datetim
 
 
 # --- the worker loop -------------------------------------------------------------------------
-
-
-class RunStatus(StrEnum):
-    SUCCEEDED = "succeeded"
-    SKIPPED = "skipped"  # the lock was held by another runner
-    CANCELLED = "cancelled"
-    FAILED = "failed"
 
 
 @dataclass
