@@ -19,13 +19,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench._db import fresh_bench_database  # noqa: E402
+from pin_orchestration.db import resolve_database_url  # noqa: E402
 from pin_orchestration.news.reconcile import (  # noqa: E402
     ReconcileOptions,
     Scope,
     run_reconcile,
 )
+from pin_orchestration.settings import Settings  # noqa: E402
 
 UUID7 = """
 CREATE FUNCTION pg_temp.uuid7(ts timestamptz) RETURNS uuid LANGUAGE sql AS $$
@@ -46,6 +49,27 @@ LEFT JOIN (
 WHERE p.id = p2.id AND p2.status <> 'Archived'
   AND p2.comments_count <> coalesce(c.visible_count, 0)
 """
+
+
+DATABASE = "pin_bench_reconcile"
+
+
+def reusable_bench_database(posts: int, comments: int) -> str | None:
+    """The URL of an earlier run's data when it has the asked-for size."""
+    server = resolve_database_url(Settings.from_env())
+    url = make_url(server).set(database=DATABASE).render_as_string(hide_password=False)
+    try:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            sizes = conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM news.posts), (SELECT count(*) FROM news.comments)"
+                )
+            ).one()
+        engine.dispose()
+    except Exception:  # noqa: BLE001 — no such database yet
+        return None
+    return url if tuple(sizes) == (posts, comments) else None
 
 
 def build(engine: Engine, posts: int, comments: int) -> None:
@@ -131,17 +155,24 @@ def main() -> None:
     parser.add_argument("--comments", type=int, default=5_000_000)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the data of an earlier run if it matches"
+    )
     args = parser.parse_args()
 
-    url = fresh_bench_database("pin_bench_reconcile")
+    url = reusable_bench_database(args.posts, args.comments) if args.reuse else None
+    if url is None:
+        url = fresh_bench_database(DATABASE)
+        engine = create_engine(url)
+        t0 = time.perf_counter()
+        build(engine, args.posts, args.comments)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE"))
+        print(
+            f"built {args.posts:,} posts, {args.comments:,} comments "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
     engine = create_engine(url)
-    t0 = time.perf_counter()
-    build(engine, args.posts, args.comments)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("VACUUM ANALYZE"))
-    print(
-        f"built {args.posts:,} posts, {args.comments:,} comments in {time.perf_counter() - t0:.1f}s"
-    )
 
     sweeps: list[float] = []
     singles: list[float] = []

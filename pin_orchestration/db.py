@@ -27,7 +27,12 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     return start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)
 
 
-def libpq_url(sqlalchemy_url: str) -> str:
-    """The same database as a plain libpq URL (what dagster-postgres / psycopg2 expect)."""
-    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+def dagster_storage_url(sqlalchemy_url: str) -> str:
+    """The same database for Dagster's instance storage.
+
+    dagster-postgres is written for psycopg2 (it binds NOTIFY payloads client-side, which
+    psycopg 3's server-side binding rejects), and SQLAlchemy 2.1 maps a bare postgresql://
+    to psycopg 3 — so name the driver explicitly.
+    """
+    url = make_url(sqlalchemy_url).set(drivername="postgresql+psycopg2")
     return url.render_as_string(hide_password=False)

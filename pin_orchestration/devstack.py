@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
-from pin_orchestration.db import create_db_engine, libpq_url, resolve_database_url
+from pin_orchestration.db import create_db_engine, dagster_storage_url, resolve_database_url
 from pin_orchestration.demo import seed_demo_data
 from pin_orchestration.metrics import serve_metrics
 from pin_orchestration.migrations import upgrade_database
@@ -80,7 +82,8 @@ def run_stack(
     env.update(
         {
             "PIN_DATABASE_URL": database_url,
-            "PIN_DAGSTER_PG_URL": env.get("PIN_DAGSTER_PG_URL") or libpq_url(database_url),
+            "PIN_DAGSTER_PG_URL": env.get("PIN_DAGSTER_PG_URL")
+            or dagster_storage_url(database_url),
             "PIN_HOME": str(settings.home),
             "DAGSTER_HOME": str(prepare_dagster_home(settings, dagster_yaml)),
         }
@@ -101,11 +104,22 @@ def run_stack(
         str(port),
     ]
     log.info("Dagster UI on http://%s:%d", host, port)
+    dagster_dev = subprocess.Popen(dagster, env=env)
+
+    def forward(signo: int, _frame: FrameType | None) -> None:
+        # dagster dev stops its webserver, daemon and code servers on the signal.
+        dagster_dev.send_signal(signo)
+
+    previous = signal.signal(signal.SIGTERM, forward)
     try:
-        return subprocess.call(dagster, env=env)
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                return dagster_dev.wait()
+            except KeyboardInterrupt:
+                # Ctrl-C reached the whole process group; wait for dagster to wind down.
+                continue
     finally:
+        signal.signal(signal.SIGTERM, previous)
         metrics_server.shutdown()
         for stop in reversed(stoppers):
             stop()

@@ -1,24 +1,24 @@
--- Queries of news-comment-reconcile (seed 000). A batch is one transaction of two
--- statements:
---   1. find_drift_and_lock: the next BatchSize candidate posts by id (keyset), their
---      Visible comment counts, and — of those whose counter differs — a row lock on each
---      one not held by a live hot-path writer (SKIP LOCKED: skipped, never waited on).
---   2. correct_locked_posts: recount the locked posts in a fresh snapshot taken after the
---      locks (so a hot-path inc/dec that committed meanwhile is seen, and one still in
---      flight waits for us and applies on top), assign the absolute value where it differs,
---      and move the checkpoint.
--- Only drifted posts are locked: a clean post needs no write, and locking every post
--- would write every heap page of news.posts.
+-- Queries of news-comment-reconcile (seed 000). A batch is one statement, so one
+-- transaction: the next BatchSize candidate posts by id (keyset), their Visible comment
+-- counts, and — for those whose counter differs — a row lock on each one (SKIP LOCKED: a
+-- post held by a live hot-path inc/dec is skipped, never waited on), the absolute
+-- assignment and the checkpoint move.
+--
+-- Only drifted posts are locked: a clean post needs no write, and locking every post would
+-- write every heap page of news.posts. A drifted post whose row changed after the
+-- statement's snapshot (xmin differs: a hot-path writer committed meanwhile) is skipped
+-- like a locked one, so a count taken before that write never overwrites it; the next run
+-- reconciles it.
 
 -- name: full_sweep_candidates
-SELECT p.id, p.comments_count
+SELECT p.id, p.comments_count, p.xmin AS row_version
 FROM news.posts AS p
 WHERE p.id > :cursor AND p.status <> 'Archived'
 ORDER BY p.id
 LIMIT :batch_size
 
 -- name: daily_window_candidates
-SELECT p.id, p.comments_count
+SELECT p.id, p.comments_count, p.xmin AS row_version
 FROM news.posts AS p
 WHERE p.id > :cursor AND p.status <> 'Archived'
   AND p.id IN (
@@ -29,16 +29,16 @@ WHERE p.id > :cursor AND p.status <> 'Archived'
 ORDER BY p.id
 LIMIT :batch_size
 
--- A FullSweep batch covers a dense id range: one index range scan counts it.
+-- A FullSweep batch covers a dense id range: one index-only range scan counts it.
 -- name: visible_in_id_range
 c.post_id BETWEEN (SELECT id FROM candidates ORDER BY id LIMIT 1)
               AND (SELECT id FROM candidates ORDER BY id DESC LIMIT 1)
 
--- A DailyWindow batch is sparse: probe the index per post instead.
+-- A DailyWindow batch is sparse: probe the index per candidate instead.
 -- name: visible_in_id_list
-c.post_id IN (SELECT id FROM candidates)
+c.post_id = ANY(ARRAY(SELECT id FROM candidates))
 
--- name: find_drift_and_lock
+-- name: reconcile_batch
 WITH candidates AS MATERIALIZED (
     {candidates}
 ),
@@ -48,56 +48,57 @@ visible AS (
     WHERE c.status = 'Visible' AND {visible_filter}
     GROUP BY c.post_id
 ),
-drifted AS (
-    SELECT k.id
+drifted AS MATERIALIZED (
+    SELECT k.id, k.comments_count AS old_count, coalesce(v.visible_count, 0) AS new_count,
+           k.row_version
     FROM candidates AS k
     LEFT JOIN visible AS v ON v.post_id = k.id
     WHERE k.comments_count <> coalesce(v.visible_count, 0)
 ),
-locked AS (
+-- Row locks and the update address posts by `id = ANY(ARRAY(...))`: the planner cannot
+-- estimate how few drifted posts a batch has, and given a join it may pick a scan of the
+-- whole of news.posts; an id array keeps both on primary-key lookups.
+locked AS MATERIALIZED (
     SELECT p.id
     FROM news.posts AS p
-    WHERE p.id IN (SELECT id FROM drifted) AND p.status <> 'Archived'
-    ORDER BY p.id
-    FOR UPDATE SKIP LOCKED
-)
-SELECT
-    (SELECT count(*) FROM candidates) AS candidate_count,
-    (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id,
-    (SELECT count(*) FROM drifted) AS drifted_count,
-    (SELECT coalesce(array_agg(id), '{{}}') FROM locked) AS locked_ids
-
--- name: correct_locked_posts
-WITH locked AS (
-    SELECT p.id, p.comments_count AS old_count
-    FROM news.posts AS p
-    WHERE p.id = ANY(CAST(:locked_ids AS uuid[]))
-),
-visible AS (
-    SELECT c.post_id, count(*) AS visible_count
-    FROM news.comments AS c
-    WHERE c.status = 'Visible' AND c.post_id = ANY(CAST(:locked_ids AS uuid[]))
-    GROUP BY c.post_id
+    JOIN drifted AS d ON d.id = p.id
+    WHERE p.id = ANY(ARRAY(SELECT id FROM drifted)) AND p.status <> 'Archived'
+      AND p.xmin = d.row_version
+    FOR UPDATE OF p SKIP LOCKED
 ),
 corrected AS (
     UPDATE news.posts AS p
-    SET comments_count = coalesce(v.visible_count, 0), updated_at = now()
-    FROM locked AS l
-    LEFT JOIN visible AS v ON v.post_id = l.id
-    WHERE p.id = l.id AND l.old_count <> coalesce(v.visible_count, 0)
-    RETURNING p.id, l.old_count, p.comments_count AS new_count
+    SET comments_count = d.new_count, updated_at = now()
+    FROM drifted AS d
+    WHERE p.id = ANY(ARRAY(SELECT id FROM locked)) AND p.id = d.id
+    RETURNING p.id, d.old_count, d.new_count
+),
+batch AS MATERIALIZED (
+    SELECT count(*) AS candidate_count,
+           (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id
+    FROM candidates
 ),
 checkpoint AS (
-    -- NULL once the sweep reached the end: the next run starts from the beginning.
+    -- A full batch leaves the cursor at its last candidate; a short one means the sweep
+    -- reached the end, so the next run starts from the beginning again.
     INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
-    VALUES (:checkpoint_key, :next_cursor, now())
+    SELECT :checkpoint_key,
+           CASE WHEN candidate_count = :batch_size THEN last_candidate_id END,
+           now()
+    FROM batch
     ON CONFLICT (checkpoint_key) DO UPDATE
         SET last_id = excluded.last_id, updated_at = excluded.updated_at
 )
-SELECT coalesce(
-    json_agg(json_build_object('post_id', id, 'from', old_count, 'to', new_count) ORDER BY id),
-    '[]'::json) AS corrections
-FROM corrected
+SELECT
+    batch.candidate_count,
+    batch.last_candidate_id,
+    (SELECT count(*) FROM drifted) AS drifted_count,
+    (SELECT coalesce(
+        json_agg(json_build_object('post_id', id, 'from', old_count, 'to', new_count)
+                 ORDER BY id),
+        '[]'::json)
+     FROM corrected) AS corrections
+FROM batch
 
 -- name: read_checkpoint
 SELECT last_id FROM pin.job_checkpoints WHERE checkpoint_key = :checkpoint_key
