@@ -200,5 +200,9 @@ def metrics_serve(host: str, port: int) -> None:
         server.shutdown()
 
 
+from pin_orchestration.news.snapshot_detach_cli import detach  # noqa: E402
+
+main.add_command(detach)
+
 if __name__ == "__main__":
     main()

@@ -21,7 +21,14 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
+from pin_orchestration.assets.news_snapshot_detach import (
+    news_snapshot_detach_requeue,
+    news_snapshot_detach_retry,
+    snapshot_detach_outbox,
+    snapshot_detach_outbox_checks,
+)
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.selections import SelectionsResource
 from pin_orchestration.schedules.news import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
@@ -30,6 +37,7 @@ from pin_orchestration.schedules.news import (
     news_comment_reconcile_job,
 )
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
+from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 from pin_orchestration.settings import Settings
 
 
@@ -61,12 +69,23 @@ def chessboard_project_recalc_definitions() -> Definitions:
     )
 
 
+def news_snapshot_detach_definitions() -> Definitions:
+    return Definitions(
+        assets=[snapshot_detach_outbox],
+        asset_checks=[snapshot_detach_outbox_checks],
+        jobs=[news_snapshot_detach_retry, news_snapshot_detach_requeue],
+        sensors=[news_snapshot_detach_outbox_sensor],
+        resources={"selections": SelectionsResource()},
+    )
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
         Definitions(resources={"database": DatabaseResource()}),
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
+        news_snapshot_detach_definitions(),
     )
 
 

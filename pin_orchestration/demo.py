@@ -99,11 +99,46 @@ def seed_news(engine: Engine) -> dict[str, int]:
     return {"posts": inserted_posts, "comments": inserted_comments}
 
 
+def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
+    """Detach intents: a dozen due now (the sensor launches a drain), two Quarantined (the
+    no_quarantined_entries check shows red until `pin detach requeue` or the runbook job)."""
+    rand = random.Random(20261201)
+    rows = []
+    for i in range(14):
+        created = _DEMO_EPOCH + timedelta(minutes=i)
+        quarantined = i >= 12
+        rows.append(
+            {
+                "id": uuid7(int(created.timestamp() * 1000), rand),
+                "snapshot_id": uuid.UUID(int=rand.getrandbits(128), version=4),
+                "post_id": uuid7(int(created.timestamp() * 1000), rand),
+                "reason": "PostDeleted" if i % 3 == 0 else "BlockReplaced",
+                "status": "Quarantined" if quarantined else "Pending",
+                "attempts": 12 if quarantined else 0,
+                "last_error": "transient:http_503" if quarantined else None,
+            }
+        )
+    with engine.begin() as conn:
+        inserted = conn.execute(
+            text(
+                """
+                INSERT INTO news.snapshot_detach_outbox
+                    (id, snapshot_id, post_id, reason, status, attempts, last_error)
+                VALUES (:id, :snapshot_id, :post_id, :reason, :status, :attempts, :last_error)
+                ON CONFLICT DO NOTHING
+                """
+            ),
+            rows,
+        ).rowcount
+    return {"snapshot_detach_outbox": inserted}
+
+
 def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:
     """Everything `pin demo seed` loads, per area."""
     from pin_orchestration.chessboard.sample import WorldShape, generate_world
 
     return {
         "news": seed_news(engine),
+        "news_snapshot_detach": seed_snapshot_detach_outbox(engine),
         "chessboard": generate_world(engine, WorldShape(), prefix="demo"),
     }

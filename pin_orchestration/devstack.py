@@ -2,8 +2,9 @@
 stand-ins for external services, the metrics endpoint, and Dagster (webserver + daemon).
 
 Every external part is switched to a real one by environment variables, never by code:
-PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME),
-PIN_KAFKA_BOOTSTRAP_SERVERS (else chessboard events go to $PIN_HOME/chessboard-events.jsonl).
+PIN_DATABASE_URL (else the embedded PostgreSQL under PIN_HOME), PIN_SELECTIONS_URL (else
+the selections stand-in on 127.0.0.1:8790), PIN_KAFKA_BOOTSTRAP_SERVERS (else chessboard
+events go to $PIN_HOME/chessboard-events.jsonl).
 """
 
 from __future__ import annotations
@@ -48,9 +49,22 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
     """
     from pin_orchestration.chessboard.cli import start_publisher_process
 
+    stoppers: list[Callable[[], None]] = []
+    if settings.selections_url is None:
+        from pin_orchestration.news.selections_standin import DEFAULT_PORT, SelectionsStandIn
+
+        stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token).start()
+        env["PIN_SELECTIONS_URL"] = stand_in.url
+        stoppers.append(stand_in.stop)
+        log.info(
+            "selections stand-in on %s (tell it to fail: POST %s/admin/fail {\"status\": 503})",
+            stand_in.url, stand_in.url,
+        )
     # The chessboard outbox publisher: to Kafka when PIN_KAFKA_BOOTSTRAP_SERVERS is set,
-    # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start).
-    return [start_publisher_process(env)]
+    # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start). Started after the
+    # stand-ins so it inherits their URLs.
+    stoppers.append(start_publisher_process(env))
+    return stoppers
 
 
 def run_stack(

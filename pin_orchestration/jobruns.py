@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine, text
+
+
+class RunStatus(StrEnum):
+    """The statuses pin.job_runs accepts (its CHECK constraint)."""
+
+    SUCCEEDED = "succeeded"
+    SKIPPED = "skipped"  # the lock was held by another runner
+    CANCELLED = "cancelled"
+    FAILED = "failed"
 
 _INSERT = text(
     """

@@ -24,6 +24,12 @@ class Settings:
     # Kafka bootstrap servers of the chessboard event publisher. None selects the local
     # JSONL sink under `home` (embedded default).
     kafka_bootstrap_servers: str | None = None
+    # selections internal API (m2m) for the snapshot-detach retry; None → the local
+    # stand-in that `pin up` starts.
+    selections_url: str | None = None
+    selections_token: str | None = None
+    # PollingInterval of news-snapshot-detach-retry: at most one drain run per window.
+    snapshot_detach_polling_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -42,9 +48,28 @@ class Settings:
                 f"PIN_NEWS_FULL_SWEEP_CRON must be a 5-field cron expression (got {cron!r}), "
                 "e.g. '0 4 * * 0' for Sundays at 04:00 Europe/Moscow"
             )
+        selections_url = env.get("PIN_SELECTIONS_URL") or None
+        if selections_url is not None and not selections_url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"PIN_SELECTIONS_URL must be an http(s):// base URL (got {selections_url!r}); "
+                "unset it to use the local selections stand-in"
+            )
+        polling = env.get("PIN_SNAPSHOT_DETACH_POLLING_SECONDS") or "300"
+        try:
+            polling_seconds = float(polling)
+        except ValueError:
+            polling_seconds = 0.0
+        if polling_seconds <= 0:
+            raise SettingsError(
+                f"PIN_SNAPSHOT_DETACH_POLLING_SECONDS must be a number of seconds > 0 "
+                f"(got {polling!r}); default is 300"
+            )
         return cls(
             database_url=database_url,
             home=home,
             news_full_sweep_cron=cron,
             kafka_bootstrap_servers=env.get("PIN_KAFKA_BOOTSTRAP_SERVERS") or None,
+            selections_url=selections_url,
+            selections_token=env.get("PIN_SELECTIONS_TOKEN") or None,
+            snapshot_detach_polling_seconds=polling_seconds,
         )

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from pin_orchestration.jobruns import record_job_run
+from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import held_lock
 from pin_orchestration.sql import load_queries
 
@@ -88,13 +88,6 @@ class ReconcileOptions:
             raise ReconcileConfigError(
                 "invalid news-comment-reconcile config: " + "; ".join(problems)
             )
-
-
-class RunStatus(StrEnum):
-    SUCCEEDED = "succeeded"
-    SKIPPED = "skipped"  # the lock was held by another runner
-    CANCELLED = "cancelled"
-    FAILED = "failed"
 
 
 @dataclass

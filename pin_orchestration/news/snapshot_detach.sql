@@ -1,0 +1,114 @@
+-- Queries of news-snapshot-detach-retry (seed 001). A row moves through two short
+-- transactions per attempt: the claim (attempts + 1, next_attempt_at = backoff) and the
+-- outcome (Done / Pending with last_error / Quarantined). The selections call happens
+-- between them with no transaction open. The claim stamp (attempts, next_attempt_at) is
+-- the row's version: an outcome or a release applies only while the row still carries
+-- the stamp of the claim it belongs to, so it never overwrites a newer claim.
+
+-- name: enqueue
+INSERT INTO news.snapshot_detach_outbox AS o
+    (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, created_at, updated_at)
+VALUES (:id, :snapshot_id, :post_id, :reason, 0, now(), 'Pending', now(), now())
+ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
+RETURNING o.id
+
+-- name: active_entry_id
+SELECT id FROM news.snapshot_detach_outbox
+WHERE snapshot_id = :snapshot_id AND status <> 'Done'
+
+-- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
+-- name: lock_due
+SELECT id, snapshot_id, post_id, reason, attempts, next_attempt_at
+FROM news.snapshot_detach_outbox
+WHERE status = 'Pending' AND next_attempt_at <= :now
+ORDER BY next_attempt_at, id
+LIMIT :batch_size
+FOR UPDATE SKIP LOCKED
+
+-- name: mark_claimed
+UPDATE news.snapshot_detach_outbox AS o
+SET attempts = c.attempts, next_attempt_at = c.next_attempt_at, updated_at = :now
+FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
+            CAST(:next_attempt_ats AS timestamptz[])) AS c (id, attempts, next_attempt_at)
+WHERE o.id = c.id
+
+-- name: record_outcomes
+UPDATE news.snapshot_detach_outbox AS o
+SET status = c.status, last_error = c.last_error, updated_at = :now
+FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
+            CAST(:next_attempt_ats AS timestamptz[]), CAST(:statuses AS text[]),
+            CAST(:last_errors AS text[]))
+     AS c (id, attempts, next_attempt_at, status, last_error)
+WHERE o.id = c.id AND o.status = 'Pending'
+  AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
+RETURNING o.id
+
+-- A claimed row whose call never started (the run was stopped) gets its attempt back.
+-- name: release_claims
+UPDATE news.snapshot_detach_outbox AS o
+SET attempts = c.previous_attempts, next_attempt_at = c.previous_next_attempt_at,
+    updated_at = :now
+FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
+            CAST(:next_attempt_ats AS timestamptz[]), CAST(:previous_attempts AS integer[]),
+            CAST(:previous_next_attempt_ats AS timestamptz[]))
+     AS c (id, attempts, next_attempt_at, previous_attempts, previous_next_attempt_at)
+WHERE o.id = c.id AND o.status = 'Pending'
+  AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
+
+-- What the sensor reads each tick: cheap on ix_sdo_due (status is its leading column).
+-- name: sensor_state
+SELECT count(*) FILTER (WHERE status = 'Pending' AND next_attempt_at <= now()) AS due,
+       min(next_attempt_at) FILTER (WHERE status = 'Pending') AS oldest_due,
+       count(*) FILTER (WHERE status = 'Quarantined') AS quarantined
+FROM news.snapshot_detach_outbox
+WHERE status IN ('Pending', 'Quarantined')
+
+-- Runbook (DET-7): a quarantined row goes back to Pending with a fresh attempt budget.
+-- name: requeue_quarantined
+UPDATE news.snapshot_detach_outbox
+SET status = 'Pending', attempts = 0, next_attempt_at = now(), last_error = NULL,
+    updated_at = now()
+WHERE status = 'Quarantined'
+  AND (id = CAST(:id AS uuid) OR snapshot_id = CAST(:snapshot_id AS uuid))
+RETURNING id, snapshot_id, post_id
+
+-- name: quarantined_entries
+SELECT id, snapshot_id, post_id, reason, attempts, last_error, updated_at
+FROM news.snapshot_detach_outbox
+WHERE status = 'Quarantined'
+ORDER BY updated_at DESC
+LIMIT :limit
+
+-- name: outbox_state
+SELECT count(*) FILTER (WHERE status = 'Pending') AS pending,
+       count(*) FILTER (WHERE status = 'Quarantined') AS quarantined,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'Pending')), 0)
+           AS oldest_age_seconds
+FROM news.snapshot_detach_outbox
+WHERE status <> 'Done'
+
+-- Lag (created_at → Done) of every Done row, bucketed for the histogram.
+-- name: done_lag_histogram
+SELECT b.upper_bound,
+       count(o.id) AS cumulative_count
+FROM unnest(CAST(:bounds AS double precision[])) AS b (upper_bound)
+LEFT JOIN news.snapshot_detach_outbox AS o
+       ON o.status = 'Done'
+      AND extract(epoch FROM o.updated_at - o.created_at) <= b.upper_bound
+GROUP BY b.upper_bound
+ORDER BY b.upper_bound
+
+-- name: done_lag_totals
+SELECT count(*) AS count,
+       coalesce(sum(extract(epoch FROM updated_at - created_at)), 0) AS sum_seconds
+FROM news.snapshot_detach_outbox
+WHERE status = 'Done'
+
+-- Counter totals over every recorded run of the job (pin.job_runs result).
+-- name: run_totals
+SELECT coalesce(sum((result ->> 'succeeded')::bigint), 0) AS succeeded,
+       coalesce(sum((result ->> 'retried')::bigint), 0) AS retried,
+       coalesce(sum((result ->> 'failed')::bigint), 0) AS failed,
+       coalesce(sum((result ->> 'quarantined')::bigint), 0) AS quarantined
+FROM pin.job_runs
+WHERE job_code = :job_code

@@ -1,0 +1,118 @@
+"""`pin detach …`: news-snapshot-detach-retry from the command line (runbook, DET-7)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import click
+
+from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.news.snapshot_detach import (
+    DetachOptions,
+    RequeueError,
+    RunStatus,
+    SnapshotDetachConfigError,
+    outbox_state,
+    quarantined_entries,
+    requeue_quarantined,
+    run_detach_retry,
+)
+
+_DEFAULTS = DetachOptions()
+
+
+def _engine():  # type: ignore[no-untyped-def]
+    from pin_orchestration.cli import _engine as engine
+
+    return engine()
+
+
+@click.group()
+def detach() -> None:
+    """news-snapshot-detach-retry: the outbox of selection-snapshot detaches."""
+
+
+@detach.command("run")
+@click.option("--batch-size", type=int, default=_DEFAULTS.batch_size, show_default=True)
+@click.option("--max-concurrency", type=int, default=_DEFAULTS.max_concurrency, show_default=True)
+@click.option(
+    "--max-run-duration-seconds",
+    type=float,
+    default=_DEFAULTS.max_run_duration_seconds,
+    show_default=True,
+)
+@click.option("--max-attempts", type=int, default=_DEFAULTS.max_attempts, show_default=True)
+@click.option("--detach-call-timeout-seconds", type=float, default=5.0, show_default=True)
+def detach_run(
+    batch_size: int,
+    max_concurrency: int,
+    max_run_duration_seconds: float,
+    max_attempts: int,
+    detach_call_timeout_seconds: float,
+) -> None:
+    """Drain the due rows once, now, under the job's lock (PIN_SELECTIONS_URL / _TOKEN)."""
+    from pin_orchestration.locks import default_holder
+    from pin_orchestration.resources.selections import SelectionsResource
+
+    options = DetachOptions(
+        batch_size=batch_size,
+        max_concurrency=max_concurrency,
+        max_run_duration_seconds=max_run_duration_seconds,
+        max_attempts=max_attempts,
+    )
+    try:
+        options.validate()
+        client = SelectionsResource(
+            detach_call_timeout_seconds=detach_call_timeout_seconds
+        ).get_client(pool_size=max_concurrency)
+    except (SnapshotDetachConfigError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    run_id = f"cli-{uuid.uuid4()}"
+    with client, stop_requested_on_signals() as stop:
+        result = run_detach_retry(
+            _engine(),
+            client,
+            options,
+            run_id=run_id,
+            holder=default_holder(run_id),
+            stop_requested=stop,
+        )
+    click.echo(json.dumps(result.summary()))
+    if result.status == RunStatus.FAILED:
+        sys.exit(1)
+    if result.status == RunStatus.CANCELLED:
+        sys.exit(130)
+
+
+@detach.command("requeue")
+@click.argument("entry_id", type=click.UUID, required=False)
+@click.option("--snapshot-id", type=click.UUID, help="Re-enqueue by snapshot id instead")
+def detach_requeue(entry_id: uuid.UUID | None, snapshot_id: uuid.UUID | None) -> None:
+    """Runbook: a Quarantined entry → Pending, attempts 0, due now."""
+    try:
+        requeued = requeue_quarantined(_engine(), entry_id=entry_id, snapshot_id=snapshot_id)
+    except RequeueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"re-enqueued {requeued}")
+
+
+@detach.command("status")
+@click.option("--limit", type=int, default=20, show_default=True)
+def detach_status(limit: int) -> None:
+    """Pending / Quarantined counts and the latest Quarantined entries with their error."""
+    engine = _engine()
+    state = outbox_state(engine)
+    click.echo(
+        json.dumps(
+            {
+                "pending": state.pending,
+                "quarantined": state.quarantined,
+                "oldest_age_seconds": round(state.oldest_age_seconds, 1),
+                "quarantined_entries": quarantined_entries(engine, limit),
+            },
+            default=str,
+            indent=2,
+        )
+    )

@@ -1,0 +1,79 @@
+"""The sensor that launches news_snapshot_detach_retry when due Pending rows exist.
+
+Each evaluation is one cheap query (ix_sdo_due). At most one drain run is launched per
+polling window (PIN_SNAPSHOT_DETACH_POLLING_SECONDS, default 5 min, read at evaluation
+time); its run_key is the window, so a window never gets two runs. The outbox's alert
+checks are reported whenever their outcome changes.
+"""
+
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at decoration time.
+
+import json
+from datetime import UTC, datetime
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from pin_orchestration.assets.news_snapshot_detach import (
+    check_evaluations,
+    news_snapshot_detach_retry,
+)
+from pin_orchestration.news.snapshot_detach import sensor_state
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.settings import Settings
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@sensor(
+    name="news_snapshot_detach_outbox_sensor",
+    job=news_snapshot_detach_retry,
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Launches one drain run per polling window while due Pending rows exist.",
+)
+def news_snapshot_detach_outbox_sensor(
+    context: SensorEvaluationContext, database: DatabaseResource
+) -> SensorResult:
+    interval = Settings.from_env().snapshot_detach_polling_seconds
+    now = _now()
+    state = sensor_state(database.get_engine())
+    cursor = json.loads(context.cursor) if context.cursor else {}
+
+    evaluations = check_evaluations(state, now)
+    alerts = {e.check_name: e.passed for e in evaluations}
+    asset_events = evaluations if alerts != cursor.get("alerts") else []
+
+    window_start = int(now.timestamp() // interval * interval)
+    run_requests: list[RunRequest] = []
+    skip: SkipReason | None = None
+    if state.due == 0:
+        skip = SkipReason("no due Pending rows in news.snapshot_detach_outbox")
+    elif cursor.get("window_start") == window_start:
+        skip = SkipReason(
+            f"{state.due} rows due; this polling window ({interval:g} s) already has its run"
+        )
+    else:
+        window = datetime.fromtimestamp(window_start, UTC).isoformat()
+        run_requests.append(
+            RunRequest(
+                run_key=f"news-snapshot-detach-retry:{window}",
+                tags={"pin/due_rows": str(state.due), "pin/polling_window": window},
+            )
+        )
+        cursor = {**cursor, "window_start": window_start}
+    return SensorResult(
+        run_requests=run_requests,
+        skip_reason=skip,
+        asset_events=asset_events,
+        cursor=json.dumps({**cursor, "alerts": alerts}),
+    )

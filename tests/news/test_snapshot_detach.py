@@ -1,0 +1,666 @@
+"""news-snapshot-detach-retry against the real PostgreSQL and a real HTTP server on loopback:
+the seed's test table (DET-8) and the guarantees behind it (DET-1…DET-7)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pytest_httpserver import HTTPServer
+from sqlalchemy import Engine, text
+from werkzeug import Request, Response
+
+from pin_orchestration.locks import try_acquire_lock
+from pin_orchestration.news.selections import CallKind, CallResult, SelectionsClient
+from pin_orchestration.news.snapshot_detach import (
+    LOCK_KEY,
+    DetachOptions,
+    Reason,
+    RequeueError,
+    RunStatus,
+    SnapshotDetachConfigError,
+    backoff_seconds,
+    claim_batch,
+    claim_due,
+    decide,
+    drain,
+    enqueue_snapshot_detach,
+    record_outcomes,
+    requeue_quarantined,
+    run_detach_retry,
+)
+
+TOKEN = "m2m-test-token"
+NO_JITTER = DetachOptions(backoff_jitter_ratio=0.0)
+DETACH_PATH = "/internal/snapshots/<id>/detach"
+
+
+def zero() -> float:
+    return 0.0
+
+
+class Selections:
+    """A selections stand-in on 127.0.0.1: records calls, answers as told per snapshot."""
+
+    def __init__(self, server: HTTPServer) -> None:
+        self.server = server
+        self.calls: list[tuple[str, dict, str | None]] = []
+        self.status = 200
+        self.hang: threading.Event | None = None
+        self.on_call: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        server.expect_request(_detach_path_matcher(), method="POST").respond_with_handler(
+            self._handle
+        )
+
+    @property
+    def url(self) -> str:
+        return self.server.url_for("").rstrip("/")
+
+    def _handle(self, request: Request) -> Response:
+        snapshot_id = request.path.split("/")[3]
+        with self._lock:
+            self.calls.append(
+                (snapshot_id, json.loads(request.data), request.headers.get("Authorization"))
+            )
+        if self.on_call is not None:
+            self.on_call(snapshot_id)
+        if self.hang is not None:
+            self.hang.wait(10)
+        return Response(
+            json.dumps({"status": "Detached"}), self.status, mimetype="application/json"
+        )
+
+    def called(self) -> Counter[str]:
+        with self._lock:
+            return Counter(c[0] for c in self.calls)
+
+
+def _detach_path_matcher():
+    import re
+
+    return re.compile(r"^/internal/snapshots/[0-9a-f-]{36}/detach$")
+
+
+@pytest.fixture
+def selections() -> Iterator[Selections]:
+    server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
+    server.start()
+    stand_in = Selections(server)
+    try:
+        yield stand_in
+    finally:
+        if stand_in.hang is not None:
+            stand_in.hang.set()
+        server.clear()
+        server.stop()
+
+
+def client(selections: Selections, timeout: float = 5.0, pool: int = 8) -> SelectionsClient:
+    return SelectionsClient(selections.url, TOKEN, timeout_seconds=timeout, pool_size=pool)
+
+
+def enqueue(engine: Engine, n: int = 1, reason: Reason = Reason.BLOCK_REPLACED) -> list[uuid.UUID]:
+    snapshots = [uuid.uuid4() for _ in range(n)]
+    post = uuid.uuid4()
+    with engine.begin() as conn:
+        for snapshot in snapshots:
+            enqueue_snapshot_detach(conn, snapshot, post, reason)
+    return snapshots
+
+
+def row(engine: Engine, snapshot_id: uuid.UUID):
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT * FROM news.snapshot_detach_outbox WHERE snapshot_id = :s "
+                "ORDER BY created_at"
+            ),
+            {"s": snapshot_id},
+        ).one()
+
+
+def statuses(engine: Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(
+            conn.execute(text("SELECT status FROM news.snapshot_detach_outbox")).scalars()
+        )
+
+
+def run(
+    engine: Engine,
+    selections: Selections,
+    options: DetachOptions = NO_JITTER,
+    timeout: float = 5.0,
+    **kwargs,
+):
+    kwargs.setdefault("rand", zero)
+    with client(selections, timeout=timeout) as c:
+        return run_detach_retry(engine, c, options, run_id="test-run", holder="test", **kwargs)
+
+
+def later(seconds: float) -> Callable[[], datetime]:
+    return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+# --- backoff and config: plain functions ------------------------------------------------------
+
+
+def test_backoff_grows_by_factor_up_to_the_cap() -> None:
+    delays = [
+        backoff_seconds(n, base=60, factor=2.0, cap=1800, jitter_ratio=0.0) for n in range(1, 9)
+    ]
+    assert delays == [60, 120, 240, 480, 960, 1800, 1800, 1800]
+    assert backoff_seconds(10_000, base=60, factor=2.0, cap=1800, jitter_ratio=0.0) == 1800
+
+
+def test_backoff_jitter_comes_from_the_injected_random_source() -> None:
+    args = {"base": 60, "factor": 2.0, "cap": 1800, "jitter_ratio": 0.1}
+    assert backoff_seconds(1, rand=lambda: 0.0, **args) == 60
+    assert backoff_seconds(1, rand=lambda: 0.5, **args) == pytest.approx(63)
+    assert backoff_seconds(6, rand=lambda: 0.999, **args) == pytest.approx(1800 * 1.0999)
+    with pytest.raises(ValueError, match="attempts"):
+        backoff_seconds(0, **args)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("max_attempts", 0),
+        ("backoff_base_seconds", 0),
+        ("backoff_factor", 0.5),
+        ("backoff_cap_seconds", 1),
+        ("max_run_duration_seconds", -1),
+        ("lock_ttl_seconds", 60),
+        ("max_concurrency", 0),
+    ],
+)
+def test_config_error_names_the_field(field: str, value: float) -> None:
+    with pytest.raises(SnapshotDetachConfigError, match=field):
+        DetachOptions(**{field: value}).validate()
+
+
+def test_client_classifies_answers() -> None:
+    from pin_orchestration.news.selections import classify_status
+
+    assert classify_status(200).kind == CallKind.DETACHED
+    assert classify_status(204).kind == CallKind.DETACHED
+    assert classify_status(503) == CallResult(CallKind.TRANSIENT, "http_503")
+    assert classify_status(404) == CallResult(CallKind.REJECTED, "http_404")
+    with pytest.raises(ValueError, match="detach_call_timeout_seconds"):
+        SelectionsClient("http://127.0.0.1:1", None, timeout_seconds=0)
+
+
+# --- DET-1: enqueue in the caller's transaction, one active row per snapshot -------------------
+
+
+def test_enqueue_dedupes_per_snapshot_while_a_row_is_active(db_engine: Engine) -> None:
+    snapshot, post = uuid.uuid4(), uuid.uuid4()
+    with db_engine.begin() as conn:
+        first = enqueue_snapshot_detach(conn, snapshot, post, Reason.BLOCK_REPLACED)
+        again = enqueue_snapshot_detach(conn, snapshot, post, "PostDeleted")
+    assert first == again
+    assert first.version == 7
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.reason, entry.last_error) == (
+        "Pending",
+        0,
+        "BlockReplaced",
+        None,
+    )
+    # Once Done, the snapshot may be enqueued again (ux_sdo_snapshot is partial).
+    with db_engine.begin() as conn:
+        conn.execute(text("UPDATE news.snapshot_detach_outbox SET status = 'Done'"))
+        third = enqueue_snapshot_detach(conn, snapshot, post, Reason.POST_DELETED)
+    assert third != first
+    assert statuses(db_engine) == {"Done": 1, "Pending": 1}
+
+
+def test_enqueue_is_part_of_the_callers_transaction(db_engine: Engine) -> None:
+    with pytest.raises(RuntimeError), db_engine.begin() as conn:
+        enqueue_snapshot_detach(conn, uuid.uuid4(), uuid.uuid4(), Reason.POST_DELETED)
+        raise RuntimeError("the owner's set-blocks failed")
+    assert statuses(db_engine) == {}
+    with pytest.raises(ValueError, match="Unknown"), db_engine.begin() as conn:
+        enqueue_snapshot_detach(conn, uuid.uuid4(), uuid.uuid4(), "Unknown")
+
+
+# --- DET-8 seed table ---------------------------------------------------------------------------
+
+
+def test_successful_detach_marks_done(db_engine: Engine, selections: Selections) -> None:
+    [snapshot] = enqueue(db_engine, reason=Reason.POST_DELETED)
+    result = run(db_engine, selections)
+    assert (result.status, result.succeeded, result.claimed) == (RunStatus.SUCCEEDED, 1, 1)
+    assert selections.calls == [(str(snapshot), {"reason": "PostDeleted"}, f"Bearer {TOKEN}")]
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Done", 1, None)
+    with db_engine.connect() as conn:
+        recorded = conn.execute(
+            text("SELECT status, result FROM pin.job_runs WHERE job_code = :c"),
+            {"c": "news-snapshot-detach-retry"},
+        ).one()
+    assert recorded.status == "succeeded"
+    assert recorded.result["succeeded"] == 1
+
+
+def test_empty_run_makes_no_calls(db_engine: Engine, selections: Selections) -> None:
+    [snapshot] = enqueue(db_engine)
+    with db_engine.begin() as conn:  # a row that is not due yet
+        conn.execute(
+            text("UPDATE news.snapshot_detach_outbox SET next_attempt_at = now() + interval '1 h'")
+        )
+    result = run(db_engine, selections)
+    assert (result.status, result.claimed, result.batches) == (RunStatus.SUCCEEDED, 0, 0)
+    assert selections.calls == []
+    assert row(db_engine, snapshot).attempts == 0
+
+
+def test_selections_5xx_keeps_pending_with_backoff_then_retries(
+    db_engine: Engine, selections: Selections
+) -> None:
+    [snapshot] = enqueue(db_engine)
+    selections.status = 503
+    before = datetime.now(UTC)
+    result = run(db_engine, selections)
+    assert (result.failed, result.retried, result.succeeded) == (1, 1, 0)
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, "transient:http_503")
+    assert (
+        before + timedelta(seconds=60)
+        <= entry.next_attempt_at
+        <= datetime.now(UTC) + timedelta(seconds=60)
+    )
+    # Not due again before its backoff: a run now calls nothing.
+    assert run(db_engine, selections).claimed == 0
+    assert len(selections.calls) == 1
+    # After the backoff the next run retries; the second failure doubles the delay.
+    result = run(db_engine, selections, clock=later(61))
+    entry = row(db_engine, snapshot)
+    assert (entry.attempts, result.retried) == (2, 1)
+    delay = (entry.next_attempt_at - entry.updated_at).total_seconds()
+    assert delay == pytest.approx(120, abs=1)  # updated_at is the outcome, just after the claim
+    # selections is back: the row is detached.
+    selections.status = 200
+    result = run(db_engine, selections, clock=later(61 + 121))
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Done", 3, None)
+    assert len(selections.calls) == 3
+
+
+def test_call_hanging_past_the_timeout_is_transient(
+    db_engine: Engine, selections: Selections
+) -> None:
+    [snapshot] = enqueue(db_engine)
+    selections.hang = threading.Event()
+    started = time.monotonic()
+    result = run(db_engine, selections, timeout=0.3)
+    assert time.monotonic() - started < 5
+    assert result.retried == 1
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, "transient:timeout")
+
+
+def test_network_failure_is_transient(db_engine: Engine) -> None:
+    [snapshot] = enqueue(db_engine)
+    with HTTPServer(host="127.0.0.1", port=0) as closed:
+        url = closed.url_for("")
+    with SelectionsClient(url, TOKEN, timeout_seconds=1) as c:
+        result = run_detach_retry(db_engine, c, NO_JITTER, run_id="r", holder="h", rand=zero)
+    assert result.retried == 1
+    assert row(db_engine, snapshot).last_error == "transient:network:ConnectionError"
+
+
+def test_4xx_is_kept_for_retry_and_says_so(db_engine: Engine, selections: Selections) -> None:
+    [snapshot] = enqueue(db_engine)
+    selections.status = 404
+    run(db_engine, selections)
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.last_error) == ("Pending", "rejected:http_404")
+
+
+def test_already_detached_snapshot_is_done(db_engine: Engine, selections: Selections) -> None:
+    # selections answers a repeated detach of a Detached snapshot with a no-op 2xx.
+    [snapshot] = enqueue(db_engine)
+    selections.status = 204
+    with db_engine.begin() as conn:  # an earlier attempt timed out after selections detached
+        conn.execute(
+            text(
+                "UPDATE news.snapshot_detach_outbox "
+                "SET attempts = 3, last_error = 'transient:timeout'"
+            )
+        )
+    result = run(db_engine, selections)
+    assert result.succeeded == 1
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Done", 4, None)
+
+
+def test_poison_is_quarantined_with_an_alert_and_left_alone(
+    db_engine: Engine, selections: Selections, caplog: pytest.LogCaptureFixture
+) -> None:
+    [snapshot, healthy] = enqueue(db_engine, 2)
+    options = DetachOptions(max_attempts=3, backoff_jitter_ratio=0)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE news.snapshot_detach_outbox SET attempts = 2 WHERE snapshot_id = :s"),
+            {"s": snapshot},
+        )
+    selections.status = 500
+    with caplog.at_level(logging.INFO, logger="pin_orchestration"):
+        result = run(db_engine, selections, options)
+    assert (result.quarantined, result.retried) == (1, 1)
+    [event] = result.quarantine_events
+    assert (event.snapshot_id, event.attempts, event.reason) == (snapshot, 3, "BlockReplaced")
+    assert "SnapshotDetachQuarantinedEvent" in caplog.text
+    assert any(
+        r.levelno == logging.ERROR and "quarantined" in r.getMessage() for r in caplog.records
+    )
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == (
+        "Quarantined",
+        3,
+        "transient:http_500",
+    )
+    # Excluded from the claim: far in the future, only the healthy row is taken.
+    selections.status = 200
+    result = run(db_engine, selections, options, clock=later(10 * 86400))
+    assert result.claimed == 1
+    assert selections.called()[str(snapshot)] == 1
+    assert row(db_engine, healthy).status == "Done"
+    assert row(db_engine, snapshot).status == "Quarantined"
+
+
+def test_requeue_puts_a_quarantined_row_back_with_a_fresh_budget(
+    db_engine: Engine, selections: Selections
+) -> None:
+    [snapshot] = enqueue(db_engine)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE news.snapshot_detach_outbox SET status = 'Quarantined', attempts = 12, "
+                "last_error = 'transient:http_503', next_attempt_at = now() + interval '1 day'"
+            )
+        )
+    entry_id = requeue_quarantined(db_engine, snapshot_id=snapshot)
+    entry = row(db_engine, snapshot)
+    assert (entry.id, entry.status, entry.attempts, entry.last_error) == (
+        entry_id,
+        "Pending",
+        0,
+        None,
+    )
+    with pytest.raises(RequeueError, match="no Quarantined"):
+        requeue_quarantined(db_engine, entry_id=entry_id)
+    with pytest.raises(RequeueError, match="exactly one"):
+        requeue_quarantined(db_engine)
+    assert run(db_engine, selections).succeeded == 1
+
+
+def test_parallel_claimers_never_take_the_same_row(db_engine: Engine) -> None:
+    enqueue(db_engine, 300)
+    options = DetachOptions(batch_size=200)
+    both_claimed = threading.Barrier(2, timeout=10)
+    start = threading.Barrier(2, timeout=10)
+    claims: dict[str, list[uuid.UUID]] = {}
+    errors: list[BaseException] = []
+
+    def claimer(name: str) -> None:
+        try:
+            with db_engine.connect() as conn, conn.begin():
+                start.wait()
+                claimed = claim_due(conn, options, datetime.now(UTC), zero)
+                # Both transactions hold their row locks at this point.
+                both_claimed.wait()
+            claims[name] = [e.id for e in claimed]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors
+    a, b = set(claims["a"]), set(claims["b"])
+    assert a and b and not a & b
+    assert len(a | b) == 300
+    with db_engine.connect() as conn:
+        assert conn.execute(
+            text("SELECT attempts, count(*) FROM news.snapshot_detach_outbox GROUP BY attempts")
+        ).all() == [(1, 300)]
+
+
+def test_parallel_runners_detach_each_snapshot_once(
+    db_engine: Engine, selections: Selections
+) -> None:
+    snapshots = enqueue(db_engine, 400)
+    options = DetachOptions(batch_size=25, max_concurrency=4, backoff_jitter_ratio=0)
+    go = threading.Barrier(2, timeout=10)
+    results = []
+
+    def runner() -> None:
+        with client(selections, pool=4) as c:
+            go.wait()
+            # drain() directly: the lock would keep the second runner out (tested below);
+            # this is the failover case where two runners overlap.
+            results.append(drain(db_engine, c, options, rand=zero))
+
+    threads = [threading.Thread(target=runner) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 2
+    assert all(r.claimed > 0 for r in results)
+    assert sum(r.succeeded for r in results) == 400
+    assert selections.called() == Counter({str(s): 1 for s in snapshots})
+    assert statuses(db_engine) == {"Done": 400}
+
+
+def test_lock_held_elsewhere_skips_the_run(db_engine: Engine, selections: Selections) -> None:
+    enqueue(db_engine)
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "another-pod")
+    result = run(db_engine, selections)
+    assert result.status == RunStatus.SKIPPED
+    assert selections.calls == []
+    assert statuses(db_engine) == {"Pending": 1}
+
+
+def test_concurrency_is_bounded(db_engine: Engine, selections: Selections) -> None:
+    enqueue(db_engine, 30)
+    in_flight = 0
+    peak = 0
+    guard = threading.Lock()
+
+    def on_call(_snapshot: str) -> None:
+        nonlocal in_flight, peak
+        with guard:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        time.sleep(0.02)  # the stand-in's latency, so calls overlap
+        with guard:
+            in_flight -= 1
+
+    selections.on_call = on_call
+    result = run(db_engine, selections, DetachOptions(batch_size=10, max_concurrency=3))
+    assert result.succeeded == 30
+    assert 2 <= peak <= 3
+
+
+def test_cancellation_between_records_is_graceful(
+    db_engine: Engine, selections: Selections
+) -> None:
+    snapshots = enqueue(db_engine, 10)
+    stop = threading.Event()
+    selections.on_call = lambda _s: stop.set()
+    result = run(db_engine, selections, DetachOptions(max_concurrency=1), stop_requested=stop)
+    assert result.status == RunStatus.CANCELLED
+    called = selections.called()
+    assert len(called) == 1  # one worker: the stop lands during the first call
+    assert result.succeeded == len(called)
+    assert result.released == 10 - len(called)
+    for snapshot in snapshots:
+        entry = row(db_engine, snapshot)
+        if str(snapshot) in called:
+            assert (entry.status, entry.attempts) == ("Done", 1)
+        else:  # claimed but never called: the attempt is given back, due as before
+            assert (entry.status, entry.attempts) == ("Pending", 0)
+            assert entry.next_attempt_at <= datetime.now(UTC)
+    with db_engine.connect() as conn:
+        assert (
+            conn.execute(
+                text(
+                    "SELECT status FROM pin.job_runs WHERE job_code = 'news-snapshot-detach-retry'"
+                )
+            ).scalar_one()
+            == "cancelled"
+        )
+
+
+def test_outcome_never_overwrites_a_newer_claim(db_engine: Engine) -> None:
+    [snapshot] = enqueue(db_engine)
+    now = datetime.now(UTC)
+    [first] = claim_batch(db_engine, NO_JITTER, now, zero)
+    # The first runner's call is slow; after the backoff another runner claims the row again.
+    [second] = claim_batch(db_engine, NO_JITTER, now + timedelta(seconds=61), zero)
+    assert (first.id, first.attempts, second.attempts) == (second.id, 1, 2)
+    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER)
+    assert record_outcomes(db_engine, [late], now) == set()
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 2, None)
+    assert entry.next_attempt_at == second.next_attempt_at
+    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER)
+    assert record_outcomes(db_engine, [done], now) == {second.id}
+    assert row(db_engine, snapshot).status == "Done"
+
+
+_CRASH_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.news.selections import SelectionsClient
+    from pin_orchestration.news.snapshot_detach import DetachOptions, drain
+
+    engine = create_db_engine(sys.argv[1])
+    with SelectionsClient(sys.argv[2], "t", timeout_seconds=30) as client:
+        drain(engine, client, DetachOptions(backoff_jitter_ratio=0.0))
+    """
+)
+
+
+def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
+    db_url: str, db_engine: Engine, selections: Selections
+) -> None:
+    [snapshot] = enqueue(db_engine)
+    in_call = threading.Event()
+    selections.on_call = lambda _s: in_call.set()
+    selections.hang = threading.Event()
+    before = datetime.now(UTC)
+    child = subprocess.Popen([sys.executable, "-c", _CRASH_CHILD, db_url, selections.url])
+    try:
+        assert in_call.wait(30), "the child never called selections"
+        # The call is in flight: the claim is committed, nothing holds the row or a transaction.
+        with db_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT 1 FROM news.snapshot_detach_outbox WHERE snapshot_id = :s "
+                    "FOR UPDATE NOWAIT"
+                ),
+                {"s": snapshot},
+            )
+            idle_in_tx = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        assert idle_in_tx == 0
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    selections.hang.set()
+    selections.hang = None
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
+    assert entry.next_attempt_at >= before + timedelta(seconds=60)
+    # The next run after the backoff finishes it.
+    assert run(db_engine, selections).claimed == 0
+    result = run(db_engine, selections, clock=later(61))
+    assert result.succeeded == 1
+    entry = row(db_engine, snapshot)
+    assert (entry.status, entry.attempts) == ("Done", 2)
+
+
+def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engine) -> None:
+    from pin_orchestration.demo import seed_snapshot_detach_outbox
+    from pin_orchestration.news.selections_standin import SelectionsStandIn
+
+    assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 14}
+    assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 0}
+    with SelectionsStandIn() as stand_in, SelectionsClient(stand_in.url, None) as c:
+        result = run_detach_retry(db_engine, c, NO_JITTER, run_id="demo", holder="demo")
+    assert result.succeeded == 12
+    assert statuses(db_engine) == {"Done": 12, "Quarantined": 2}
+
+
+def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:
+    from prometheus_client import generate_latest
+
+    from pin_orchestration.metrics import build_registry
+
+    def scrape() -> dict[str, float]:
+        text_format = generate_latest(build_registry(db_engine)).decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text_format.splitlines()
+            if line.startswith("news_snapshot_detach_")
+        }
+
+    enqueue(db_engine, 3)
+    assert scrape()["news_snapshot_detach_pending"] == 3
+    run(db_engine, selections)  # success: succeeded_total += 3
+    [flaky, poison] = enqueue(db_engine, 2)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE news.snapshot_detach_outbox SET attempts = 11 WHERE snapshot_id = :s"),
+            {"s": poison},
+        )
+    selections.status = 503
+    run(db_engine, selections)
+    metrics = scrape()
+    assert metrics["news_snapshot_detach_succeeded_total"] == 3
+    assert metrics["news_snapshot_detach_retried_total"] == 1
+    assert metrics["news_snapshot_detach_quarantined_total"] == 1
+    assert metrics["news_snapshot_detach_failed_total"] == 2
+    assert metrics["news_snapshot_detach_pending"] == 1
+    assert metrics["news_snapshot_detach_oldest_age_seconds"] >= 0
+    assert metrics["news_snapshot_detach_lag_seconds_count"] == 3
+    assert metrics['news_snapshot_detach_lag_seconds_bucket{le="60"}'] == 3
+    assert row(db_engine, flaky).status == "Pending"
+
+
+def test_max_run_duration_leaves_the_rest_for_the_next_tick(
+    db_engine: Engine, selections: Selections
+) -> None:
+    enqueue(db_engine, 30)
+    selections.on_call = lambda _s: time.sleep(0.02)
+    options = DetachOptions(batch_size=10, max_concurrency=1, max_run_duration_seconds=0.05)
+    result = run(db_engine, selections, options)
+    assert result.backlog_remaining is True
+    assert result.succeeded == result.claimed < 30
+    assert statuses(db_engine) == {"Done": result.claimed, "Pending": 30 - result.claimed}
