@@ -14,18 +14,18 @@ from pin_orchestration.assets.news import (
     post_comment_counts,
     reconciled_within_26h,
 )
+from pin_orchestration.assets.news_snapshot_detach import (
+    news_snapshot_detach_requeue,
+    news_snapshot_detach_retry,
+    snapshot_detach_outbox,
+    snapshot_detach_outbox_checks,
+)
 from pin_orchestration.jobs.chessboard import (
     chessboard_divergence_check,
     chessboard_force_recalc,
     chessboard_project_recalc_drain,
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
-)
-from pin_orchestration.assets.news_snapshot_detach import (
-    news_snapshot_detach_requeue,
-    news_snapshot_detach_retry,
-    snapshot_detach_outbox,
-    snapshot_detach_outbox_checks,
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
