@@ -57,8 +57,9 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
         env["PIN_SELECTIONS_URL"] = stand_in.url
         stoppers.append(stand_in.stop)
         log.info(
-            "selections stand-in on %s (tell it to fail: POST %s/admin/fail {\"status\": 503})",
-            stand_in.url, stand_in.url,
+            'selections stand-in on %s (tell it to fail: POST %s/admin/fail {"status": 503})',
+            stand_in.url,
+            stand_in.url,
         )
     # The chessboard outbox publisher: to Kafka when PIN_KAFKA_BOOTSTRAP_SERVERS is set,
     # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start). Started after the

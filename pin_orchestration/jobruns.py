@@ -22,6 +22,7 @@ class RunStatus(StrEnum):
     CANCELLED = "cancelled"
     FAILED = "failed"
 
+
 _INSERT = text(
     """
     INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at, result)

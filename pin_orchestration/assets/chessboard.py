@@ -104,9 +104,7 @@ def divergence_evaluation(engine: Engine, project_id: uuid.UUID) -> AssetCheckEv
         diverged = find_divergence(conn, project_id)
     metadata: dict[str, object] = {"diverged_rows": len(diverged)}
     if diverged:
-        rows = "\n".join(
-            f"| {d.entity} | {d.id} | {d.stored} | {d.truth} |" for d in diverged[:50]
-        )
+        rows = "\n".join(f"| {d.entity} | {d.id} | {d.stored} | {d.truth} |" for d in diverged[:50])
         metadata["divergence"] = MetadataValue.md(
             f"| entity | id | stored | truth |\n|---|---|---|---|\n{rows}"
         )
@@ -145,7 +143,9 @@ def poison_evaluation(rows: list[dict[str, object]]) -> AssetCheckEvaluation:
         severity=AssetCheckSeverity.ERROR,
         metadata=metadata,
         description=f"{POISON_ALERT}: {len(rows)} project(s) left in the queue after "
-        "repeated recalc failures" if rows else None,
+        "repeated recalc failures"
+        if rows
+        else None,
     )
 
 

@@ -43,15 +43,24 @@ def status() -> None:
         stats = queue_stats(conn)
         outbox = conn.execute(query("outbox_stats")).one()
         poison = poison_rows(conn)
-    _echo({"queue": asdict(stats), "poison_rows": poison,
-           "outbox_pending": outbox.pending,
-           "outbox_oldest_pending_age_seconds": outbox.oldest_pending_age_seconds})
+    _echo(
+        {
+            "queue": asdict(stats),
+            "poison_rows": poison,
+            "outbox_pending": outbox.pending,
+            "outbox_oldest_pending_age_seconds": outbox.oldest_pending_age_seconds,
+        }
+    )
 
 
 @chessboard.command("force-recalc")
 @click.argument("project_ids", nargs=-1, required=True, type=click.UUID)
-@click.option("--now", "immediately", is_flag=True,
-              help="Recalculate here and now instead of queueing a row due now")
+@click.option(
+    "--now",
+    "immediately",
+    is_flag=True,
+    help="Recalculate here and now instead of queueing a row due now",
+)
 def force_recalc(project_ids: tuple[uuid.UUID, ...], immediately: bool) -> None:
     """Runbook 'force recalc': queue each project due now (or recalc it at once)."""
     from pin_orchestration.chessboard.drain import force_recalc_project
@@ -60,8 +69,9 @@ def force_recalc(project_ids: tuple[uuid.UUID, ...], immediately: bool) -> None:
     engine = _engine()
     for project_id in project_ids:
         if immediately:
-            _echo({"project_id": project_id,
-                   **force_recalc_project(engine, project_id).as_metadata()})
+            _echo(
+                {"project_id": project_id, **force_recalc_project(engine, project_id).as_metadata()}
+            )
         elif not force_recalc_now(engine, project_id):
             raise click.ClickException(f"no project {project_id}")
         else:
@@ -109,13 +119,15 @@ def drain(batch_size: int, poison_threshold: int) -> None:
         raise click.UsageError(str(exc)) from exc
     with stop_requested_on_signals() as stop:
         tick = drain_tick(_engine(), policy=policy, should_stop=stop.is_set)
-    _echo({
-        "recalculated": tick.count("recalculated"),
-        "skipped": tick.count("skipped"),
-        "failed": tick.count("failed"),
-        "poisoned": [str(o.project_id) for o in tick.poisoned],
-        "stopped": tick.stopped,
-    })
+    _echo(
+        {
+            "recalculated": tick.count("recalculated"),
+            "skipped": tick.count("skipped"),
+            "failed": tick.count("failed"),
+            "poisoned": [str(o.project_id) for o in tick.poisoned],
+            "stopped": tick.stopped,
+        }
+    )
 
 
 @chessboard.command("publish")
@@ -144,8 +156,13 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
         _echo(asdict(result))
         sys.exit(1 if result.failed else 0)
     with stop_requested_on_signals() as stop:
-        run_publisher(engine, sink, stop=stop, holder=default_holder(),
-                      poll_interval_seconds=poll_interval_seconds)
+        run_publisher(
+            engine,
+            sink,
+            stop=stop,
+            holder=default_holder(),
+            poll_interval_seconds=poll_interval_seconds,
+        )
 
 
 def start_publisher_process(env: dict[str, str]) -> Callable[[], None]:

@@ -106,13 +106,16 @@ def process_next_due(
     )
     if recalc.skipped:
         log.info(
-            "project_skipped_archived project_id=%s reason=%s", claimed.project_id,
+            "project_skipped_archived project_id=%s reason=%s",
+            claimed.project_id,
             recalc.skip_reason,
         )
     else:
         log.info(
             "project_recalculated project_id=%s tenant_id=%s duration_ms=%.1f republished=%s",
-            claimed.project_id, claimed.tenant_id, outcome.duration_seconds * 1000,
+            claimed.project_id,
+            claimed.tenant_id,
+            outcome.duration_seconds * 1000,
             recalc.republished,
         )
     return outcome
@@ -131,13 +134,19 @@ def _record_failure(
     poisoned = attempts >= policy.poison_threshold
     log.error(
         "project_recalc_failed project_id=%s attempt_count=%s error=%s",
-        claimed.project_id, attempts, error,
+        claimed.project_id,
+        attempts,
+        error,
     )
     if poisoned:
         log.error(
             "%s project_id=%s attempt_count=%s: left in the queue for manual handling "
             "(runbook: fix, then `pin chessboard reset-poison %s`); last_error=%s",
-            POISON_ALERT, claimed.project_id, attempts, claimed.project_id, error,
+            POISON_ALERT,
+            claimed.project_id,
+            attempts,
+            claimed.project_id,
+            error,
         )
     return ProjectOutcome(
         project_id=claimed.project_id,
@@ -199,6 +208,7 @@ def force_recalc_project(engine: Engine, project_id: uuid.UUID) -> RecalcResult:
         recalc = recalc_project(conn, project_id, request.tenant_id if request else None)
         if request is not None:
             conn.execute(query("delete_request"), {"project_id": project_id})
-    log.info("project_force_recalculated project_id=%s republished=%s", project_id,
-             recalc.republished)
+    log.info(
+        "project_force_recalculated project_id=%s republished=%s", project_id, recalc.republished
+    )
     return recalc

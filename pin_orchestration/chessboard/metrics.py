@@ -85,11 +85,13 @@ class ChessboardRecalcCollector(Collector):
         tick_at = next((r.updated_at for r in rows if r.name == LAST_TICK), None)
 
         yield GaugeMetricFamily(
-            "chessboard_recalc_queue_depth", "Rows in chessboard.project_recalc_requests",
+            "chessboard_recalc_queue_depth",
+            "Rows in chessboard.project_recalc_requests",
             value=stats.depth,
         )
         yield GaugeMetricFamily(
-            "chessboard_recalc_due_backlog", "Queue rows with due_at <= now (not poison)",
+            "chessboard_recalc_due_backlog",
+            "Queue rows with due_at <= now (not poison)",
             value=stats.due,
         )
         yield GaugeMetricFamily(
@@ -108,7 +110,8 @@ class ChessboardRecalcCollector(Collector):
             value=tick_at.timestamp() if tick_at else 0.0,
         )
         runs = CounterMetricFamily(
-            "chessboard_recalc_runs", "Projects processed by the drain, by result",
+            "chessboard_recalc_runs",
+            "Projects processed by the drain, by result",
             labels=["result"],
         )
         for result in ("recalculated", "skipped", "failed"):
@@ -120,7 +123,8 @@ class ChessboardRecalcCollector(Collector):
             value=values.get((COALESCED, ""), 0.0),
         )
         republished = CounterMetricFamily(
-            "chessboard_recalc_republished", "Snapshot events written to the outbox",
+            "chessboard_recalc_republished",
+            "Snapshot events written to the outbox",
             labels=["entity"],
         )
         for entity in ("project", "layout", "layout_group"):
@@ -136,7 +140,8 @@ class ChessboardRecalcCollector(Collector):
             sum_value=values.get((DURATION_SUM, ""), 0.0),
         )
         yield GaugeMetricFamily(
-            "chessboard_outbox_pending", "Outbox events not yet acknowledged by the broker",
+            "chessboard_outbox_pending",
+            "Outbox events not yet acknowledged by the broker",
             value=outbox.pending,
         )
         yield GaugeMetricFamily(

@@ -203,8 +203,7 @@ def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> N
             result = drain_outbox(engine, sink)
         finally:
             sink.close()
-    context.log.info(f"published {result.published} of {result.read} event(s) to "
-                     f"{sink.describe()}")
+    context.log.info(f"published {result.published} of {result.read} event(s) to {sink.describe()}")
     if result.failed:
         raise Failure(description=f"{result.failed} event(s) not acknowledged; they stay pending")
 

@@ -36,6 +36,7 @@ CORRECTIONS_REPORTED = 50
 
 log = logging.getLogger(__name__)
 
+_SET_CONFIG = text("SELECT set_config(:name, :value, false)")
 
 
 class Scope(StrEnum):
@@ -140,9 +141,7 @@ def _batch_statement(scope: Scope) -> TextClause:
     else:
         candidates, visible = queries["daily_window_candidates"], queries["visible_in_id_list"]
     # Only SQL fragments are composed here; every value is a bound parameter.
-    return text(
-        queries["reconcile_batch"].format(candidates=candidates, visible_filter=visible)
-    )
+    return text(queries["reconcile_batch"].format(candidates=candidates, visible_filter=visible))
 
 
 def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
@@ -153,7 +152,7 @@ def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
 
 
 @contextmanager
-def sweep_connection(engine: Engine) -> Iterator[Connection]:
+def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
     """One connection for a whole sweep, in autocommit: each batch is a single statement,
     hence its own transaction, with no BEGIN/COMMIT round trips around it."""
     with engine.connect() as conn:
@@ -162,14 +161,20 @@ def sweep_connection(engine: Engine) -> Iterator[Connection]:
         # nothing, so don't wait for the WAL flush on every batch. JIT is off: the batch's
         # CTE estimates are large enough to trigger it, and compiling costs ~25 ms against
         # a ~1 ms statement.
-        conn.execute(text("SET synchronous_commit = off"))
-        conn.execute(text("SET jit = off"))
+        settings = {"synchronous_commit": "off", "jit": "off"}
+        if scope == Scope.FULL_SWEEP:
+            # A FullSweep batch has the same plan whatever the cursor (pkey walk, comment
+            # range scan, id-array lookups): plan it once instead of every batch. DailyWindow
+            # keeps custom plans, which see how recent its window is.
+            settings["plan_cache_mode"] = "force_generic_plan"
+        for name, value in settings.items():
+            conn.execute(_SET_CONFIG, {"name": name, "value": value})
         try:
             yield conn
         finally:
             if not conn.invalidated:
-                conn.execute(text("RESET synchronous_commit"))
-                conn.execute(text("RESET jit"))
+                # Back to the server's defaults before the connection returns to the pool.
+                conn.execute(text("RESET ALL"))
 
 
 def reconcile_batch(
@@ -242,7 +247,7 @@ def run_reconcile(
             options.batch_size,
         )
         cursor = cursor or START_CURSOR
-        with sweep_connection(engine) as conn:
+        with sweep_connection(engine, scope) as conn:
             while True:
                 if stop_requested is not None and stop_requested.is_set():
                     result.status = RunStatus.CANCELLED

@@ -29,10 +29,10 @@ WHERE p.id > :cursor AND p.status <> 'Archived'
 ORDER BY p.id
 LIMIT :batch_size
 
--- A FullSweep batch covers a dense id range: one index-only range scan counts it.
+-- A FullSweep batch covers a dense id range: one index-only range scan counts it (the
+-- comments of archived posts in the range are counted too, and ignored).
 -- name: visible_in_id_range
-c.post_id BETWEEN (SELECT id FROM candidates ORDER BY id LIMIT 1)
-              AND (SELECT id FROM candidates ORDER BY id DESC LIMIT 1)
+c.post_id > :cursor AND c.post_id <= (SELECT last_candidate_id FROM batch)
 
 -- A DailyWindow batch is sparse: probe the index per candidate instead.
 -- name: visible_in_id_list
@@ -41,6 +41,11 @@ c.post_id = ANY(ARRAY(SELECT id FROM candidates))
 -- name: reconcile_batch
 WITH candidates AS MATERIALIZED (
     {candidates}
+),
+batch AS MATERIALIZED (
+    SELECT count(*) AS candidate_count,
+           (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id
+    FROM candidates
 ),
 visible AS (
     SELECT c.post_id, count(*) AS visible_count
@@ -72,11 +77,6 @@ corrected AS (
     FROM drifted AS d
     WHERE p.id = ANY(ARRAY(SELECT id FROM locked)) AND p.id = d.id
     RETURNING p.id, d.old_count, d.new_count
-),
-batch AS MATERIALIZED (
-    SELECT count(*) AS candidate_count,
-           (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id
-    FROM candidates
 ),
 checkpoint AS (
     -- A full batch leaves the cursor at its last candidate; a short one means the sweep

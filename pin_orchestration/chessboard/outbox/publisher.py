@@ -134,8 +134,11 @@ class KafkaSink:
             while True:
                 try:
                     self._producer.produce(
-                        event.topic, key=event.key, value=event.value,
-                        headers=event.headers, on_delivery=report(event.id),
+                        event.topic,
+                        key=event.key,
+                        value=event.value,
+                        headers=event.headers,
+                        on_delivery=report(event.id),
                     )
                     break
                 except BufferError:  # local queue full: serve delivery reports, then retry
@@ -161,8 +164,12 @@ class JsonlSink:
     def send(self, events: list[OutboxEvent]) -> Delivery:
         with self.path.open("a", encoding="utf-8") as out:
             for e in events:
-                line = {"topic": e.topic, "key": str(e.entity_id), "version": e.version,
-                        "value": e.payload}
+                line = {
+                    "topic": e.topic,
+                    "key": str(e.entity_id),
+                    "version": e.version,
+                    "value": e.payload,
+                }
                 out.write(json.dumps(line, sort_keys=True, default=str) + "\n")
             out.flush()
             os.fsync(out.fileno())
@@ -179,8 +186,8 @@ def make_sink(kafka_bootstrap_servers: str | None, home: Path) -> EventSink:
     else:
         sink = JsonlSink(home / LOCAL_SINK_FILENAME)
         log.warning(
-            "PIN_KAFKA_BOOTSTRAP_SERVERS is not set: chessboard events go to the %s, not to "
-            "Kafka", sink.describe(),
+            "PIN_KAFKA_BOOTSTRAP_SERVERS is not set: chessboard events go to the %s, not to Kafka",
+            sink.describe(),
         )
     log.info("chessboard outbox publisher delivering to %s", sink.describe())
     return sink
@@ -213,7 +220,9 @@ def publish_pending(engine: Engine, sink: EventSink, *, batch_size: int = 500) -
     if delivery.failed:
         log.warning(
             "chessboard outbox: %d of %d events not acknowledged (%s); they stay unpublished",
-            len(delivery.failed), len(events), next(iter(delivery.failed.values())),
+            len(delivery.failed),
+            len(events),
+            next(iter(delivery.failed.values())),
         )
     return PublishRound(len(events), len(delivery.acked), len(delivery.failed))
 
@@ -259,7 +268,8 @@ def run_publisher(
             r = publish_pending(engine, sink, batch_size=batch_size)
             if r.published:
                 log.info(
-                    "chessboard outbox: published %d events in %.0f ms", r.published,
+                    "chessboard outbox: published %d events in %.0f ms",
+                    r.published,
                     (time.monotonic() - started) * 1000,
                 )
             if r.read < batch_size or r.failed:

@@ -142,9 +142,7 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute(
-        "CREATE INDEX ix_project_recalc_due ON chessboard.project_recalc_requests (due_at)"
-    )
+    op.execute("CREATE INDEX ix_project_recalc_due ON chessboard.project_recalc_requests (due_at)")
 
     op.execute(
         """
