@@ -55,8 +55,9 @@ def prepare(server_url: str, shape: WorldShape) -> str:
     with engine.connect() as conn:
         conn.execute(text("VACUUM ANALYZE"))
         total = conn.execute(text("SELECT count(*) FROM chessboard.property_objects")).scalar()
-    print(f"world: {total:,} property objects ({counts}) ready in "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"world: {total:,} property objects ({counts}) ready in {time.monotonic() - started:.0f} s"
+    )
     return url
 
 
@@ -77,17 +78,22 @@ def phase_recalc(url: str) -> None:
     wall = time.monotonic() - started
     ms = [d * 1000 for d in durations]
     print(f"phase 1: {len(ms)} projects recalculated in {wall:.1f} s, one worker")
-    print(f"  per-project recalc  p50 {pct(ms, 50):6.1f} ms   p99 {pct(ms, 99):6.1f} ms   "
-          f"max {max(ms):6.1f} ms")
+    print(
+        f"  per-project recalc  p50 {pct(ms, 50):6.1f} ms   p99 {pct(ms, 99):6.1f} ms   "
+        f"max {max(ms):6.1f} ms"
+    )
     engine.dispose()
 
 
 def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: float) -> None:
     engine = create_engine(url, pool_size=workers + 4)
     with engine.connect() as conn:
-        objects = conn.execute(text(
-            "SELECT DISTINCT ON (project_id) id, project_id FROM chessboard.property_objects "
-            "WHERE deleted_at IS NULL ORDER BY project_id, id")).all()
+        objects = conn.execute(
+            text(
+                "SELECT DISTINCT ON (project_id) id, project_id FROM chessboard.property_objects "
+                "WHERE deleted_at IS NULL ORDER BY project_id, id"
+            )
+        ).all()
         tenants = dict(conn.execute(text("SELECT id, tenant_id FROM chessboard.projects")).all())
     rand = random.Random(7)
     events: list[tuple[uuid.UUID, float]] = []
@@ -99,8 +105,7 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
     def on_outcome(o: ProjectOutcome) -> None:
         committed = time.time()
         with lock:
-            recalcs.setdefault(o.project_id, []).append(
-                (committed - o.duration_seconds, committed))
+            recalcs.setdefault(o.project_id, []).append((committed - o.duration_seconds, committed))
 
     def worker() -> None:
         while not stop.is_set():
@@ -115,12 +120,16 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
             obj = rand.choice(objects)
             with engine.begin() as conn:
                 conn.execute(
-                    text("UPDATE chessboard.property_objects SET price = price + 1000, "
-                         "status = CASE WHEN status = 'Free' THEN 'Booked' ELSE 'Free' END "
-                         "WHERE id = :id"), {"id": obj.id})
+                    text(
+                        "UPDATE chessboard.property_objects SET price = price + 1000, "
+                        "status = CASE WHEN status = 'Free' THEN 'Booked' ELSE 'Free' END "
+                        "WHERE id = :id"
+                    ),
+                    {"id": obj.id},
+                )
                 request_project_recalc(
-                    conn, obj.project_id, tenants[obj.project_id],
-                    "PropertyObjectStatusChanged")
+                    conn, obj.project_id, tenants[obj.project_id], "PropertyObjectStatusChanged"
+                )
             events.append((obj.project_id, time.time()))
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
@@ -135,8 +144,12 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
     deadline = time.monotonic() + DEFAULT_POLICY.debounce_seconds + 4 * tick_s + 10
     while time.monotonic() < deadline:
         with engine.connect() as conn:
-            if conn.execute(text(
-                    "SELECT count(*) FROM chessboard.project_recalc_requests")).scalar() == 0:
+            if (
+                conn.execute(
+                    text("SELECT count(*) FROM chessboard.project_recalc_requests")
+                ).scalar()
+                == 0
+            ):
                 break
         time.sleep(0.5)
     stop.set()
@@ -164,17 +177,25 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
                 window_lags.append(done - max(before))
     extended = len(events) - len(window_lags)
     durations = [done - start for runs in recalcs.values() for start, done in runs]
-    print(f"phase 2: {len(events)} change events at {rate:g}/s over {seconds:g} s "
-          f"({time.monotonic() - started:.0f} s with the tail), {workers} workers, "
-          f"tick {tick_s:g} s, {sum(len(r) for r in recalcs.values())} recalcs, "
-          f"{unserved} events unserved")
-    print(f"  event → updated lag p50 {pct(lags, 50):6.1f} s    p99 {pct(lags, 99):6.1f} s   "
-          f"(target p99 <= debounce {DEFAULT_POLICY.debounce_seconds:g} s + 5 s)")
-    print(f"  last event of each debounce window → updated  p50 {pct(window_lags, 50):6.1f} s    "
-          f"p99 {pct(window_lags, 99):6.1f} s   ({extended} events were coalesced into a "
-          "later change's window)")
-    print(f"  per-project recalc under load p50 {pct(durations, 50) * 1000:.1f} ms   "
-          f"p99 {pct(durations, 99) * 1000:.1f} ms")
+    print(
+        f"phase 2: {len(events)} change events at {rate:g}/s over {seconds:g} s "
+        f"({time.monotonic() - started:.0f} s with the tail), {workers} workers, "
+        f"tick {tick_s:g} s, {sum(len(r) for r in recalcs.values())} recalcs, "
+        f"{unserved} events unserved"
+    )
+    print(
+        f"  event → updated lag p50 {pct(lags, 50):6.1f} s    p99 {pct(lags, 99):6.1f} s   "
+        f"(target p99 <= debounce {DEFAULT_POLICY.debounce_seconds:g} s + 5 s)"
+    )
+    print(
+        f"  last event of each debounce window → updated  p50 {pct(window_lags, 50):6.1f} s    "
+        f"p99 {pct(window_lags, 99):6.1f} s   ({extended} events were coalesced into a "
+        "later change's window)"
+    )
+    print(
+        f"  per-project recalc under load p50 {pct(durations, 50) * 1000:.1f} ms   "
+        f"p99 {pct(durations, 99) * 1000:.1f} ms"
+    )
     engine.dispose()
 
 
@@ -189,10 +210,13 @@ def main() -> None:
     args = parser.parse_args()
     server = os.environ.get("PIN_DATABASE_URL")
     if not server:
-        raise SystemExit("set PIN_DATABASE_URL to a PostgreSQL server the bench may create "
-                         f"database {BENCH_DB} on")
-    shape = WorldShape(projects=args.projects, buildings=10, groups=10, layouts_per_group=5,
-                       objects=args.objects)
+        raise SystemExit(
+            "set PIN_DATABASE_URL to a PostgreSQL server the bench may create "
+            f"database {BENCH_DB} on"
+        )
+    shape = WorldShape(
+        projects=args.projects, buildings=10, groups=10, layouts_per_group=5, objects=args.objects
+    )
     url = prepare(server, shape)
     phase_recalc(url)
     phase_stream(url, args.rate, args.stream_seconds, args.workers, args.tick_seconds)

@@ -29,8 +29,8 @@ from requests.adapters import HTTPAdapter
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.assets.news_snapshot_detach import news_snapshot_detach_retry
 from pin_orchestration.db import create_db_engine
+from pin_orchestration.jobs.news_snapshot_detach import news_snapshot_detach_retry
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.news.selections_standin import SelectionsStandIn
 from pin_orchestration.resources.database import DatabaseResource

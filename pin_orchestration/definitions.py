@@ -15,8 +15,6 @@ from pin_orchestration.assets.news import (
     reconciled_within_26h,
 )
 from pin_orchestration.assets.news_snapshot_detach import (
-    news_snapshot_detach_requeue,
-    news_snapshot_detach_retry,
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
 )
@@ -27,14 +25,20 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
+from pin_orchestration.jobs.news import (
+    news_comment_reconcile_health_job,
+    news_comment_reconcile_job,
+)
+from pin_orchestration.jobs.news_snapshot_detach import (
+    news_snapshot_detach_requeue,
+    news_snapshot_detach_retry,
+)
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
 from pin_orchestration.schedules.news import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
     news_comment_reconcile_health_hourly,
-    news_comment_reconcile_health_job,
-    news_comment_reconcile_job,
 )
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor

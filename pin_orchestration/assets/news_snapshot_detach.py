@@ -1,5 +1,5 @@
 """Dagster wiring of news-snapshot-detach-retry (seed 001): the outbox as an asset with its
-alert checks, the drain job the sensor launches, and the runbook re-enqueue job.
+alert checks (the jobs are in `pin_orchestration.jobs.news_snapshot_detach`).
 
 The work itself is in `pin_orchestration.news.snapshot_detach`; this module only turns
 config into options, resources into an engine and a client, and results into events.
@@ -8,7 +8,6 @@ config into options, resources into an engine and a client, and results into eve
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at decoration time.
 
-import uuid
 from datetime import UTC, datetime
 
 from dagster import (
@@ -16,35 +15,17 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
-    AssetObservation,
     AssetSpec,
-    Config,
-    Failure,
-    OpExecutionContext,
-    in_process_executor,
-    job,
     multi_asset_check,
-    op,
 )
 from dagster import AssetCheckSpec as CheckSpec
-from pydantic import Field
 
-from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.locks import default_holder
 from pin_orchestration.news.snapshot_detach import (
-    JOB_CODE,
     STALLED_AFTER_SECONDS,
-    DetachOptions,
-    RequeueError,
-    RunStatus,
     SensorState,
-    outbox_state,
-    requeue_quarantined,
-    run_detach_retry,
     sensor_state,
 )
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.resources.selections import SelectionsResource
 
 OUTBOX_ASSET_KEY = AssetKey(["news", "snapshot_detach_outbox"])
 QUARANTINE_CHECK = "no_quarantined_entries"
@@ -57,33 +38,6 @@ snapshot_detach_outbox = AssetSpec(
     group_name="news",
     kinds={"postgres"},
 )
-
-_DEFAULTS = DetachOptions()
-
-
-class DetachRetryConfig(Config):
-    """SnapshotDetachRetryOptions (seed 001); TimeSpans in seconds."""
-
-    batch_size: int = Field(default=_DEFAULTS.batch_size, description="Rows per claim (> 0)")
-    max_run_duration_seconds: float = Field(
-        default=_DEFAULTS.max_run_duration_seconds, description="Upper bound of one run"
-    )
-    max_attempts: int = Field(
-        default=_DEFAULTS.max_attempts, description="Attempts before an entry is Quarantined"
-    )
-    backoff_base_seconds: float = Field(default=_DEFAULTS.backoff_base_seconds)
-    backoff_factor: float = Field(default=_DEFAULTS.backoff_factor)
-    backoff_cap_seconds: float = Field(default=_DEFAULTS.backoff_cap_seconds)
-    backoff_jitter_ratio: float = Field(
-        default=_DEFAULTS.backoff_jitter_ratio, description="Jitter: uniform [0, ratio × delay)"
-    )
-    lock_ttl_seconds: float = Field(default=_DEFAULTS.lock_ttl_seconds)
-    max_concurrency: int = Field(
-        default=_DEFAULTS.max_concurrency, description="Selections calls in flight at once"
-    )
-
-    def to_options(self) -> DetachOptions:
-        return DetachOptions(**self.model_dump())
 
 
 def check_evaluations(state: SensorState, now: datetime) -> list[AssetCheckEvaluation]:
@@ -146,105 +100,3 @@ def snapshot_detach_outbox_checks(database: DatabaseResource):
             description=evaluation.description,
             metadata=evaluation.metadata,
         )
-
-
-@op(name="drain_snapshot_detach_outbox")
-def drain_snapshot_detach_outbox(
-    context: OpExecutionContext,
-    config: DetachRetryConfig,
-    database: DatabaseResource,
-    selections: SelectionsResource,
-) -> None:
-    """Claim due Pending rows, detach them at selections, record outcomes (seed 001)."""
-    options = config.to_options()
-    options.validate()
-    engine = database.get_engine()
-    with (
-        selections.get_client(pool_size=options.max_concurrency) as client,
-        stop_requested_on_signals() as stop,
-    ):
-        result = run_detach_retry(
-            engine,
-            client,
-            options,
-            run_id=context.run_id,
-            holder=default_holder(context.run_id),
-            stop_requested=stop,
-            logger=context.log,
-        )
-    for event in result.quarantine_events:
-        context.log.error(event.describe())
-    state = outbox_state(engine)
-    context.log_event(
-        AssetObservation(
-            asset_key=OUTBOX_ASSET_KEY,
-            metadata={
-                "pending": state.pending,
-                "quarantined": state.quarantined,
-                "oldest_age_seconds": state.oldest_age_seconds,
-                "run_succeeded": result.succeeded,
-                "run_retried": result.retried,
-                "run_quarantined": result.quarantined,
-                "run_superseded": result.superseded,
-                "duration_ms": result.duration_ms,
-            },
-        )
-    )
-    if result.quarantined:
-        for evaluation in check_evaluations(sensor_state(engine), datetime.now(UTC)):
-            context.log_event(evaluation)
-    if result.status == RunStatus.FAILED:
-        raise Failure(f"{JOB_CODE} failed: {result.error}", metadata=result.summary())
-
-
-@job(
-    name="news_snapshot_detach_retry",
-    executor_def=in_process_executor,
-    description="Drain news.snapshot_detach_outbox: retry selections detach with backoff "
-    "(seed 001). Launched by news_snapshot_detach_outbox_sensor when rows are due.",
-    tags={"pin/job": JOB_CODE},
-)
-def news_snapshot_detach_retry() -> None:
-    drain_snapshot_detach_outbox()
-
-
-class RequeueConfig(Config):
-    """Give exactly one: the outbox row id, or the snapshot id of a Quarantined entry."""
-
-    entry_id: str | None = Field(default=None, description="news.snapshot_detach_outbox.id")
-    snapshot_id: str | None = Field(default=None, description="snapshot_id of the entry")
-
-
-def _uuid_field(name: str, value: str | None) -> uuid.UUID | None:
-    if value is None:
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError as exc:
-        raise Failure(f"{name} must be a UUID (got {value!r})") from exc
-
-
-@op(name="requeue_quarantined_snapshot_detach")
-def requeue_quarantined_snapshot_detach(
-    context: OpExecutionContext, config: RequeueConfig, database: DatabaseResource
-) -> None:
-    """Runbook (DET-7): Quarantined → Pending with attempts 0, due now."""
-    try:
-        entry_id = requeue_quarantined(
-            database.get_engine(),
-            entry_id=_uuid_field("entry_id", config.entry_id),
-            snapshot_id=_uuid_field("snapshot_id", config.snapshot_id),
-        )
-    except RequeueError as exc:
-        raise Failure(str(exc)) from exc
-    context.log.info(f"re-enqueued snapshot-detach entry {entry_id}")
-
-
-@job(
-    name="news_snapshot_detach_requeue",
-    executor_def=in_process_executor,
-    description="Runbook: re-enqueue a Quarantined snapshot-detach entry (config: entry_id "
-    "or snapshot_id). Remaining Quarantined entries: `pin detach quarantined`.",
-)
-def news_snapshot_detach_requeue() -> None:
-    requeue_quarantined_snapshot_detach()

@@ -1,4 +1,4 @@
-"""Jobs and schedules of news-comment-reconcile (REC-1)."""
+"""Schedules of news-comment-reconcile (REC-1)."""
 
 from __future__ import annotations
 
@@ -6,42 +6,20 @@ from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 from dagster import (
-    AssetSelection,
     DefaultScheduleStatus,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
-    define_asset_job,
-    in_process_executor,
     schedule,
 )
 
-from pin_orchestration.assets.news import (
-    POST_COMMENT_COUNTS,
-    no_failed_runs_in_26h,
-    reconciled_within_26h,
+from pin_orchestration.jobs.news import (
+    news_comment_reconcile_health_job,
+    news_comment_reconcile_job,
 )
 from pin_orchestration.news.reconcile import Scope
 
 MOSCOW = ZoneInfo("Europe/Moscow")
-
-news_comment_reconcile_job = define_asset_job(
-    "news_comment_reconcile",
-    selection=AssetSelection.assets(POST_COMMENT_COUNTS).without_checks()
-    | AssetSelection.checks_for_assets(POST_COMMENT_COUNTS)
-    - AssetSelection.checks(reconciled_within_26h, no_failed_runs_in_26h),
-    executor_def=in_process_executor,
-    tags={"pin/job": "news-comment-reconcile"},
-    description="Reconcile news.posts.comments_count (seed 000). Config: scope, batch_size, "
-    "max_run_duration_seconds, window_lookback_hours, lock_ttl_seconds, drift_alert_threshold",
-)
-
-news_comment_reconcile_health_job = define_asset_job(
-    "news_comment_reconcile_health",
-    selection=AssetSelection.checks(reconciled_within_26h, no_failed_runs_in_26h),
-    executor_def=in_process_executor,
-    description="Alert checks: a successful reconcile within 26 h, no failed runs",
-)
 
 
 def reconcile_run_request(context: ScheduleEvaluationContext, scope: Scope) -> RunRequest:

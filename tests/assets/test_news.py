@@ -13,10 +13,10 @@ from pin_orchestration.assets.news import (
     post_comment_counts,
     reconciled_within_26h,
 )
+from pin_orchestration.jobs.news import news_comment_reconcile_health_job
 from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news.reconcile import LOCK_KEY
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.schedules.news import news_comment_reconcile_health_job
 from tests.news.factories import add_comments, add_post, comments_count
 
 OP = "news__post_comment_counts"

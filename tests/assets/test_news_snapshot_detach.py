@@ -14,10 +14,12 @@ from sqlalchemy import Engine, text
 from pin_orchestration.assets.news_snapshot_detach import (
     QUARANTINE_CHECK,
     STALLED_CHECK,
-    news_snapshot_detach_requeue,
-    news_snapshot_detach_retry,
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
+)
+from pin_orchestration.jobs.news_snapshot_detach import (
+    news_snapshot_detach_requeue,
+    news_snapshot_detach_retry,
 )
 from pin_orchestration.news.selections_standin import SelectionsStandIn
 from pin_orchestration.news.snapshot_detach import enqueue_snapshot_detach

@@ -84,8 +84,10 @@ def test_sensor_launches_drain_runs_not_one_per_project(
     assert isinstance(result, SensorResult)
     requests = result.run_requests
     assert len(requests) == 2  # 60 due rows / batch 50 → 2 drain runs, within the cap of 2
-    assert all(isinstance(r, RunRequest) and r.tags["pin/drain"] == DRAIN_TAGS["pin/drain"]
-               for r in requests)
+    assert all(
+        isinstance(r, RunRequest) and r.tags["pin/drain"] == DRAIN_TAGS["pin/drain"]
+        for r in requests
+    )
     assert len({r.run_key for r in requests}) == 2
 
 
@@ -104,8 +106,8 @@ def test_drain_run_materializes_each_recalculated_project(
 
     assert result.success
     materialized = {
-        m.partition: m.metadata for m in result.asset_materializations_for_node(
-            "drain_chessboard_project_recalc_queue")
+        m.partition: m.metadata
+        for m in result.asset_materializations_for_node("drain_chessboard_project_recalc_queue")
     }
     assert set(materialized) == {str(a), str(b)}
     assert materialized[str(a)]["property_objects_free_count"].value == 1
@@ -120,12 +122,16 @@ def test_drain_run_raises_the_poison_alert_as_a_failed_check(
 ) -> None:
     with db_engine.begin() as conn:
         bad = add_project(conn, property_objects_total_count=3)
-        conn.execute(text("""
+        conn.execute(
+            text("""
             CREATE FUNCTION public.test_fail() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN RAISE EXCEPTION 'corrupt project'; END $$
-        """))
-        conn.execute(text("""CREATE TRIGGER fail BEFORE UPDATE ON chessboard.projects
-                             FOR EACH ROW EXECUTE FUNCTION public.test_fail()"""))
+        """)
+        )
+        conn.execute(
+            text("""CREATE TRIGGER fail BEFORE UPDATE ON chessboard.projects
+                             FOR EACH ROW EXECUTE FUNCTION public.test_fail()""")
+        )
     make_due(db_engine, bad)
     with db_engine.begin() as conn:
         conn.execute(text("UPDATE chessboard.project_recalc_requests SET attempt_count = 4"))
@@ -136,7 +142,8 @@ def test_drain_run_raises_the_poison_alert_as_a_failed_check(
 
     assert result.success  # other projects would continue; the failure is data, not a crash
     evaluations = [
-        e.event_specific_data for e in result.all_events
+        e.event_specific_data
+        for e in result.all_events
         if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     ]
     assert [(ev.check_name, ev.passed) for ev in evaluations] == [(POISON_CHECK, False)]
@@ -145,8 +152,10 @@ def test_drain_run_raises_the_poison_alert_as_a_failed_check(
         assert queue_row(conn, bad)["attempt_count"] == 5
 
     check = materialize(
-        [project_aggregates, no_poison_recalc_requests], instance=instance,
-        resources=resources, selection=AssetSelection.checks(no_poison_recalc_requests),
+        [project_aggregates, no_poison_recalc_requests],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.checks(no_poison_recalc_requests),
     )
     assert [c.passed for c in check.get_asset_check_evaluations()] == [False]
 
@@ -163,12 +172,13 @@ def test_backfilling_a_partition_forces_a_recalc_and_the_check_confirms_it(
 
     def check_passed() -> bool:
         run = chessboard_divergence_check.execute_in_process(
-            instance=instance, resources=resources,
-            run_config={"ops": {"check_project_divergence": {
-                "config": {"project_ids": [str(p)]}}}},
+            instance=instance,
+            resources=resources,
+            run_config={"ops": {"check_project_divergence": {"config": {"project_ids": [str(p)]}}}},
         )
         [evaluation] = [
-            e.event_specific_data for e in run.all_events
+            e.event_specific_data
+            for e in run.all_events
             if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
         ]
         assert (evaluation.check_name, evaluation.partition) == (DIVERGENCE_CHECK, str(p))
@@ -176,8 +186,9 @@ def test_backfilling_a_partition_forces_a_recalc_and_the_check_confirms_it(
 
     assert not check_passed()
 
-    run = materialize([project_aggregates], instance=instance, resources=resources,
-                      partition_key=str(p))
+    run = materialize(
+        [project_aggregates], instance=instance, resources=resources, partition_key=str(p)
+    )
 
     [mat] = run.asset_materializations_for_node("chessboard__project_aggregates")
     assert mat.partition == str(p)
@@ -195,8 +206,9 @@ def test_materializing_an_archived_project_changes_nothing(
     with db_engine.begin() as conn:
         p = add_project(conn, status="Archived", property_objects_free_count=7)
     instance.add_dynamic_partitions(chessboard_projects.name, [str(p)])
-    run = materialize([project_aggregates], instance=instance, resources=resources,
-                      partition_key=str(p))
+    run = materialize(
+        [project_aggregates], instance=instance, resources=resources, partition_key=str(p)
+    )
     [mat] = run.asset_materializations_for_node("chessboard__project_aggregates")
     assert mat.metadata["skipped"].value == "archived"
     with db_engine.connect() as conn:

@@ -51,7 +51,8 @@ def test_demo_seed_is_idempotent_and_queues_its_projects(db_engine: Engine) -> N
     assert set(second.values()) == {0}
     with db_engine.connect() as conn:
         queued = conn.execute(
-            text("SELECT count(*) FROM chessboard.project_recalc_requests")).scalar()
+            text("SELECT count(*) FROM chessboard.project_recalc_requests")
+        ).scalar()
     assert queued == 20
 
 
@@ -97,8 +98,10 @@ def test_code_location_has_the_chessboard_names() -> None:
         "chessboard/project_aggregates:no_poison_recalc_requests",
     } <= checks
     assert {
-        "chessboard_project_recalc_drain", "chessboard_force_recalc",
-        "chessboard_reset_poison_row", "chessboard_divergence_check",
+        "chessboard_project_recalc_drain",
+        "chessboard_force_recalc",
+        "chessboard_reset_poison_row",
+        "chessboard_divergence_check",
         "chessboard_publish_outbox",
     } <= {j.name for j in repo.get_all_jobs()}
     sensors = {s.name: s for s in repo.sensor_defs}

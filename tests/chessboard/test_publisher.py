@@ -60,8 +60,14 @@ def mock_broker() -> Iterator[str]:
 
 
 def consume_all(bootstrap: str, topics: list[str], expected: int) -> list:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe(topics)
     messages = []
     deadline = time.monotonic() + 30
@@ -99,9 +105,7 @@ TOPICS = [
 ]
 
 
-def test_events_reach_kafka_with_topic_key_and_version(
-    db_engine: Engine, mock_broker: str
-) -> None:
+def test_events_reach_kafka_with_topic_key_and_version(db_engine: Engine, mock_broker: str) -> None:
     events = recalc_a_project_with_events(db_engine)
     assert sorted(e["topic"] for e in events) == sorted(TOPICS)
     sink = KafkaSink(mock_broker, message_timeout_ms=10_000)

@@ -37,9 +37,12 @@ DUE = T0 + timedelta(seconds=31)
 
 def enqueue(engine: Engine, project_id: uuid.UUID, at: datetime = T0, reason: str = "Crud"):
     with engine.begin() as conn:
-        tenant = conn.execute(
-            text("SELECT tenant_id FROM chessboard.projects WHERE id = :p"), {"p": project_id}
-        ).scalar() or uuid.uuid4()
+        tenant = (
+            conn.execute(
+                text("SELECT tenant_id FROM chessboard.projects WHERE id = :p"), {"p": project_id}
+            ).scalar()
+            or uuid.uuid4()
+        )
         return request_project_recalc(conn, project_id, tenant, reason, now=at)
 
 
@@ -72,23 +75,34 @@ def test_formulas_over_a_full_project(db_engine: Engine) -> None:
         assert project["property_objects_total_count"] == 4  # Hidden and deleted excluded
         assert project["version"] == 2
         assert [
-            (row(conn, "buildings", b)["property_objects_total_count"],
-             row(conn, "buildings", b)["property_objects_free_count"]) for b in (b1, b2)
+            (
+                row(conn, "buildings", b)["property_objects_total_count"],
+                row(conn, "buildings", b)["property_objects_free_count"],
+            )
+            for b in (b1, b2)
         ] == [(3, 2), (1, 0)]
         assert [row(conn, "layouts", x)["property_objects_count"] for x in (l1, l2, l3)] == [
-            2, 2, 0]
+            2,
+            2,
+            0,
+        ]
         group1, group2 = row(conn, "layout_groups", g1), row(conn, "layout_groups", g2)
         assert (group1["layouts_count"], group1["area_min"], group1["area_max"]) == (
-            2, D("40.5"), D("72.0"))
+            2,
+            D("40.5"),
+            D("72.0"),
+        )
         assert (group2["layouts_count"], group2["area_min"], group2["area_max"]) == (
-            1, D("55.0"), D("55.0"))
+            1,
+            D("55.0"),
+            D("55.0"),
+        )
         assert queue_row(conn, p) is None
         assert find_divergence(conn, p) == []
         events = outbox(conn)
     # project, l1, l2 and both groups changed; l3 stayed 0 → no event for it.
     assert sorted((e["entity"], e["entity_id"]) for e in events) == sorted(
-        [("project", p), ("layout", l1), ("layout", l2), ("layout_group", g1),
-         ("layout_group", g2)]
+        [("project", p), ("layout", l1), ("layout", l2), ("layout_group", g1), ("layout_group", g2)]
     )
     project_event = next(e for e in events if e["entity"] == "project")
     assert project_event["topic"] == "pin.chessboard.project-upserted.v1"
@@ -128,21 +142,35 @@ def test_project_without_free_objects(db_engine: Engine) -> None:
         assert project["property_objects_free_count"] == 0
         assert project["property_objects_total_count"] == 2
         assert [(e["entity"], e["entity_id"], e["version"]) for e in outbox(conn)] == [
-            ("project", p, 2)]
+            ("project", p, 2)
+        ]
 
 
 def test_project_without_objects_or_layouts(db_engine: Engine) -> None:
     with db_engine.begin() as conn:
-        p = add_project(conn, price_min=D("1"), price_max=D("9"),
-                        property_objects_total_count=4, property_objects_free_count=2)
+        p = add_project(
+            conn,
+            price_min=D("1"),
+            price_max=D("9"),
+            property_objects_total_count=4,
+            property_objects_free_count=2,
+        )
         b = add_building(conn, p)
         g = add_layout_group(conn, p)
         conn.execute(
-            text("UPDATE chessboard.buildings SET property_objects_total_count = 7, "
-                 "property_objects_free_count = 7 WHERE id = :b"), {"b": b})
+            text(
+                "UPDATE chessboard.buildings SET property_objects_total_count = 7, "
+                "property_objects_free_count = 7 WHERE id = :b"
+            ),
+            {"b": b},
+        )
         conn.execute(
-            text("UPDATE chessboard.layout_groups SET layouts_count = 3, area_min = 1, "
-                 "area_max = 2 WHERE id = :g"), {"g": g})
+            text(
+                "UPDATE chessboard.layout_groups SET layouts_count = 3, area_min = 1, "
+                "area_max = 2 WHERE id = :g"
+            ),
+            {"g": g},
+        )
     enqueue(db_engine, p)
 
     drain_tick(db_engine, now=DUE)
@@ -150,11 +178,15 @@ def test_project_without_objects_or_layouts(db_engine: Engine) -> None:
     with db_engine.connect() as conn:
         project = row(conn, "projects", p)
         assert (project["price_min"], project["price_max"]) == (None, None)
-        assert (project["property_objects_total_count"],
-                project["property_objects_free_count"]) == (0, 0)
+        assert (
+            project["property_objects_total_count"],
+            project["property_objects_free_count"],
+        ) == (0, 0)
         building = row(conn, "buildings", b)
-        assert (building["property_objects_total_count"],
-                building["property_objects_free_count"]) == (0, 0)
+        assert (
+            building["property_objects_total_count"],
+            building["property_objects_free_count"],
+        ) == (0, 0)
         group = row(conn, "layout_groups", g)
         assert (group["layouts_count"], group["area_min"], group["area_max"]) == (0, None, None)
 
@@ -181,8 +213,10 @@ def test_coalescing_n_events_give_one_row_and_one_run(db_engine: Engine) -> None
     with db_engine.connect() as conn:
         assert [e["entity"] for e in outbox(conn)] == ["project"]
         coalesced = conn.execute(
-            text("SELECT value FROM chessboard.recalc_metrics "
-                 "WHERE name = 'coalesced_events_total'")).scalar()
+            text(
+                "SELECT value FROM chessboard.recalc_metrics WHERE name = 'coalesced_events_total'"
+            )
+        ).scalar()
     assert coalesced == n
 
 
@@ -219,22 +253,25 @@ def test_duplicate_run_same_values_and_new_version_only_on_diff(db_engine: Engin
     enqueue(db_engine, p)
     drain_tick(db_engine, now=DUE)
     with db_engine.connect() as conn:
-        first = (row(conn, "projects", p), row(conn, "layouts", lay),
-                 row(conn, "layout_groups", g))
+        first = (row(conn, "projects", p), row(conn, "layouts", lay), row(conn, "layout_groups", g))
         events_after_first = len(outbox(conn))
 
     enqueue(db_engine, p, at=DUE)
     drain_tick(db_engine, now=DUE + timedelta(seconds=31))
 
     with db_engine.connect() as conn:
-        second = (row(conn, "projects", p), row(conn, "layouts", lay),
-                  row(conn, "layout_groups", g))
+        second = (
+            row(conn, "projects", p),
+            row(conn, "layouts", lay),
+            row(conn, "layout_groups", g),
+        )
         assert second == first  # same values, same versions, same updated_at
         assert len(outbox(conn)) == events_after_first
 
     with db_engine.begin() as conn:  # a price change touches only the project
-        conn.execute(text("UPDATE chessboard.property_objects SET price = 12 WHERE id = :o"),
-                     {"o": o})
+        conn.execute(
+            text("UPDATE chessboard.property_objects SET price = 12 WHERE id = :o"), {"o": o}
+        )
     enqueue(db_engine, p, at=DUE + timedelta(minutes=1))
     drain_tick(db_engine, now=DUE + timedelta(minutes=2))
 
@@ -261,8 +298,10 @@ def test_building_counters_update_without_an_event(db_engine: Engine) -> None:
 
     with db_engine.connect() as conn:
         building = row(conn, "buildings", b)
-        assert (building["property_objects_total_count"],
-                building["property_objects_free_count"]) == (1, 0)
+        assert (
+            building["property_objects_total_count"],
+            building["property_objects_free_count"],
+        ) == (1, 0)
         assert building["version"] == 1
         assert {e["entity"] for e in outbox(conn)} == {"project"}
 
@@ -274,14 +313,18 @@ def failing_project(db_engine: Engine):
     def make(conn) -> uuid.UUID:
         p = add_project(conn, property_objects_total_count=5)
         add_object(conn, p, status="Free", price="1")
-        conn.execute(text("""
+        conn.execute(
+            text("""
             CREATE FUNCTION public.test_fail_recalc() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN RAISE EXCEPTION 'disk on fire for %', NEW.id; END $$
-        """))
-        conn.execute(text(f"""
+        """)
+        )
+        conn.execute(
+            text(f"""
             CREATE TRIGGER fail_recalc BEFORE UPDATE ON chessboard.projects
             FOR EACH ROW WHEN (NEW.id = '{p}') EXECUTE FUNCTION public.test_fail_recalc()
-        """))
+        """)
+        )
         return p
 
     return make
@@ -335,14 +378,18 @@ def test_two_workers_on_one_due_row_recalculate_it_once(db_engine: Engine) -> No
         p = add_project(conn)
         add_object(conn, p, status="Free", price="1")
         # Keep the winner's transaction open a moment so the two claims truly overlap.
-        conn.execute(text("""
+        conn.execute(
+            text("""
             CREATE FUNCTION public.test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$
-        """))
-        conn.execute(text("""
+        """)
+        )
+        conn.execute(
+            text("""
             CREATE TRIGGER slow_recalc BEFORE UPDATE ON chessboard.projects
             FOR EACH ROW EXECUTE FUNCTION public.test_slow()
-        """))
+        """)
+        )
     enqueue(db_engine, p)
     barrier = threading.Barrier(2)
     results: list = [None, None]
@@ -371,14 +418,19 @@ def test_request_during_recalc_waits_and_opens_a_new_window(db_engine: Engine) -
     enqueue(db_engine, p)
     with db_engine.connect() as holder:
         tx = holder.begin()
-        holder.execute(text("SELECT 1 FROM chessboard.project_recalc_requests "
-                            "WHERE project_id = :p FOR UPDATE"), {"p": p})
+        holder.execute(
+            text(
+                "SELECT 1 FROM chessboard.project_recalc_requests WHERE project_id = :p FOR UPDATE"
+            ),
+            {"p": p},
+        )
         raiser = threading.Thread(target=enqueue, args=(db_engine, p, DUE))
         raiser.start()
         raiser.join(0.5)
         assert raiser.is_alive()  # the raiser waits for the drainer's commit
-        holder.execute(text("DELETE FROM chessboard.project_recalc_requests "
-                            "WHERE project_id = :p"), {"p": p})
+        holder.execute(
+            text("DELETE FROM chessboard.project_recalc_requests WHERE project_id = :p"), {"p": p}
+        )
         tx.commit()
         raiser.join(5)
     with db_engine.connect() as conn:
@@ -417,8 +469,12 @@ def test_cancellation_between_projects(db_engine: Engine) -> None:
         enqueue(db_engine, p, at=T0 + timedelta(seconds=i))
     stop = threading.Event()
 
-    tick = drain_tick(db_engine, now=DUE + timedelta(seconds=5),
-                      on_outcome=lambda _o: stop.set(), should_stop=stop.is_set)
+    tick = drain_tick(
+        db_engine,
+        now=DUE + timedelta(seconds=5),
+        on_outcome=lambda _o: stop.set(),
+        should_stop=stop.is_set,
+    )
 
     assert tick.stopped and [o.project_id for o in tick.outcomes] == projects[:1]
     with db_engine.connect() as conn:
@@ -432,8 +488,7 @@ def test_batch_takes_at_most_batch_size_oldest_due_first(db_engine: Engine) -> N
         projects = [add_project(conn) for _ in range(4)]
     for i, p in enumerate(projects):
         enqueue(db_engine, p, at=T0 + timedelta(seconds=10 - i))  # last one due first
-    tick = drain_tick(db_engine, now=DUE + timedelta(seconds=10),
-                      policy=RecalcPolicy(batch_size=3))
+    tick = drain_tick(db_engine, now=DUE + timedelta(seconds=10), policy=RecalcPolicy(batch_size=3))
     assert [o.project_id for o in tick.outcomes] == projects[::-1][:3]
 
 

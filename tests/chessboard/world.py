@@ -10,8 +10,12 @@ from sqlalchemy import Connection, text
 
 
 def add_project(
-    conn: Connection, *, status: str = "Published", deleted: bool = False,
-    tenant_id: uuid.UUID | None = None, **stored: object,
+    conn: Connection,
+    *,
+    status: str = "Published",
+    deleted: bool = False,
+    tenant_id: uuid.UUID | None = None,
+    **stored: object,
 ) -> uuid.UUID:
     pid = uuid.uuid4()
     columns = {"id": pid, "status": status, "tenant_id": tenant_id or uuid.uuid4(), **stored}
@@ -43,8 +47,12 @@ def add_layout_group(conn: Connection, project_id: uuid.UUID) -> uuid.UUID:
 
 
 def add_layout(
-    conn: Connection, project_id: uuid.UUID, group_id: uuid.UUID | None, area: str | None,
-    *, deleted: bool = False,
+    conn: Connection,
+    project_id: uuid.UUID,
+    group_id: uuid.UUID | None,
+    area: str | None,
+    *,
+    deleted: bool = False,
 ) -> uuid.UUID:
     lid = uuid.uuid4()
     conn.execute(
@@ -58,8 +66,13 @@ def add_layout(
 
 
 def add_object(
-    conn: Connection, project_id: uuid.UUID, *, status: str, price: str | None = None,
-    building_id: uuid.UUID | None = None, layout_id: uuid.UUID | None = None,
+    conn: Connection,
+    project_id: uuid.UUID,
+    *,
+    status: str,
+    price: str | None = None,
+    building_id: uuid.UUID | None = None,
+    layout_id: uuid.UUID | None = None,
     deleted: bool = False,
 ) -> uuid.UUID:
     oid = uuid.uuid4()
@@ -69,8 +82,15 @@ def add_object(
             "status, price, deleted_at) "
             "VALUES (:id, :p, :b, :l, :s, :price, CASE WHEN :d THEN now() END)"
         ),
-        {"id": oid, "p": project_id, "b": building_id, "l": layout_id, "s": status,
-         "price": price, "d": deleted},
+        {
+            "id": oid,
+            "p": project_id,
+            "b": building_id,
+            "l": layout_id,
+            "s": status,
+            "price": price,
+            "d": deleted,
+        },
     )
     return oid
 
@@ -78,7 +98,8 @@ def add_object(
 def row(conn: Connection, table: str, id_: uuid.UUID) -> dict:
     return dict(
         conn.execute(text(f"SELECT * FROM chessboard.{table} WHERE id = :id"), {"id": id_})
-        .one()._mapping
+        .one()
+        ._mapping
     )
 
 
