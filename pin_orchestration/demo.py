@@ -6,28 +6,16 @@ second seed changes nothing (and does not undo what the jobs have since correcte
 
 from __future__ import annotations
 
-import os
 import random
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.ids import uuid7
+
 DEMO_POSTS = 200
 _DEMO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def uuid7(unix_ms: int | None = None, rand: random.Random | None = None) -> uuid.UUID:
-    """A UUIDv7 (RFC 9562): 48-bit Unix-ms timestamp, version 7, variant, 74 random bits."""
-    ms = int(time.time() * 1000) if unix_ms is None else unix_ms
-    random_bits = rand.getrandbits(74) if rand else int.from_bytes(os.urandom(10)) >> 6
-    value = (ms & (2**48 - 1)) << 80
-    value |= 0x7 << 76
-    value |= (random_bits >> 62) << 64  # rand_a: 12 bits
-    value |= 0b10 << 62
-    value |= random_bits & (2**62 - 1)  # rand_b: 62 bits
-    return uuid.UUID(int=value)
 
 
 def seed_news(engine: Engine) -> dict[str, int]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.demo import uuid7
+from pin_orchestration.ids import uuid7
 from pin_orchestration.jobruns import RunStatus, last_successful_run_at, record_job_run
 from pin_orchestration.locks import extend_lock, held_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller

@@ -1,0 +1,21 @@
+"""Identifiers the platform uses: UUIDv7, time-ordered, so keyset walks by id follow
+creation order (seed 000 relies on it for the reconcile cursor)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+
+
+def uuid7(unix_ms: int | None = None, rand: random.Random | None = None) -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48-bit Unix-ms timestamp, version 7, variant, 74 random bits."""
+    ms = int(time.time() * 1000) if unix_ms is None else unix_ms
+    random_bits = rand.getrandbits(74) if rand else int.from_bytes(os.urandom(10)) >> 6
+    value = (ms & (2**48 - 1)) << 80
+    value |= 0x7 << 76
+    value |= (random_bits >> 62) << 64  # rand_a: 12 bits
+    value |= 0b10 << 62
+    value |= random_bits & (2**62 - 1)  # rand_b: 62 bits
+    return uuid.UUID(int=value)
