@@ -22,10 +22,15 @@ from tests.news.factories import add_comments, add_post, comments_count
 OP = "news__post_comment_counts"
 
 
-def run_asset(db_url: str, config: dict | None = None, raise_on_error: bool = True):
+def run_asset(
+    db_url: str,
+    config: dict | None = None,
+    raise_on_error: bool = True,
+    partition_key: str = "2026-11-29",
+):
     return materialize(
         [post_comment_counts],
-        partition_key="2026-11-29",
+        partition_key=partition_key,
         resources={"database": DatabaseResource(url=db_url)},
         run_config={"ops": {OP: {"config": config or {"scope": "FullSweep"}}}},
         instance=DagsterInstance.ephemeral(),
@@ -122,3 +127,23 @@ def test_reconciled_within_26h_check(
     assert evaluations["reconciled_within_26h"].passed is passed
     assert evaluations["no_failed_runs_in_26h"].passed
     assert all(e.asset_key == POST_COMMENT_COUNTS for e in evaluations.values())
+
+
+def test_backfill_of_a_past_day_reconciles_that_days_activity(
+    db_url: str, db_engine: Engine
+) -> None:
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    msk = ZoneInfo("Europe/Moscow")
+    ten_days_ago = datetime.now(msk) - timedelta(days=10)
+    post = add_post(db_engine, comments_count=7)
+    add_comments(db_engine, post, 2, at=ten_days_ago)
+
+    yesterday = (datetime.now(msk) - timedelta(days=1)).date().isoformat()
+    daily = {"scope": "DailyWindow"}
+    assert run_asset(db_url, daily, partition_key=yesterday).success
+    assert comments_count(db_engine, post) == 7  # quiet since: outside yesterday's window
+
+    assert run_asset(db_url, daily, partition_key=ten_days_ago.date().isoformat()).success
+    assert comments_count(db_engine, post) == 2
