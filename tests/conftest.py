@@ -8,8 +8,11 @@ the suite also runs on a machine that has only Python.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,12 +23,27 @@ from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
 
 
+@contextmanager
+def embedded_data_dir() -> Iterator[Path]:
+    """A scratch directory for an embedded PostgreSQL, outside pytest's tmp tree.
+
+    As root, pgserver runs the server as its own user and opens the parent folders to it;
+    pytest makes its /tmp/pytest-of-<user> private again whenever any session starts, which
+    would pull the data directory out from under a running server.
+    """
+    path = Path(tempfile.mkdtemp(prefix="pin-embedded-pg-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _with_database(url: str, database: str) -> str:
     return make_url(url).set(database=database).render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server_url() -> Iterator[str]:
     """A URL on a server where tests may create databases."""
     configured = os.environ.get("PIN_DATABASE_URL")
     if configured:
@@ -33,8 +51,8 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from pin_orchestration.embedded import start_embedded_postgres
 
-    data_dir: Path = tmp_path_factory.mktemp("embedded-pg")
-    yield start_embedded_postgres(data_dir, stop_on_exit=True)
+    with embedded_data_dir() as data_dir:
+        yield start_embedded_postgres(data_dir, stop_on_exit=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, text
 from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.news.reconcile import Scope, read_checkpoint
+from tests.conftest import embedded_data_dir
 from tests.news.factories import add_post
 
 PIN = [sys.executable, "-m", "pin_orchestration.cli"]
@@ -143,11 +144,11 @@ def test_sigterm_stops_between_batches_keeping_committed_work(db_url: str) -> No
     assert [counts[p] for p in posts] == [0] * done + [1] * (len(posts) - done)
 
 
-def test_fresh_machine_path_embedded_postgres(tmp_path: Path) -> None:
+def test_fresh_machine_path_embedded_postgres() -> None:
     """No PIN_DATABASE_URL: the embedded PostgreSQL starts from scratch, is migrated, demo
     data loads and a reconcile corrects its drift — the path of a laptop with only Python."""
-    home = tmp_path / "pin-home"
-    try:
+    with embedded_data_dir() as scratch:
+        home = scratch / "pin-home"
         upgrade = pin("db", "upgrade", url=None, home=home)
         assert upgrade.returncode == 0, upgrade.stderr
         assert (home / "pgdata" / "PG_VERSION").exists()
@@ -159,10 +160,8 @@ def test_fresh_machine_path_embedded_postgres(tmp_path: Path) -> None:
         # State survives the restart of the server between commands.
         again = pin("news", "reconcile", "--scope", "FullSweep", url=None, home=home)
         assert json.loads(again.stdout)["drift_corrected"] == 0
-    finally:
-        import pgserver
-
-        pgserver.get_server(home / "pgdata", cleanup_mode="stop").cleanup()
+        # Each command stopped the server it started: nothing is left running.
+        assert not (home / "pgdata" / "postmaster.pid").exists()
 
 
 def test_migrations_apply_on_a_fresh_database_in_process(empty_db_url: str) -> None:
