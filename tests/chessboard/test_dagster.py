@@ -55,14 +55,6 @@ def resources(db_url: str) -> dict:
     return {"database": DatabaseResource(url=db_url)}
 
 
-def make_due(engine: Engine, *project_ids: uuid.UUID) -> None:
-    """Requests raised a minute ago by the database's clock: due now."""
-    with engine.begin() as conn:
-        minute_ago = conn.execute(text("SELECT now() - interval '1 minute'")).scalar()
-        for p in project_ids:
-            request_project_recalc(conn, p, uuid.uuid4(), "Crud", now=minute_ago)
-
-
 def raise_due_in(engine: Engine, seconds: float, *project_ids: uuid.UUID) -> None:
     """Requests that fall due `seconds` from now by the database's clock (debounce 30 s)."""
     with engine.begin() as conn:
@@ -71,6 +63,24 @@ def raise_due_in(engine: Engine, seconds: float, *project_ids: uuid.UUID) -> Non
         ).scalar()
         for p in project_ids:
             request_project_recalc(conn, p, uuid.uuid4(), "Crud", now=at)
+
+
+def make_due(engine: Engine, *project_ids: uuid.UUID) -> None:
+    """Requests raised a minute ago by the database's clock: due now."""
+    raise_due_in(engine, -30, *project_ids)
+
+
+def due_projects(engine: Engine, n: int) -> list[uuid.UUID]:
+    with engine.begin() as conn:
+        projects = [add_project(conn) for _ in range(n)]
+    make_due(engine, *projects)
+    return projects
+
+
+def evaluate_sensor(instance: DagsterInstance, resources: dict) -> SensorResult | SkipReason:
+    return chessboard_project_recalc_sensor(
+        build_sensor_context(instance=instance, resources=resources)
+    )
 
 
 def runs_in_flight(instance: DagsterInstance, n: int) -> None:
@@ -102,9 +112,7 @@ def test_sensor_skips_when_nothing_is_due(db_engine: Engine, instance, resources
     with db_engine.begin() as conn:
         p = add_project(conn)
         request_project_recalc(conn, p, uuid.uuid4(), "Crud")  # due in 30 s
-    result = chessboard_project_recalc_sensor(
-        build_sensor_context(instance=instance, resources=resources)
-    )
+    result = evaluate_sensor(instance, resources)
     assert isinstance(result, SkipReason)
     assert "no due recalc requests (depth 1" in result.skip_message
 
@@ -112,13 +120,9 @@ def test_sensor_skips_when_nothing_is_due(db_engine: Engine, instance, resources
 def test_sensor_launches_drain_runs_not_one_per_project(
     db_engine: Engine, instance, resources
 ) -> None:
-    with db_engine.begin() as conn:
-        projects = [add_project(conn) for _ in range(60)]
-    make_due(db_engine, *projects)
+    due_projects(db_engine, 60)
 
-    result = chessboard_project_recalc_sensor(
-        build_sensor_context(instance=instance, resources=resources)
-    )
+    result = evaluate_sensor(instance, resources)
 
     assert isinstance(result, SensorResult)
     requests = result.run_requests
@@ -137,29 +141,20 @@ def test_sensor_launches_a_run_ahead_of_a_row_falling_due(
         p = add_project(conn)
     raise_due_in(db_engine, 3, p)
 
-    result = chessboard_project_recalc_sensor(
-        build_sensor_context(instance=instance, resources=resources)
-    )
+    result = evaluate_sensor(instance, resources)
 
     assert isinstance(result, SensorResult)
     assert len(result.run_requests) == 1
 
 
 def test_sensor_does_not_pile_runs_beyond_the_cap(db_engine: Engine, instance, resources) -> None:
-    with db_engine.begin() as conn:
-        projects = [add_project(conn) for _ in range(120)]
-    make_due(db_engine, *projects)
+    due_projects(db_engine, 120)
     runs_in_flight(instance, 1)
 
-    def evaluate():
-        return chessboard_project_recalc_sensor(
-            build_sensor_context(instance=instance, resources=resources)
-        )
-
-    first = evaluate()
+    first = evaluate_sensor(instance, resources)
     assert isinstance(first, SensorResult) and len(first.run_requests) == 1  # 1 + 1 = cap
     runs_in_flight(instance, 1)  # what the daemon does with that request
-    second = evaluate()
+    second = evaluate_sensor(instance, resources)
     assert isinstance(second, SkipReason)
     assert "2 drain run(s) already in flight" in second.skip_message
 
