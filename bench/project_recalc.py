@@ -8,7 +8,8 @@ and migrated if missing; the generated world is reused by later runs). Phase 1 q
 every project and drains them: per-project recalc time (claim → commit, one transaction).
 Phase 2 streams change events (a property object's price or status changes and the
 raiser queues a recalc in the same transaction) at --rate events/s for --stream-seconds,
-while --workers drain workers tick every --tick-seconds (the sensor interval); prints the
+while --workers drain workers run the production loop (`drain_loop`: sleep until the next
+row falls due, at most --tick-seconds, at least --floor-seconds); prints the
 event → updated-aggregates lag, whose target is debounce (30 s) + 5 s.
 """
 
@@ -24,7 +25,7 @@ import uuid
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.chessboard.drain import ProjectOutcome, drain_tick
+from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop, drain_tick
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, request_project_recalc
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
 from pin_orchestration.migrations import upgrade_database
@@ -85,7 +86,7 @@ def phase_recalc(url: str) -> None:
     engine.dispose()
 
 
-def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: float) -> None:
+def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: WakePolicy) -> None:
     engine = create_engine(url, pool_size=workers + 4)
     with engine.connect() as conn:
         objects = conn.execute(
@@ -108,9 +109,7 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
             recalcs.setdefault(o.project_id, []).append((committed - o.duration_seconds, committed))
 
     def worker() -> None:
-        while not stop.is_set():
-            drain_tick(engine, on_outcome=on_outcome)
-            stop.wait(tick_s)
+        drain_loop(engine, stop, wake=wake, on_outcome=on_outcome)
 
     def producer() -> None:
         interval = 1 / rate
@@ -141,7 +140,7 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
     started = time.monotonic()
     producer()
     # Let the last debounce windows mature and drain.
-    deadline = time.monotonic() + DEFAULT_POLICY.debounce_seconds + 4 * tick_s + 10
+    deadline = time.monotonic() + DEFAULT_POLICY.debounce_seconds + 4 * wake.tick_seconds + 10
     while time.monotonic() < deadline:
         with engine.connect() as conn:
             if (
@@ -180,7 +179,8 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, tick_s: fl
     print(
         f"phase 2: {len(events)} change events at {rate:g}/s over {seconds:g} s "
         f"({time.monotonic() - started:.0f} s with the tail), {workers} workers, "
-        f"tick {tick_s:g} s, {sum(len(r) for r in recalcs.values())} recalcs, "
+        f"wake on due (tick {wake.tick_seconds:g} s, floor {wake.floor_seconds:g} s), "
+        f"{sum(len(r) for r in recalcs.values())} recalcs, "
         f"{unserved} events unserved"
     )
     print(
@@ -206,7 +206,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="change events per second")
     parser.add_argument("--stream-seconds", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--tick-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--tick-seconds", type=float, default=5.0, help="longest sleep between drain passes"
+    )
+    parser.add_argument(
+        "--floor-seconds", type=float, default=0.05, help="shortest sleep between drain passes"
+    )
     args = parser.parse_args()
     server = os.environ.get("PIN_DATABASE_URL")
     if not server:
@@ -219,7 +224,9 @@ def main() -> None:
     )
     url = prepare(server, shape)
     phase_recalc(url)
-    phase_stream(url, args.rate, args.stream_seconds, args.workers, args.tick_seconds)
+    wake = WakePolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
+    wake.validate()
+    phase_stream(url, args.rate, args.stream_seconds, args.workers, wake)
 
 
 if __name__ == "__main__":

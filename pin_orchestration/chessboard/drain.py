@@ -11,11 +11,18 @@ A failing project rolls back alone; its row stays (due_at unchanged) with attemp
 + 1 and last_error, and is retried on a later tick; at `poison_threshold` attempts it
 raises CHESSBOARD_RECALC_POISON and is left for manual handling (runbook reset). A stop
 request is honoured between projects: the current one commits or rolls back whole.
+
+`drain_loop` runs passes back to back and, between them, sleeps until the next row falls
+due (one min(due_at) query) instead of a blind tick: a row due just after a pass is taken
+within `floor_seconds`, not up to a whole tick later. The sleep is bounded above by the
+tick (a row queued meanwhile by another process is still seen within a tick) and below by
+the floor (a due row held by another worker must not make this one spin).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -23,10 +30,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.chessboard.metrics import record_outcomes
-from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
+from pin_orchestration.chessboard.queue import (
+    DEFAULT_POLICY,
+    RecalcConfigError,
+    RecalcPolicy,
+    query,
+    queue_stats,
+)
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
 
 POISON_ALERT = "CHESSBOARD_RECALC_POISON"
@@ -197,6 +210,146 @@ def drain_tick(
             on_outcome(outcome)
     record_outcomes(engine, tick.outcomes)
     return tick
+
+
+@dataclass(frozen=True)
+class WakePolicy:
+    """Bounds of the sleep between drain passes."""
+
+    # Upper bound: the seed's 5 s tick, so requests queued meanwhile are seen within it.
+    tick_seconds: float = 5.0
+    # Lower bound: a due row held by another worker (SKIP LOCKED skips it, min(due_at)
+    # still sees it) must not turn the loop into a busy spin.
+    floor_seconds: float = 0.05
+
+    def validate(self) -> None:
+        if not 0 < self.floor_seconds <= self.tick_seconds:
+            raise RecalcConfigError(
+                f"need 0 < floor_seconds ({self.floor_seconds}) <= tick_seconds "
+                f"({self.tick_seconds})"
+            )
+
+
+DEFAULT_WAKE = WakePolicy()
+
+
+def seconds_until_next_due(
+    conn: Connection,
+    *,
+    now: datetime | None = None,
+    policy: RecalcPolicy = DEFAULT_POLICY,
+    exclude: Collection[uuid.UUID] = (),
+) -> float | None:
+    """Seconds until the next claimable row is due (<= 0: due already); None when none is
+    queued. Poison rows and `exclude` are left out, as the claim leaves them out."""
+    seconds = conn.execute(
+        query("seconds_until_next_due"),
+        {"now": now, "poison_threshold": policy.poison_threshold, "skip": list(exclude)},
+    ).scalar()
+    return None if seconds is None else float(seconds)
+
+
+def wake_delay(until_due: float | None, wake: WakePolicy = DEFAULT_WAKE) -> float:
+    """How long to sleep before the next pass: until the next row is due, within
+    [floor, tick]; a whole tick when nothing is queued."""
+    if until_due is None:
+        return wake.tick_seconds
+    return min(wake.tick_seconds, max(wake.floor_seconds, until_due))
+
+
+@dataclass
+class LoopResult:
+    outcomes: list[ProjectOutcome] = field(default_factory=list)
+    passes: int = 0
+    # Why the loop ended: "stopped" (stop event), "deadline", or "idle" (nothing left to
+    # wait for before the deadline, with exit_when_idle).
+    ended: Literal["stopped", "deadline", "idle"] = "stopped"
+
+    def count(self, result: Result) -> int:
+        return sum(1 for o in self.outcomes if o.result == result)
+
+
+def drain_loop(
+    engine: Engine,
+    stop: threading.Event,
+    *,
+    policy: RecalcPolicy = DEFAULT_POLICY,
+    wake: WakePolicy = DEFAULT_WAKE,
+    deadline: float | None = None,
+    exit_when_idle: bool = False,
+    on_outcome: Callable[[ProjectOutcome], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    db_now: Callable[[], datetime | None] = lambda: None,
+    wait: Callable[[float], bool] | None = None,
+) -> LoopResult:
+    """Drain passes until `stop` is set or `clock()` reaches `deadline`, sleeping between
+    passes until the next row falls due (see `wake_delay`).
+
+    A project whose recalc failed is not claimed again for one tick (its due_at stays in
+    the past, so it would otherwise be retried in a tight loop). With `exit_when_idle` the
+    loop also ends when nothing claimable is queued, or the next row falls due only after
+    the deadline (a Dagster drain run: the sensor launches another when work turns up).
+
+    `clock` (seconds, monotonic) drives the deadline and the back-off; `db_now` overrides
+    the database's now() in queries (tests); `wait(seconds)` sleeps and returns True when
+    stopped — by default `stop.wait`, so a stop request ends the sleep at once.
+    """
+    policy.validate()
+    wake.validate()
+    sleep = wait if wait is not None else stop.wait
+    result = LoopResult()
+    retry_at: dict[uuid.UUID, float] = {}
+
+    def should_stop() -> bool:
+        return stop.is_set() or (deadline is not None and clock() >= deadline)
+
+    def collect(outcome: ProjectOutcome) -> None:
+        result.outcomes.append(outcome)
+        if outcome.result == "failed" and not outcome.poisoned:
+            retry_at[outcome.project_id] = clock() + wake.tick_seconds
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    while True:
+        if should_stop():
+            break
+        t = clock()
+        for project_id in [p for p, at in retry_at.items() if at <= t]:
+            del retry_at[project_id]
+        tick = drain_tick(
+            engine,
+            now=db_now(),
+            policy=policy,
+            should_stop=should_stop,
+            on_outcome=collect,
+            exclude=retry_at.keys(),
+        )
+        result.passes += 1
+        if tick.stopped:
+            break
+        if len(tick.outcomes) >= policy.batch_size:
+            continue  # a full batch: more may be due right now
+        with engine.connect() as conn:
+            until_due = seconds_until_next_due(
+                conn, now=db_now(), policy=policy, exclude=retry_at.keys()
+            )
+        now = clock()
+        if retry_at:
+            until_retry = min(retry_at.values()) - now
+            until_due = until_retry if until_due is None else min(until_due, until_retry)
+        remaining = None if deadline is None else deadline - now
+        if exit_when_idle and (
+            until_due is None or (remaining is not None and until_due > remaining)
+        ):
+            result.ended = "idle"
+            return result
+        delay = wake_delay(until_due, wake)
+        if remaining is not None:
+            delay = min(delay, max(remaining, 0.0))
+        if sleep(delay):
+            break
+    result.ended = "stopped" if stop.is_set() else "deadline"
+    return result
 
 
 def force_recalc_project(engine: Engine, project_id: uuid.UUID) -> RecalcResult:

@@ -99,10 +99,22 @@ SELECT count(*) AS depth,
        ) AS due,
        count(*) FILTER (WHERE attempt_count >= :poison_threshold) AS poison,
        min(due_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
+       extract(epoch FROM min(due_at) FILTER (WHERE attempt_count < :poison_threshold)
+                          - coalesce(CAST(:now AS timestamptz), now())) AS next_due_in_seconds,
        coalesce(sum(requested_count), 0) AS pending_requests,
        extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - min(due_at))
            AS oldest_due_age_seconds
 FROM chessboard.project_recalc_requests
+
+-- How long until the next row a worker could claim falls due (negative: already due;
+-- NULL: none queued). Poison rows and the rows the caller is backing off from (`skip`) are
+-- left out like the claim leaves them out, so they never make a worker wake early.
+-- Computed on the database clock, the clock the claim compares due_at with.
+-- name: seconds_until_next_due
+SELECT extract(epoch FROM min(due_at) - coalesce(CAST(:now AS timestamptz), now())) AS seconds
+FROM chessboard.project_recalc_requests
+WHERE attempt_count < :poison_threshold
+  AND project_id <> ALL (CAST(:skip AS uuid[]))
 
 -- name: poison_rows
 SELECT project_id, tenant_id, attempt_count, last_error, last_reason, first_requested_at

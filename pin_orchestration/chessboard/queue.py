@@ -83,6 +83,8 @@ class QueueStats:
     due: int
     poison: int
     next_due_at: datetime | None
+    # On the database clock, the one the claim uses (<= 0: due already).
+    next_due_in_seconds: float | None
     pending_requests: int
     oldest_due_age_seconds: float | None
 
@@ -157,6 +159,9 @@ def queue_stats(
         due=row.due,
         poison=row.poison,
         next_due_at=row.next_due_at,
+        next_due_in_seconds=(
+            float(row.next_due_in_seconds) if row.next_due_in_seconds is not None else None
+        ),
         pending_requests=int(row.pending_requests),
         oldest_due_age_seconds=float(age) if age is not None and age > 0 else None,
     )

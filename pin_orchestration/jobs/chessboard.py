@@ -5,7 +5,6 @@ from the UI with config."""
 # annotations at definition time.
 
 import time
-import uuid
 
 from dagster import (
     AssetMaterialization,
@@ -27,7 +26,7 @@ from pin_orchestration.assets.chessboard import (
     recalc_metadata,
 )
 from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.chessboard.drain import ProjectOutcome, drain_tick
+from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop
 from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, drain_outbox, make_sink
 from pin_orchestration.chessboard.queue import (
     RecalcConfigError,
@@ -51,26 +50,36 @@ class DrainConfig(Config):
         default=5, description="Failed attempts after which a row is poison (seed: 5)"
     )
     max_run_duration_seconds: float = Field(
-        default=240, description="Keep draining ticks for at most this long, then end the run"
+        default=240,
+        description="Keep draining, waking as rows fall due, for at most this long; the run "
+        "ends earlier when nothing is queued that falls due before then",
+    )
+    tick_seconds: float = Field(
+        default=5.0, description="Longest sleep between passes (seed: the 5 s tick)"
+    )
+    floor_seconds: float = Field(
+        default=0.05, description="Shortest sleep between passes, so a held row is no spin"
     )
 
 
 @op(
     name="drain_chessboard_project_recalc_queue",
-    description="Ticks of the recalc drain until no due row is left (or the max duration): "
-    "each recalculated project is logged as a materialization of its partition.",
+    description="Drain passes, waking when the next row falls due, until nothing is queued "
+    "(or the max duration): each recalculated project is logged as a materialization of "
+    "its partition.",
 )
 def drain_project_recalc_queue(
     context: OpExecutionContext, config: DrainConfig, database: DatabaseResource
 ) -> None:
     policy = RecalcPolicy(batch_size=config.batch_size, poison_threshold=config.poison_threshold)
+    wake = WakePolicy(tick_seconds=config.tick_seconds, floor_seconds=config.floor_seconds)
     try:
         policy.validate()
+        wake.validate()
     except RecalcConfigError as exc:
         raise Failure(description=str(exc)) from exc
     engine = database.get_engine()
     deadline = time.monotonic() + config.max_run_duration_seconds
-    failed: set[uuid.UUID] = set()
     totals = {"recalculated": 0, "skipped": 0, "failed": 0}
 
     def report(outcome: ProjectOutcome) -> None:
@@ -91,7 +100,6 @@ def drain_project_recalc_queue(
                 )
             )
         elif outcome.result == "failed":
-            failed.add(outcome.project_id)
             context.log.error(
                 f"project_recalc_failed project_id={outcome.project_id} "
                 f"attempt_count={outcome.attempt_count} error={outcome.error}"
@@ -100,18 +108,19 @@ def drain_project_recalc_queue(
             with engine.connect() as conn:
                 context.log_event(poison_evaluation(poison_rows(conn, policy=policy)))
 
+    # A live run keeps polling (woken as rows fall due) so that under a steady stream a row
+    # is taken within the floor of falling due, not after the next sensor tick + run launch.
     with stop_requested_on_signals(reraise=True) as stop:
-
-        def should_stop() -> bool:
-            return stop.is_set() or time.monotonic() >= deadline
-
-        while not should_stop():
-            tick = drain_tick(
-                engine, policy=policy, should_stop=should_stop, on_outcome=report, exclude=failed
-            )
-            if not tick.outcomes:
-                break
-    context.log.info(f"drain finished: {totals}")
+        loop = drain_loop(
+            engine,
+            stop,
+            policy=policy,
+            wake=wake,
+            deadline=deadline,
+            exit_when_idle=True,
+            on_outcome=report,
+        )
+    context.log.info(f"drain finished ({loop.ended}, {loop.passes} passes): {totals}")
 
 
 @job(

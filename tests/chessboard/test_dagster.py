@@ -12,6 +12,7 @@ from dagster import (
     AssetSelection,
     DagsterEventType,
     DagsterInstance,
+    DagsterRunStatus,
     RunRequest,
     SensorResult,
     SkipReason,
@@ -34,7 +35,10 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_project_recalc_drain,
 )
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
+from pin_orchestration.sensors.chessboard import (
+    chessboard_project_recalc_sensor,
+    drain_runs_wanted,
+)
 from tests.chessboard.world import add_object, add_project, outbox, queue_row, row
 
 PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
@@ -51,21 +55,64 @@ def resources(db_url: str) -> dict:
     return {"database": DatabaseResource(url=db_url)}
 
 
+def raise_due_in(engine: Engine, seconds: float, *project_ids: uuid.UUID) -> None:
+    """Requests that fall due `seconds` from now by the database's clock (debounce 30 s)."""
+    with engine.begin() as conn:
+        at = conn.execute(
+            text("SELECT now() - make_interval(secs => 30 - :s)"), {"s": seconds}
+        ).scalar()
+        for p in project_ids:
+            request_project_recalc(conn, p, uuid.uuid4(), "Crud", now=at)
+
+
 def make_due(engine: Engine, *project_ids: uuid.UUID) -> None:
     """Requests raised a minute ago by the database's clock: due now."""
+    raise_due_in(engine, -30, *project_ids)
+
+
+def due_projects(engine: Engine, n: int) -> list[uuid.UUID]:
     with engine.begin() as conn:
-        minute_ago = conn.execute(text("SELECT now() - interval '1 minute'")).scalar()
-        for p in project_ids:
-            request_project_recalc(conn, p, uuid.uuid4(), "Crud", now=minute_ago)
+        projects = [add_project(conn) for _ in range(n)]
+    make_due(engine, *projects)
+    return projects
+
+
+def evaluate_sensor(instance: DagsterInstance, resources: dict) -> SensorResult | SkipReason:
+    return chessboard_project_recalc_sensor(
+        build_sensor_context(instance=instance, resources=resources)
+    )
+
+
+def runs_in_flight(instance: DagsterInstance, n: int) -> None:
+    for _ in range(n):
+        instance.create_run_for_job(
+            chessboard_project_recalc_drain, status=DagsterRunStatus.STARTED, tags=DRAIN_TAGS
+        )
+
+
+@pytest.mark.parametrize(
+    ("due", "until_due", "in_flight", "wanted"),
+    [
+        (0, None, 0, 0),  # nothing queued
+        (0, 20.0, 0, 0),  # the next evaluation is early enough
+        (0, 3.0, 0, 1),  # falls due before the next evaluation: one run ahead of it
+        (0, 3.0, 1, 1),  # a second live run covers the first one's end
+        (0, 3.0, 2, 0),  # cap reached
+        (60, -1.0, 0, 2),  # one per 50 due rows
+        (60, -1.0, 1, 1),
+        (500, -1.0, 2, 0),  # never beyond the cap, however many are due
+        (500, -1.0, 3, 0),  # more in flight than the cap (cap lowered): none, not negative
+    ],
+)
+def test_drain_runs_wanted(due: int, until_due: float | None, in_flight: int, wanted: int) -> None:
+    assert drain_runs_wanted(due, until_due, in_flight, batch_size=50) == wanted
 
 
 def test_sensor_skips_when_nothing_is_due(db_engine: Engine, instance, resources) -> None:
     with db_engine.begin() as conn:
         p = add_project(conn)
         request_project_recalc(conn, p, uuid.uuid4(), "Crud")  # due in 30 s
-    result = chessboard_project_recalc_sensor(
-        build_sensor_context(instance=instance, resources=resources)
-    )
+    result = evaluate_sensor(instance, resources)
     assert isinstance(result, SkipReason)
     assert "no due recalc requests (depth 1" in result.skip_message
 
@@ -73,13 +120,9 @@ def test_sensor_skips_when_nothing_is_due(db_engine: Engine, instance, resources
 def test_sensor_launches_drain_runs_not_one_per_project(
     db_engine: Engine, instance, resources
 ) -> None:
-    with db_engine.begin() as conn:
-        projects = [add_project(conn) for _ in range(60)]
-    make_due(db_engine, *projects)
+    due_projects(db_engine, 60)
 
-    result = chessboard_project_recalc_sensor(
-        build_sensor_context(instance=instance, resources=resources)
-    )
+    result = evaluate_sensor(instance, resources)
 
     assert isinstance(result, SensorResult)
     requests = result.run_requests
@@ -89,6 +132,59 @@ def test_sensor_launches_drain_runs_not_one_per_project(
         for r in requests
     )
     assert len({r.run_key for r in requests}) == 2
+
+
+def test_sensor_launches_a_run_ahead_of_a_row_falling_due(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        p = add_project(conn)
+    raise_due_in(db_engine, 3, p)
+
+    result = evaluate_sensor(instance, resources)
+
+    assert isinstance(result, SensorResult)
+    assert len(result.run_requests) == 1
+
+
+def test_sensor_does_not_pile_runs_beyond_the_cap(db_engine: Engine, instance, resources) -> None:
+    due_projects(db_engine, 120)
+    runs_in_flight(instance, 1)
+
+    first = evaluate_sensor(instance, resources)
+    assert isinstance(first, SensorResult) and len(first.run_requests) == 1  # 1 + 1 = cap
+    runs_in_flight(instance, 1)  # what the daemon does with that request
+    second = evaluate_sensor(instance, resources)
+    assert isinstance(second, SkipReason)
+    assert "2 drain run(s) already in flight" in second.skip_message
+
+
+def test_a_live_drain_run_takes_a_row_as_it_falls_due(
+    db_engine: Engine, instance, resources
+) -> None:
+    with db_engine.begin() as conn:
+        p = add_project(conn)
+        add_object(conn, p, status="Free", price="10")
+    raise_due_in(db_engine, 0.5, p)
+
+    # Nothing is due when the run starts: it waits for the row instead of ending empty.
+    result = chessboard_project_recalc_drain.execute_in_process(
+        instance=instance,
+        resources=resources,
+        run_config={
+            "ops": {
+                "drain_chessboard_project_recalc_queue": {
+                    "config": {"max_run_duration_seconds": 60}
+                }
+            }
+        },
+    )
+
+    assert result.success
+    [mat] = result.asset_materializations_for_node("drain_chessboard_project_recalc_queue")
+    assert mat.partition == str(p)
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p) is None
 
 
 def test_drain_run_materializes_each_recalculated_project(

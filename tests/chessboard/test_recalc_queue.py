@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -20,30 +20,20 @@ from pin_orchestration.chessboard.queue import (
 )
 from pin_orchestration.chessboard.recalc import find_divergence
 from tests.chessboard.world import (
+    T0,
     D,
     add_building,
     add_layout,
     add_layout_group,
     add_object,
     add_project,
+    enqueue,
     outbox,
     queue_row,
     row,
 )
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 DUE = T0 + timedelta(seconds=31)
-
-
-def enqueue(engine: Engine, project_id: uuid.UUID, at: datetime = T0, reason: str = "Crud"):
-    with engine.begin() as conn:
-        tenant = (
-            conn.execute(
-                text("SELECT tenant_id FROM chessboard.projects WHERE id = :p"), {"p": project_id}
-            ).scalar()
-            or uuid.uuid4()
-        )
-        return request_project_recalc(conn, project_id, tenant, reason, now=at)
 
 
 def test_formulas_over_a_full_project(db_engine: Engine) -> None:
@@ -304,30 +294,6 @@ def test_building_counters_update_without_an_event(db_engine: Engine) -> None:
         ) == (1, 0)
         assert building["version"] == 1
         assert {e["entity"] for e in outbox(conn)} == {"project"}
-
-
-@pytest.fixture
-def failing_project(db_engine: Engine):
-    """A project whose recalc fails inside PostgreSQL (a trigger refusing the update)."""
-
-    def make(conn) -> uuid.UUID:
-        p = add_project(conn, property_objects_total_count=5)
-        add_object(conn, p, status="Free", price="1")
-        conn.execute(
-            text("""
-            CREATE FUNCTION public.test_fail_recalc() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'disk on fire for %', NEW.id; END $$
-        """)
-        )
-        conn.execute(
-            text(f"""
-            CREATE TRIGGER fail_recalc BEFORE UPDATE ON chessboard.projects
-            FOR EACH ROW WHEN (NEW.id = '{p}') EXECUTE FUNCTION public.test_fail_recalc()
-        """)
-        )
-        return p
-
-    return make
 
 
 def test_partial_failure_rolls_back_only_that_project(

@@ -4,9 +4,15 @@ upstream writer that knows only the seed's columns would do)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
+
+from pin_orchestration.chessboard.queue import request_project_recalc
+
+# The tests' clock: requests raised at T0 are due at T0 + 30 s.
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def add_project(
@@ -119,3 +125,17 @@ def queue_row(conn: Connection, project_id: uuid.UUID) -> dict | None:
 
 
 D = Decimal
+
+
+def enqueue(
+    engine: Engine, project_id: uuid.UUID, at: datetime = T0, reason: str = "Crud"
+) -> datetime:
+    """Raise a recalc request for the project at `at` (its tenant); returns the due time."""
+    with engine.begin() as conn:
+        tenant = (
+            conn.execute(
+                text("SELECT tenant_id FROM chessboard.projects WHERE id = :p"), {"p": project_id}
+            ).scalar()
+            or uuid.uuid4()
+        )
+        return request_project_recalc(conn, project_id, tenant, reason, now=at)
