@@ -41,6 +41,45 @@ def responds(url: str) -> bool:
         return False
 
 
+LAUNCH_BACKFILL = """
+mutation($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}
+"""
+BACKFILL_STATUS = """
+query($id: String!) {
+  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } }
+}
+"""
+
+
+def graphql(port: int, query: str, variables: dict) -> dict:
+    answer = requests.post(
+        f"http://127.0.0.1:{port}/graphql",
+        json={"query": query, "variables": variables},
+        timeout=30,
+    ).json()
+    assert "errors" not in answer, answer
+    return answer["data"]
+
+
+def reconcile_runs(db_url: str) -> list[tuple[str, str]]:
+    with create_db_engine(db_url).connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                text(
+                    "SELECT status, run_id FROM pin.job_runs "
+                    "WHERE job_code = 'news-comment-reconcile' ORDER BY id"
+                )
+            )
+        ]
+
+
 def drifted_posts(db_url: str) -> int:
     with create_db_engine(db_url).connect() as conn:
         return conn.execute(
@@ -107,6 +146,35 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             if line.startswith("news_comment_reconcile_drift_corrected_total")
         )
         assert float(corrected.split()[1]) > 0
+
+        # A backfill of two past days from the UI: the backfill daemon launches a run per
+        # day, and each one reconciles its day.
+        launched = graphql(
+            port,
+            LAUNCH_BACKFILL,
+            {
+                "params": {
+                    "assetSelection": [{"path": ["news", "post_comment_counts"]}],
+                    "partitionNames": ["2026-01-05", "2026-01-06"],
+                }
+            },
+        )["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill = launched["backfillId"]
+        wait_until(
+            lambda: (
+                graphql(port, BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"][
+                    "status"
+                ]
+                not in ("REQUESTED", "CANCELING", "FAILING")
+            ),
+            240,
+            "the backfill",
+        )
+        status = graphql(port, BACKFILL_STATUS, {"id": backfill})["partitionBackfillOrError"]
+        assert status["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), status
+        # The Launchpad run and both backfill days reconciled; none skipped on the lock.
+        assert [status for status, _ in reconcile_runs(db_url)] == ["succeeded"] * 3
 
         # Dagster's own storage is the PostgreSQL database, not files in DAGSTER_HOME.
         with create_db_engine(db_url).connect() as conn:

@@ -103,6 +103,10 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
         )
     ],
     output_required=False,
+    # One reconcile at a time across every kind of run (schedule, Launchpad, backfill):
+    # dagster.yaml gives pools a limit of 1 at run granularity, so overlapping runs wait in
+    # the queue instead of skipping on the distributed lock.
+    pool="news_comment_reconcile",
     group_name="news",
     kinds={"postgres"},
     description="news.posts.comments_count reconciled to the number of Visible comments "
