@@ -35,3 +35,10 @@ def start_embedded_postgres(data_dir: Path, *, stop_on_exit: bool = False) -> st
         drivername="postgresql+psycopg", database=EMBEDDED_DATABASE
     )
     return url.render_as_string(hide_password=False)
+
+
+def stop_embedded_postgres(data_dir: Path) -> None:
+    """Release this process's handle on the server; the last handle stops it."""
+    import pgserver
+
+    pgserver.get_server(data_dir, cleanup_mode="stop").cleanup()

@@ -49,10 +49,12 @@ def pg_server_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from pin_orchestration.embedded import start_embedded_postgres
+    from pin_orchestration.embedded import start_embedded_postgres, stop_embedded_postgres
 
     with embedded_data_dir() as data_dir:
         yield start_embedded_postgres(data_dir, stop_on_exit=True)
+        # Stop it before its data directory goes away.
+        stop_embedded_postgres(data_dir)
 
 
 @pytest.fixture(scope="session")
