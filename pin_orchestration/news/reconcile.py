@@ -120,7 +120,8 @@ class ReconcileResult:
 class _BatchOutcome:
     candidate_count: int
     last_candidate_id: uuid.UUID | None
-    # Drifted posts a live hot-path writer held: left for the next run.
+    # Drifted posts a live hot-path writer held, or changed after the statement's
+    # snapshot: left for the next run.
     skipped_locked: int
     corrections: list[dict[str, Any]]
 
