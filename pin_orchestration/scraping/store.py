@@ -1,0 +1,486 @@
+"""The results store (SCR-10): where fetched bodies go, and the expiring links to them.
+
+Two stores behind one protocol. `S3ResultStore` writes to an S3 bucket (AWS or any
+S3-compatible endpoint) and hands out presigned GET URLs. `LocalResultStore`, the embedded
+default, keeps files under `PIN_HOME` and signs its own expiring URLs with an HMAC key kept
+beside them, which the API serves (`store_routes.local_results_router`). PostgreSQL keeps
+only the metadata `put` returns (key, size, sha256, content type), never the bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import io
+import json
+import math
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import parse_qs, quote, urlsplit
+from uuid import UUID
+
+# RFC 9110 §8.3: a body sent without a type may be treated as application/octet-stream; both
+# stores record it that way so `head` and the served download always agree.
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# SigV4 presigned URLs are refused by S3 beyond seven days.
+S3_MAX_URL_TTL_SECONDS = 7 * 24 * 3600
+SIGNING_KEY_BYTES = 32
+# The local store's sidecar suffix; keys may not end with it, or one key's data would be
+# another key's metadata.
+META_SUFFIX = ".meta.json"
+_COPY_CHUNK_BYTES = 1024 * 1024
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_S3_DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request
+
+
+def result_key(tenant_id: UUID, job_id: UUID, stored_at: datetime) -> str:
+    """`results/{tenant_id}/{yyyy}/{mm}/{dd}/{job_id}`, dated by the UTC day of `stored_at`.
+
+    The date sits before the job id so retention can drop whole days by prefix.
+    """
+    if stored_at.tzinfo is None:
+        raise ValueError("stored_at must be timezone-aware (the key is dated in UTC)")
+    day = stored_at.astimezone(UTC)
+    return f"results/{tenant_id}/{day:%Y}/{day:%m}/{day:%d}/{job_id}"
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size: int
+    # Lowercase hex SHA-256 of the body.
+    sha256: str
+    # What a download answers with: the target's type, or DEFAULT_CONTENT_TYPE if it sent none.
+    content_type: str
+
+
+class ResultStore(Protocol):
+    def put(
+        self, key: str, body: BinaryIO, *, size: int, sha256: str, content_type: str | None
+    ) -> StoredObject:
+        """Store `body` (a readable binary file at the start of the content) under `key`.
+
+        `size` and `sha256` are the caller's measurements of the body. A second put of the
+        same key replaces the object (last writer wins).
+        """
+        ...
+
+    def head(self, key: str) -> StoredObject | None:
+        """The object's metadata, or None when it is absent."""
+        ...
+
+    def signed_url(
+        self, key: str, *, ttl_seconds: float, now: datetime | None = None
+    ) -> tuple[str, datetime]:
+        """A URL that GETs the object until the returned instant (UTC), and that instant."""
+        ...
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        """Delete these keys; missing keys count as deleted. Returns how many were deleted."""
+        ...
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object (tests and tools; the service hands out URLs instead)."""
+        ...
+
+
+def validate_key(key: str) -> str:
+    """`key` if it is a relative, '/'-separated path that cannot leave the store's root.
+
+    Every segment is non-empty and does not start with '.' (which also rules out '.' and
+    '..', and keeps dot-names free for the local store's temporary files).
+    """
+    if not isinstance(key, str) or not key:
+        raise ValueError("result key must be a non-empty string")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"result key must be valid UTF-8: {key!r}") from None
+    if "\\" in key or "\x00" in key:
+        raise ValueError(f"result key must not contain backslashes or NUL: {key!r}")
+    if key.startswith("/"):
+        raise ValueError(f"result key must be relative, not absolute: {key!r}")
+    for segment in key.split("/"):
+        if not segment:
+            raise ValueError(f"result key has an empty path segment: {key!r}")
+        if segment.startswith("."):
+            raise ValueError(f"result key segments must not start with '.': {key!r}")
+    if key.endswith(META_SUFFIX):
+        raise ValueError(f"result key must not end with {META_SUFFIX!r}: {key!r}")
+    return key
+
+
+def _check_put_arguments(size: int, sha256: str, content_type: str | None) -> str:
+    """The content type to record; raises on a size, digest or type the stores cannot keep."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"size must be a non-negative int (got {size!r})")
+    if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
+        raise ValueError(f"sha256 must be 64 lowercase hex digits (got {sha256!r})")
+    if content_type is None or not content_type.strip():
+        return DEFAULT_CONTENT_TYPE
+    # It travels as an HTTP header (S3 metadata, the local download's Content-Type).
+    if len(content_type) > 255 or not all(" " <= ch <= "~" for ch in content_type):
+        raise ValueError(
+            "content_type must be printable ASCII of at most 255 characters "
+            f"(got {content_type[:80]!r}); pass None to store it as {DEFAULT_CONTENT_TYPE}"
+        )
+    return content_type.strip()
+
+
+def _unique(keys: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(validate_key(key) for key in keys))
+
+
+# --- S3 ------------------------------------------------------------------------------------
+
+
+def s3_client(*, endpoint_url: str | None, region_name: str | None) -> Any:
+    """A boto3 S3 client that presigns with SigV4.
+
+    Not built through dagster-aws's `S3Resource.get_client()`: that client's Config carries
+    only retries, and for regions that still accept SigV2 (us-east-1 among them) botocore
+    then presigns GET URLs with SigV2, which S3-compatible stores and newer regions refuse.
+    Credentials come from boto3's own chain (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN, AWS_PROFILE, ...).
+    """
+    import boto3
+    from botocore.config import Config
+
+    options: dict[str, Any] = {
+        "signature_version": "s3v4",
+        # What S3Resource configures: standard retry mode, five attempts.
+        "retries": {"max_attempts": 5, "mode": "standard"},
+    }
+    if endpoint_url is not None:
+        # S3-compatible stores: bucket-in-hostname addressing needs wildcard DNS they rarely
+        # have, and since botocore 1.36 default CRC checksums/aws-chunked uploads are
+        # refused by several of them (MinIO before 2025, Backblaze, OVH).
+        options["s3"] = {"addressing_style": "path"}
+        options["request_checksum_calculation"] = "when_required"
+        options["response_checksum_validation"] = "when_required"
+    return boto3.client(
+        "s3", endpoint_url=endpoint_url, region_name=region_name, config=Config(**options)
+    )
+
+
+class S3ResultStore:
+    def __init__(self, client: Any, bucket: str) -> None:
+        if not bucket:
+            raise ValueError("bucket must be a non-empty S3 bucket name (PIN_S3_BUCKET)")
+        self.client = client
+        self.bucket = bucket
+
+    def put(
+        self, key: str, body: BinaryIO, *, size: int, sha256: str, content_type: str | None
+    ) -> StoredObject:
+        validate_key(key)
+        recorded_type = _check_put_arguments(size, sha256, content_type)
+        # One PutObject up to 5 GiB (results are capped far below): the object appears
+        # whole or not at all, with no multipart upload left behind by a killed worker.
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=body,
+            ContentLength=size,
+            ContentType=recorded_type,
+            Metadata={"sha256": sha256},
+        )
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
+
+    def head(self, key: str) -> StoredObject | None:
+        from botocore.exceptions import ClientError
+
+        validate_key(key)
+        try:
+            response = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return StoredObject(
+            key=key,
+            size=int(response["ContentLength"]),
+            sha256=response.get("Metadata", {}).get("sha256", ""),
+            content_type=response.get("ContentType") or DEFAULT_CONTENT_TYPE,
+        )
+
+    def signed_url(
+        self, key: str, *, ttl_seconds: float, now: datetime | None = None
+    ) -> tuple[str, datetime]:
+        """A presigned GET URL, signed at the current time (`now` must be None: botocore
+        signs with the wall clock). A fractional TTL is rounded up to whole seconds."""
+        validate_key(key)
+        if now is not None:
+            raise ValueError(
+                "S3ResultStore signs at the current time; now= is supported by LocalResultStore"
+            )
+        expires_in = math.ceil(ttl_seconds)
+        if not 1 <= expires_in <= S3_MAX_URL_TTL_SECONDS:
+            raise ValueError(
+                f"ttl_seconds must be in (0, {S3_MAX_URL_TTL_SECONDS}] for S3 presigned URLs "
+                f"(got {ttl_seconds!r}); see PIN_RESULT_URL_TTL_SECONDS"
+            )
+        url = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_in
+        )
+        return url, _presigned_expiry(url)
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        unique = _unique(keys)
+        deleted = 0
+        for start in range(0, len(unique), _S3_DELETE_BATCH):
+            batch = unique[start : start + _S3_DELETE_BATCH]
+            response = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": False},
+            )
+            errors = response.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise RuntimeError(
+                    f"S3 refused to delete {len(errors)} of {len(batch)} keys in bucket "
+                    f"{self.bucket!r}, e.g. {first.get('Key')!r}: {first.get('Code')} "
+                    f"{first.get('Message')}"
+                )
+            deleted += len(response.get("Deleted") or [])
+        return deleted
+
+    def read_bytes(self, key: str) -> bytes:
+        validate_key(key)
+        response = self.client.get_object(Bucket=self.bucket, Key=key)
+        return response["Body"].read()
+
+
+def _presigned_expiry(url: str) -> datetime:
+    """When a presigned URL stops working, read from the URL itself (exact, not estimated)."""
+    query = parse_qs(urlsplit(url).query)
+    if "X-Amz-Date" in query and "X-Amz-Expires" in query:
+        signed_at = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ")
+        return signed_at.replace(tzinfo=UTC) + timedelta(seconds=int(query["X-Amz-Expires"][0]))
+    if "Expires" in query:  # SigV2, from a client the caller configured that way
+        return datetime.fromtimestamp(int(query["Expires"][0]), UTC)
+    raise ValueError(f"presigned URL carries no expiry: {url.split('?', 1)[0]}")
+
+
+# --- local directory -----------------------------------------------------------------------
+
+
+def load_or_create_signing_key(path: Path) -> bytes:
+    """The local store's HMAC key: 32 random bytes in a 0600 file, created on first use.
+
+    Reused after restarts, so URLs handed out before a restart keep working. Safe when the
+    API and several worker processes start at once: the key is written to a temporary file
+    and published with link(2), which fails if another process published first.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_bytes(SIGNING_KEY_BYTES))
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
+        finally:
+            os.unlink(temporary)
+        _fsync_directory(path.parent)
+    key = path.read_bytes()
+    if len(key) != SIGNING_KEY_BYTES:
+        raise ValueError(
+            f"{path} holds {len(key)} bytes, not a {SIGNING_KEY_BYTES}-byte signing key; "
+            "delete it to create a new one (links handed out before stop working)"
+        )
+    return key
+
+
+class LocalResultStore:
+    """Files under `root`, one per key, each with a `<key>.meta.json` sidecar.
+
+    An object exists once its sidecar does: the body is published first, then the
+    sidecar, each by an atomic rename of a fsynced temporary file in the same directory,
+    so a crash leaves either nothing or a body without a sidecar (absent, replaced by the
+    next put), never a partial file under a key's name.
+    """
+
+    def __init__(self, root: Path, *, public_base_url: str, signing_key: bytes) -> None:
+        if len(signing_key) < 16:
+            raise ValueError("signing_key must be at least 16 bytes")
+        if not public_base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"public_base_url must be an http(s):// URL of the API (got {public_base_url!r})"
+            )
+        self.root = root
+        self.public_base_url = public_base_url.rstrip("/")
+        self._signing_key = signing_key
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        validate_key(key)
+        path = self.root.joinpath(*key.split("/"))
+        return path, path.with_name(path.name + META_SUFFIX)
+
+    def put(
+        self, key: str, body: BinaryIO, *, size: int, sha256: str, content_type: str | None
+    ) -> StoredObject:
+        path, meta_path = self._paths(key)
+        recorded_type = _check_put_arguments(size, sha256, content_type)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body_temporary = self._write_temporary(path, body, size=size, sha256=sha256)
+        stored = StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
+        meta = json.dumps({"size": size, "sha256": sha256, "content_type": recorded_type})
+        meta_temporary = self._write_temporary(meta_path, io.BytesIO(meta.encode()))
+        # Two writers of one key must not leave one's body beside the other's sidecar.
+        with _locked_directory(path.parent):
+            os.replace(body_temporary, path)
+            os.replace(meta_temporary, meta_path)
+            _fsync_directory(path.parent)
+        return stored
+
+    def _write_temporary(
+        self, path: Path, body: BinaryIO, *, size: int | None = None, sha256: str | None = None
+    ) -> Path:
+        """Copy `body` into a fsynced temporary file beside `path`, checking size and digest."""
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        temporary = Path(name)
+        try:
+            digest = hashlib.sha256()
+            written = 0
+            with os.fdopen(fd, "wb") as handle:
+                while chunk := body.read(_COPY_CHUNK_BYTES):
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if size is not None and written != size:
+                raise ValueError(f"body has {written} bytes, not the declared size {size}")
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise ValueError(
+                    f"body sha256 is {digest.hexdigest()}, not the declared sha256 {sha256}"
+                )
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        return temporary
+
+    def head(self, key: str) -> StoredObject | None:
+        path, meta_path = self._paths(key)
+        try:
+            meta = json.loads(meta_path.read_text())
+        except FileNotFoundError:
+            return None
+        if not path.is_file():
+            return None
+        return StoredObject(
+            key=key, size=meta["size"], sha256=meta["sha256"], content_type=meta["content_type"]
+        )
+
+    def open(self, key: str) -> tuple[Path, StoredObject] | None:
+        """The file that holds the object and its metadata, or None when absent."""
+        stored = self.head(key)
+        if stored is None:
+            return None
+        return self._paths(key)[0], stored
+
+    def signed_url(
+        self, key: str, *, ttl_seconds: float, now: datetime | None = None
+    ) -> tuple[str, datetime]:
+        """`{public_base_url}/results/{key}?expires={unix}&signature={hex}`, valid until
+        `expires` (whole seconds, rounded up from now + ttl)."""
+        validate_key(key)
+        if not ttl_seconds > 0:
+            raise ValueError(
+                f"ttl_seconds must be > 0 (got {ttl_seconds!r}); see PIN_RESULT_URL_TTL_SECONDS"
+            )
+        signed_at = datetime.now(UTC) if now is None else now
+        expires = math.ceil(signed_at.timestamp() + ttl_seconds)
+        url = (
+            f"{self.public_base_url}/results/{quote(key, safe='/')}"
+            f"?expires={expires}&signature={self._signature(key, expires)}"
+        )
+        return url, datetime.fromtimestamp(expires, UTC)
+
+    def verify(
+        self, key: str, expires: int, signature: str, *, now: datetime | None = None
+    ) -> bool:
+        """True when `signature` is this store's signature of (key, expires) and `now` is
+        before `expires`. Never raises on bad input: a malformed key or signature is False."""
+        try:
+            validate_key(key)
+        except ValueError:
+            return False
+        expected = self._signature(key, expires).encode()
+        # Constant time, so response timing reveals nothing about the right signature.
+        if not hmac.compare_digest(expected, signature.encode("utf-8", "replace")):
+            return False
+        checked_at = datetime.now(UTC) if now is None else now
+        return checked_at.timestamp() < expires
+
+    def _signature(self, key: str, expires: int) -> str:
+        # NUL cannot occur in a key, so (key, expires) pairs map to distinct messages.
+        message = b"pin-result-url-v1\x00" + key.encode() + b"\x00" + str(expires).encode()
+        return hmac.new(self._signing_key, message, hashlib.sha256).hexdigest()
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        unique = _unique(keys)
+        for key in unique:
+            path, meta_path = self._paths(key)
+            if not path.parent.is_dir():
+                continue
+            with _locked_directory(path.parent):
+                # Sidecar first: from that moment the object reads as absent.
+                meta_path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+        return len(unique)
+
+    def read_bytes(self, key: str) -> bytes:
+        opened = self.open(key)
+        if opened is None:
+            raise FileNotFoundError(f"no result stored under {key!r} in {self.root}")
+        return opened[0].read_bytes()
+
+
+@contextlib.contextmanager
+def _locked_directory(directory: Path) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make renames in `directory` durable: a rename lives in the directory's own data."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def build_result_store(
+    *,
+    bucket: str | None,
+    endpoint_url: str | None,
+    region_name: str | None,
+    home: Path,
+    public_base_url: str,
+) -> ResultStore:
+    """S3 when a bucket is configured (PIN_S3_BUCKET), else the embedded directory store."""
+    if bucket:
+        return S3ResultStore(s3_client(endpoint_url=endpoint_url, region_name=region_name), bucket)
+    return LocalResultStore(
+        home / "results",
+        public_base_url=public_base_url,
+        signing_key=load_or_create_signing_key(home / "results-signing.key"),
+    )

@@ -1,0 +1,70 @@
+"""The download endpoint of the embedded results store: the signed links it hands out.
+
+Mounted by the API only when results live in the local directory store; with S3 the
+presigned URLs point at the bucket and the API never serves bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse
+from pydantic import BaseModel
+
+from pin_orchestration.scraping.store import LocalResultStore
+
+
+class ResultLinkError(BaseModel):
+    detail: str
+
+
+def local_results_router(store: LocalResultStore) -> APIRouter:
+    router = APIRouter(tags=["results"])
+
+    @router.get(
+        "/results/{key:path}",
+        response_class=FileResponse,
+        summary="Download a stored result through a signed, expiring link",
+        responses={
+            200: {
+                "description": "The stored bytes, with the content type the target sent",
+                # Whatever type the target sent.
+                "content": {"*/*": {}},
+            },
+            403: {"model": ResultLinkError, "description": "Bad signature, or link expired"},
+            404: {"model": ResultLinkError, "description": "No result stored under this key"},
+        },
+    )
+    def download_result(
+        key: str,
+        expires: Annotated[
+            int | None, Query(description="Unix time the link stops working at")
+        ] = None,
+        signature: Annotated[
+            str | None, Query(description="HMAC-SHA256 of the key and expiry, hex")
+        ] = None,
+    ) -> FileResponse:
+        # Signature before existence, so an unsigned request learns nothing about keys.
+        if expires is None or signature is None or not store.verify(key, expires, signature):
+            raise HTTPException(
+                status_code=403,
+                detail="result link is invalid or expired; GET /jobs/{id}/result for a new one",
+            )
+        opened = store.open(key)
+        if opened is None:
+            raise HTTPException(status_code=404, detail="no result is stored under this link")
+        path, stored = opened
+        return FileResponse(
+            path,
+            media_type=stored.content_type,
+            headers={
+                # Scraped pages served from the API's origin must not run there as pages:
+                # no sniffing into HTML, and scripts sandboxed to an opaque origin.
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "sandbox",
+                "Cache-Control": "private",
+            },
+        )
+
+    return router
