@@ -1,0 +1,225 @@
+-- The scraping service's queries (the jobs repository: the only code that touches
+-- scraping.* tables). Parameters are bound, never formatted in.
+
+-- name: create_tenant
+INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix)
+VALUES (:id, :name, :api_key_sha256, :api_key_prefix)
+ON CONFLICT (name) DO NOTHING
+RETURNING id, name, created_at
+
+-- name: list_tenants
+SELECT t.id, t.name, t.api_key_prefix, t.created_at, t.key_rotated_at,
+       (SELECT count(*) FROM scraping.jobs j WHERE j.tenant_id = t.id) AS jobs
+FROM scraping.tenants t
+ORDER BY t.name
+
+-- name: rotate_tenant_key
+UPDATE scraping.tenants
+SET api_key_sha256 = :api_key_sha256, api_key_prefix = :api_key_prefix, key_rotated_at = now()
+WHERE name = :name
+RETURNING id, name
+
+-- name: tenant_by_key
+SELECT id, name FROM scraping.tenants WHERE api_key_sha256 = :api_key_sha256
+
+-- name: tenant_by_name
+SELECT id, name FROM scraping.tenants WHERE name = :name
+
+-- name: forget_expired_idempotency_key
+-- A key is remembered for a documented period (IDEMPOTENCY_KEY_TTL); after that the same
+-- key makes a new job.
+UPDATE scraping.jobs
+SET idempotency_key = NULL
+WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
+  AND created_at < now() - make_interval(secs => :ttl_seconds)
+
+-- name: insert_job
+-- ON CONFLICT waits for a concurrent insert of the same key to commit, then yields no row:
+-- the caller reads the winner's job instead.
+INSERT INTO scraping.jobs (
+    id, tenant_id, url, params, priority, callback_url, idempotency_key, request_sha256
+)
+VALUES (
+    :id, :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url,
+    :idempotency_key, :request_sha256
+)
+ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, status
+
+-- name: job_by_idempotency_key
+SELECT id, status, request_sha256
+FROM scraping.jobs
+WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
+
+-- name: get_job
+SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
+       last_error_class, next_attempt_at, created_at, started_at, finished_at,
+       result_key, result_size, result_sha256, result_content_type
+FROM scraping.jobs
+WHERE id = :id AND tenant_id = :tenant_id
+
+-- name: list_jobs
+-- Keyset on id descending (UUIDv7: newest first), one index range per page.
+SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
+       last_error_class, next_attempt_at, created_at, started_at, finished_at,
+       result_key, result_size, result_sha256, result_content_type
+FROM scraping.jobs
+WHERE tenant_id = :tenant_id
+  AND (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+  AND (CAST(:before_id AS uuid) IS NULL OR id < CAST(:before_id AS uuid))
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: list_attempts
+SELECT number, started_at, finished_at, outcome, http_status, error_class, error_detail,
+       duration_ms
+FROM scraping.job_attempts
+WHERE job_id = :job_id
+ORDER BY number
+
+-- name: cancel_job
+-- queued → cancelled at once; running → cancel requested, the worker stops at its next
+-- check. Returns the status after the call (no row: not this tenant's job).
+UPDATE scraping.jobs
+SET status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+    finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
+    cancel_requested_at = CASE WHEN status = 'running' THEN coalesce(cancel_requested_at, now())
+                               ELSE cancel_requested_at END,
+    updated_at = now()
+WHERE id = :id AND tenant_id = :tenant_id AND status IN ('queued', 'running')
+RETURNING id, status
+
+-- name: queue_stats
+-- One cheap query for the sensor: due depth, oldest due age, running jobs.
+SELECT
+    count(*) FILTER (WHERE status = 'queued' AND next_attempt_at <= now()) AS due,
+    count(*) FILTER (WHERE status = 'queued') AS queued,
+    min(next_attempt_at) FILTER (WHERE status = 'queued') AS next_due_at,
+    EXTRACT(EPOCH FROM now() - min(next_attempt_at) FILTER (
+        WHERE status = 'queued' AND next_attempt_at <= now())) AS oldest_due_age_seconds
+FROM scraping.jobs
+WHERE status = 'queued'
+
+-- name: claim_due_jobs
+-- Take up to :limit due jobs, oldest due first, skipping rows another worker is claiming;
+-- each gets a lease, its attempt counter and an attempt row (outcome NULL = in flight), in
+-- one statement and one short transaction.
+WITH picked AS (
+    SELECT id
+    FROM scraping.jobs
+    WHERE status = 'queued' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE scraping.jobs j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        lease_owner = :worker,
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        started_at = coalesce(j.started_at, now()),
+        updated_at = now()
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.tenant_id, j.url, j.params, j.attempts,
+              j.attempts - j.attempts_before_requeue AS budget_used, j.created_at
+), attempt AS (
+    INSERT INTO scraping.job_attempts (job_id, number, worker)
+    SELECT id, attempts, :worker FROM claimed
+)
+SELECT id, tenant_id, url, params, attempts, budget_used, created_at FROM claimed
+
+-- name: renew_leases
+-- Extend this worker's leases; a job missing from the answer is no longer ours (swept or
+-- finished elsewhere). Cancel requests ride back on the same round trip.
+UPDATE scraping.jobs
+SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'running' AND lease_owner = :worker
+RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
+
+-- name: finish_attempt
+-- The attempt's outcome and the job's next state, written only while the lease is still
+-- this attempt's (status running, owner and attempt number match): a swept and re-claimed
+-- job is never overwritten by a late worker.
+WITH job AS (
+    UPDATE scraping.jobs
+    SET status = :status,
+        next_attempt_at = coalesce(CAST(:next_attempt_at AS timestamptz), next_attempt_at),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_error = :last_error,
+        last_error_class = :error_class,
+        result_key = coalesce(:result_key, result_key),
+        result_size = coalesce(:result_size, result_size),
+        result_sha256 = coalesce(:result_sha256, result_sha256),
+        result_content_type = coalesce(:result_content_type, result_content_type),
+        finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN now()
+                           ELSE finished_at END,
+        updated_at = now()
+    WHERE id = :job_id AND status = 'running' AND lease_owner = :worker AND attempts = :attempt
+    RETURNING id
+)
+UPDATE scraping.job_attempts a
+SET finished_at = now(),
+    outcome = :outcome,
+    http_status = :http_status,
+    error_class = :error_class,
+    error_detail = :error_detail,
+    duration_ms = :duration_ms
+FROM job
+WHERE a.job_id = job.id AND a.number = :attempt
+RETURNING a.job_id
+
+-- name: sweep_expired_leases
+-- Jobs whose worker stopped renewing: back to queued (or failed once attempts are spent,
+-- cancelled when a cancel was asked), the lost attempt recorded.
+WITH expired AS (
+    SELECT id
+    FROM scraping.jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), swept AS (
+    UPDATE scraping.jobs j
+    SET status = CASE
+            WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN j.attempts - j.attempts_before_requeue >= :max_attempts THEN 'failed'
+            ELSE 'queued' END,
+        next_attempt_at = now(),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_error = 'lease expired: the worker stopped renewing (killed or stalled)',
+        last_error_class = 'lease_expired',
+        finished_at = CASE
+            WHEN j.cancel_requested_at IS NOT NULL OR j.attempts - j.attempts_before_requeue >= :max_attempts THEN now()
+            ELSE NULL END,
+        updated_at = now()
+    FROM expired
+    WHERE j.id = expired.id
+    RETURNING j.id, j.attempts, j.status
+), lost AS (
+    UPDATE scraping.job_attempts a
+    SET finished_at = now(), outcome = 'lost', error_class = 'lease_expired',
+        error_detail = 'lease expired before the attempt finished'
+    FROM swept
+    WHERE a.job_id = swept.id AND a.number = swept.attempts AND a.outcome IS NULL
+)
+SELECT id, attempts, status FROM swept
+
+-- name: list_failed_jobs
+SELECT j.id, t.name AS tenant, j.url, j.attempts, j.last_error_class, j.last_error,
+       j.finished_at
+FROM scraping.jobs j JOIN scraping.tenants t ON t.id = j.tenant_id
+WHERE j.status = 'failed'
+ORDER BY j.finished_at DESC, j.id
+LIMIT :limit
+
+-- name: requeue_failed_jobs
+-- Runbook: put failed jobs back with a fresh attempt budget.
+UPDATE scraping.jobs
+SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now(),
+    finished_at = NULL,
+    cancel_requested_at = NULL, updated_at = now()
+WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
+RETURNING id

@@ -1,0 +1,142 @@
+"""The scraping service's configuration, read from the environment when asked for.
+
+Every variable has a default; a bad value raises SettingsError naming the variable and
+what it accepts, so a process stops at start instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pin_orchestration.settings import SettingsError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ScrapingSettings:
+    slots: int = 64
+    fetch_timeout_seconds: float = 30.0
+    max_attempts: int = 5
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 600.0
+    lease_seconds: float = 60.0
+    allowed_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    max_result_bytes: int = 50 * 1024 * 1024
+    max_worker_runs: int = 2
+    s3_bucket: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    result_url_ttl_seconds: float = 900.0
+    # Where clients reach the API; the local results store signs URLs under it.
+    api_public_url: str = "http://127.0.0.1:8000"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
+        env = os.environ if environ is None else environ
+        d = cls()
+
+        def read(name: str, parse: Callable[[str], T], default: T, accepts: str) -> T:
+            raw = env.get(name)
+            if raw is None or raw.strip() == "":
+                return default
+            try:
+                return parse(raw.strip())
+            except (ValueError, TypeError) as exc:
+                raise SettingsError(
+                    f"{name}={raw!r} is invalid: expected {accepts} (default {default!r}); {exc}"
+                ) from None
+
+        return cls(
+            slots=read("PIN_SCRAPING_SLOTS", _positive_int, d.slots, "an integer > 0"),
+            fetch_timeout_seconds=read(
+                "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS",
+                _positive_float,
+                d.fetch_timeout_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            max_attempts=read(
+                "PIN_SCRAPING_MAX_ATTEMPTS", _positive_int, d.max_attempts, "an integer > 0"
+            ),
+            backoff_base_seconds=read(
+                "PIN_SCRAPING_BACKOFF_BASE_SECONDS",
+                _positive_float,
+                d.backoff_base_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            backoff_cap_seconds=read(
+                "PIN_SCRAPING_BACKOFF_CAP_SECONDS",
+                _positive_float,
+                d.backoff_cap_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            lease_seconds=read(
+                "PIN_SCRAPING_LEASE_SECONDS",
+                _positive_float,
+                d.lease_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            allowed_cidrs=read(
+                "PIN_SCRAPING_ALLOWED_CIDRS",
+                _cidrs,
+                d.allowed_cidrs,
+                "a comma-separated list of CIDRs such as 127.0.0.1/32",
+            ),
+            max_result_bytes=read(
+                "PIN_SCRAPING_MAX_RESULT_BYTES",
+                _positive_int,
+                d.max_result_bytes,
+                "a number of bytes > 0",
+            ),
+            max_worker_runs=read(
+                "PIN_SCRAPING_MAX_WORKER_RUNS",
+                _positive_int,
+                d.max_worker_runs,
+                "an integer > 0",
+            ),
+            s3_bucket=env.get("PIN_S3_BUCKET") or None,
+            s3_endpoint_url=read(
+                "PIN_S3_ENDPOINT_URL", _http_url, None, "an http(s):// URL of an S3 endpoint"
+            ),
+            s3_region=env.get("PIN_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            result_url_ttl_seconds=read(
+                "PIN_RESULT_URL_TTL_SECONDS",
+                _positive_float,
+                d.result_url_ttl_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            api_public_url=read(
+                "PIN_API_PUBLIC_URL",
+                _http_url,
+                d.api_public_url,
+                "the http(s):// base URL clients use to reach the API",
+            ).rstrip("/"),
+        )
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a finite number > 0")
+    return value
+
+
+def _cidrs(raw: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(item.strip()) for item in raw.split(",") if item.strip())
+
+
+def _http_url(raw: str) -> str:
+    if not raw.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return raw
