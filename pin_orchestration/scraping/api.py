@@ -1,0 +1,419 @@
+"""The scraping intake and query API (SCR-1, SCR-2; FastAPI).
+
+Intake writes one row in one transaction and answers 202 with a receipt: it never touches
+the target. Queries return only the caller's own jobs — another tenant's id is a 404, not
+a 403, so ids leak nothing. Result bytes never pass through the API: `/jobs/{id}/result`
+hands out a signed, expiring URL of the results store.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations,
+# some of them local to create_app, at definition time.
+
+import json
+import math
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.repository import (
+    IDEMPOTENCY_KEY_TTL_SECONDS,
+    IdempotencyKeyReused,
+    JobRequest,
+    Tenant,
+)
+from pin_orchestration.scraping.settings import ScrapingSettings
+from pin_orchestration.scraping.store import ResultStore
+
+MAX_URL_LENGTH = 2048
+MAX_PARAMS_BYTES = 16 * 1024
+# What the schema can say of a URL (scheme, a host, no whitespace); _check_url says the rest.
+URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+
+UtcDatetime = Annotated[
+    datetime,
+    PlainSerializer(lambda d: d.astimezone(UTC).isoformat(), return_type=str),
+]
+
+
+class Error(BaseModel):
+    detail: str = Field(description="What was wrong, naming the field or header")
+
+
+def _check_url(value: str, field: str) -> str:
+    if len(value) > MAX_URL_LENGTH:
+        raise ValueError(f"{field} is longer than {MAX_URL_LENGTH} characters")
+    if "\x00" in value or any(c.isspace() for c in value):
+        raise ValueError(f"{field} must not contain whitespace or NUL characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{field} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{field} must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError(f"{field} has no host")
+    if port == 0:
+        raise ValueError(f"{field} has port 0")
+    return value
+
+
+def _check_json_value(value: Any, path: str) -> None:
+    """PostgreSQL's jsonb refuses NUL characters and JSON has no NaN/Infinity: say so as a
+    422 naming the place instead of failing at insert."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{path} contains a NUL character")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path} is not a finite number")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if "\x00" in k:
+                raise ValueError(f"{path} has a key containing a NUL character")
+            _check_json_value(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json_value(v, f"{path}[{i}]")
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        max_length=MAX_URL_LENGTH,
+        pattern=URL_PATTERN,
+        description="The http(s) URL to fetch",
+        examples=["https://example.com/page"],
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Query parameters added to the URL (JSON object, at most 16 KiB)",
+    )
+    priority: Literal["high", "normal", "low"] = "normal"
+    callback_url: str | None = Field(
+        default=None,
+        max_length=MAX_URL_LENGTH,
+        pattern=URL_PATTERN,
+        description="Optional http(s) URL told when the job finishes",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value, "url")
+
+    @field_validator("callback_url")
+    @classmethod
+    def _callback_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "callback_url")
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json_value(value, "params")
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"params is {size} bytes as JSON; at most {MAX_PARAMS_BYTES}")
+        return value
+
+
+class Links(BaseModel):
+    self: str
+
+
+class Receipt(BaseModel):
+    id: uuid.UUID
+    status: str
+    links: Links
+
+
+class ResultInfo(BaseModel):
+    size: int
+    sha256: str
+    content_type: str | None
+    links: dict[str, str]
+
+
+class JobView(BaseModel):
+    id: uuid.UUID
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    url: str
+    params: dict[str, Any]
+    priority: str
+    callback_url: str | None
+    attempts: int
+    last_error: str | None
+    last_error_class: str | None
+    next_attempt_at: UtcDatetime | None
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+    result: ResultInfo | None
+
+
+class JobList(BaseModel):
+    items: list[JobView]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null at the end"
+    )
+
+
+class ResultLink(BaseModel):
+    url: str = Field(description="A signed URL of the stored result; GET it before expires_at")
+    expires_at: UtcDatetime
+
+
+class AttemptView(BaseModel):
+    number: int
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None
+    outcome: str | None = Field(description="succeeded|retry|failed|lost|cancelled; null in flight")
+    http_status: int | None
+    error_class: str | None
+    error_detail: str | None
+    duration_ms: int | None
+
+
+class AttemptList(BaseModel):
+    items: list[AttemptView]
+
+
+class CancelAnswer(BaseModel):
+    id: uuid.UUID
+    status: str = Field(description="cancelled, or running while the worker finishes its check")
+    cancel_requested: bool
+
+
+UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
+NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
+CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+
+
+def create_app(
+    engine_provider: Callable[[], Engine],
+    store: ResultStore,
+    settings: ScrapingSettings | None = None,
+) -> FastAPI:
+    settings = settings or ScrapingSettings.from_env()
+    app = FastAPI(
+        title="pin-orchestration scraping API",
+        version="1",
+        description="Submit URLs to fetch, poll their status, download results through "
+        "signed URLs. Auth: `Authorization: Bearer <tenant API key>`. An Idempotency-Key "
+        f"is remembered for {IDEMPOTENCY_KEY_TTL_SECONDS // 3600} h.",
+    )
+    bearer = HTTPBearer(auto_error=False)
+
+    def tenant(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Tenant:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise HTTPException(
+                401, "Authorization: Bearer <API key> required", {"WWW-Authenticate": "Bearer"}
+            )
+        with engine_provider().connect() as conn:
+            found = repository.tenant_for_api_key(conn, credentials.credentials)
+        if found is None:
+            raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+        return found
+
+    Caller = Annotated[Tenant, Depends(tenant)]
+    JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
+    router = APIRouter(responses=UNAUTHORIZED)
+
+    def job_view(row: dict[str, Any]) -> JobView:
+        result = None
+        if row["result_key"] is not None and row["status"] == "succeeded":
+            result = ResultInfo(
+                size=row["result_size"],
+                sha256=row["result_sha256"],
+                content_type=row["result_content_type"],
+                links={"result": f"/jobs/{row['id']}/result"},
+            )
+        return JobView(**{k: row[k] for k in JobView.model_fields if k != "result"}, result=result)
+
+    @router.post(
+        "/jobs",
+        status_code=202,
+        response_model=Receipt,
+        responses={400: {"model": Error, "description": "The body could not be read as JSON"}},
+        summary="Accept a job (202 with a receipt); never touches the target",
+    )
+    def submit(
+        body: JobCreate,
+        caller: Caller,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=255,
+                description="Repeat a request safely: the same key and body return the same "
+                "job; the same key with another body is 422",
+            ),
+        ] = None,
+    ) -> JSONResponse:
+        request = JobRequest(
+            url=body.url,
+            params=body.params,
+            priority=body.priority,
+            callback_url=body.callback_url,
+        )
+        try:
+            submitted = repository.submit_job(
+                engine_provider(), caller.id, request, idempotency_key or None
+            )
+        except IdempotencyKeyReused:
+            # Shaped like every other 422 (FastAPI's validation error), naming the header.
+            raise HTTPException(
+                422,
+                [
+                    {
+                        "type": "idempotency_key_reused",
+                        "loc": ["header", "Idempotency-Key"],
+                        "msg": "Idempotency-Key was already used with a different request "
+                        "body; use a new key for a new job",
+                        "input": idempotency_key,
+                    }
+                ],
+            ) from None
+        receipt = Receipt(
+            id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
+        )
+        headers = {"Location": receipt.links.self}
+        if submitted.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
+
+    @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
+    def read_job(job_id: JobId, caller: Caller) -> JobView:
+        with engine_provider().connect() as conn:
+            row = repository.get_job(conn, caller.id, job_id)
+        if row is None:
+            raise HTTPException(404, "no such job")
+        return job_view(row)
+
+    @router.get("/jobs", response_model=JobList)
+    def list_jobs(
+        caller: Caller,
+        status: Annotated[
+            Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
+            Query(description="Only jobs in this status"),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: Annotated[
+            uuid.UUID | None, Query(description="next_cursor of the previous page")
+        ] = None,
+    ) -> JobList:
+        with engine_provider().connect() as conn:
+            rows = repository.list_jobs(
+                conn, caller.id, status=status, limit=limit + 1, before_id=cursor
+            )
+        page = rows[:limit]
+        next_cursor = str(page[-1]["id"]) if len(rows) > limit else None
+        return JobList(items=[job_view(r) for r in page], next_cursor=next_cursor)
+
+    @router.get(
+        "/jobs/{job_id}/result",
+        response_model=ResultLink,
+        responses={**NOT_FOUND, **CONFLICT},
+        summary="A signed, expiring URL of the stored result (409 until succeeded)",
+    )
+    def result_link(job_id: JobId, caller: Caller) -> ResultLink:
+        with engine_provider().connect() as conn:
+            row = repository.get_job(conn, caller.id, job_id)
+        if row is None:
+            raise HTTPException(404, "no such job")
+        if row["status"] != "succeeded":
+            raise HTTPException(
+                409, f"job is {row['status']}: a result exists once it has succeeded"
+            )
+        url, expires_at = store.signed_url(
+            row["result_key"], ttl_seconds=settings.result_url_ttl_seconds
+        )
+        return ResultLink(url=url, expires_at=expires_at)
+
+    @router.post(
+        "/jobs/{job_id}/cancel",
+        response_model=CancelAnswer,
+        responses={**NOT_FOUND, **CONFLICT},
+        summary="Cancel: queued → cancelled now; running → at the worker's next check",
+    )
+    def cancel(job_id: JobId, caller: Caller) -> CancelAnswer:
+        answer = repository.cancel_job(engine_provider(), caller.id, job_id)
+        if answer is None:
+            raise HTTPException(404, "no such job")
+        status, changed = answer
+        if not changed:
+            raise HTTPException(409, f"job is {status} already")
+        return CancelAnswer(id=job_id, status=status, cancel_requested=status == "running")
+
+    @router.get("/jobs/{job_id}/attempts", response_model=AttemptList, responses=NOT_FOUND)
+    def attempts(job_id: JobId, caller: Caller) -> AttemptList:
+        with engine_provider().connect() as conn:
+            if repository.get_job(conn, caller.id, job_id) is None:
+                raise HTTPException(404, "no such job")
+            rows = repository.list_attempts(conn, job_id)
+        return AttemptList(items=[AttemptView(**r) for r in rows])
+
+    app.include_router(router)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        with engine_provider().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    _mount_local_results(app, store)
+    _answer_405_with_every_allowed_method(app)
+    return app
+
+
+def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
+    """Starlette's 405 lists only the methods of the first route whose path matched; a path
+    served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6)."""
+    from fastapi.exception_handlers import http_exception_handler
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Match
+
+    async def handler(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            allowed: set[str] = set()
+            for route in app.router.routes:
+                match, _ = route.matches(request.scope)
+                if match != Match.NONE:
+                    allowed |= set(getattr(route, "methods", None) or ())
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]
+
+
+def _mount_local_results(app: FastAPI, store: ResultStore) -> None:
+    from pin_orchestration.scraping.store import LocalResultStore
+
+    if isinstance(store, LocalResultStore):
+        from pin_orchestration.scraping.store_routes import local_results_router
+
+        app.include_router(local_results_router(store))
+
+
+def app_from_env() -> FastAPI:
+    """The app as `pin api` serves it: database and results store from the environment."""
+    from pin_orchestration.db import create_db_engine, resolve_database_url
+    from pin_orchestration.resources.scraping import result_store_from
+
+    settings = ScrapingSettings.from_env()
+    url = resolve_database_url()
+    return create_app(lambda: create_db_engine(url), result_store_from(settings), settings)

@@ -1,0 +1,124 @@
+"""Fixtures of the scraping tests: tenants, the local results store, the API app, the demo
+target site on loopback, and a worker run with test-sized timings."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.demo_site import DemoSite
+from pin_orchestration.scraping.repository import Tenant, create_tenant
+from pin_orchestration.scraping.settings import ScrapingSettings
+from pin_orchestration.scraping.store import (
+    LocalResultStore,
+    ResultStore,
+    load_or_create_signing_key,
+)
+
+# Timings that keep the tests fast: retries back off by milliseconds (a target's
+# Retry-After still holds), leases are short so renewals and expiry happen within a test.
+TEST_SETTINGS = ScrapingSettings(
+    slots=8,
+    fetch_timeout_seconds=1.0,
+    max_attempts=5,
+    backoff_base_seconds=0.05,
+    backoff_cap_seconds=0.2,
+    lease_seconds=1.5,
+    max_result_bytes=64 * 1024,
+    api_public_url="http://testserver",
+)
+
+
+@pytest.fixture
+def make_tenant(db_engine: Engine) -> Callable[[str], tuple[Tenant, str]]:
+    return lambda name: create_tenant(db_engine, name)
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> LocalResultStore:
+    return LocalResultStore(
+        tmp_path / "results",
+        public_base_url=TEST_SETTINGS.api_public_url,
+        signing_key=load_or_create_signing_key(tmp_path / "results-signing.key"),
+    )
+
+
+@pytest.fixture
+def api_app(db_engine: Engine, local_store: LocalResultStore) -> FastAPI:
+    return create_app(lambda: db_engine, local_store, TEST_SETTINGS)
+
+
+@pytest.fixture
+def client(api_app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(api_app) as test_client:
+        yield test_client
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def site() -> Iterator[DemoSite]:
+    demo = DemoSite().start()
+    yield demo
+    demo.stop()
+
+
+Worker = Callable[..., Any]
+
+
+@pytest.fixture
+def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
+    """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+
+    def run(
+        *,
+        store: ResultStore | None = None,
+        settings: ScrapingSettings = TEST_SETTINGS,
+        idle_exit_seconds: float = 0.5,
+        stop: threading.Event | None = None,
+        allowed: str = "127.0.0.1/32",
+    ) -> Any:
+        settings = _with_allowed(settings, allowed)
+        fetcher = Fetcher(fetch_policy_from(settings))
+        try:
+            return run_worker(
+                db_engine,
+                store or local_store,
+                fetcher,
+                retry_policy_from(settings),
+                WorkerOptions(
+                    slots=settings.slots,
+                    lease_seconds=settings.lease_seconds,
+                    idle_exit_seconds=idle_exit_seconds,
+                    max_run_duration_seconds=60,
+                    poll_seconds=0.05,
+                ),
+                stop=stop,
+                rng=random.Random(7),
+            )
+        finally:
+            fetcher.close()
+
+    return run
+
+
+def _with_allowed(settings: ScrapingSettings, allowed: str) -> ScrapingSettings:
+    import dataclasses
+    import ipaddress
+
+    cidrs = tuple(ipaddress.ip_network(c) for c in allowed.split(",") if c)
+    return dataclasses.replace(settings, allowed_cidrs=cidrs)
