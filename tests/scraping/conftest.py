@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import (
     LocalResultStore,
     ResultStore,
+    S3ResultStore,
     load_or_create_signing_key,
+    s3_client,
 )
 
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
@@ -80,8 +83,9 @@ Worker = Callable[..., Any]
 @pytest.fixture
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
-    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch import Fetcher
+
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.worker import WorkerOptions, run_worker
 
     def run(
@@ -122,3 +126,35 @@ def _with_allowed(settings: ScrapingSettings, allowed: str) -> ScrapingSettings:
 
     cidrs = tuple(ipaddress.ip_network(c) for c in allowed.split(",") if c)
     return dataclasses.replace(settings, allowed_cidrs=cidrs)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as env:
+        # boto3 must find these and never look further (no profile files, no instance
+        # metadata service off the machine).
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.delenv("AWS_SESSION_TOKEN", raising=False)
+        env.delenv("AWS_PROFILE", raising=False)
+        missing = tmp_path_factory.mktemp("aws") / "none"
+        env.setenv("AWS_CONFIG_FILE", str(missing))
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(missing))
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_endpoint: str) -> S3ResultStore:
+    client = s3_client(endpoint_url=s3_endpoint, region_name="us-east-1")
+    bucket = f"results-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    return S3ResultStore(client, bucket)
