@@ -1,0 +1,1 @@
+"""The scraping-job service (SPEC §4, seed 004)."""
