@@ -1,0 +1,221 @@
+"""The retry planner (SPEC SCR-6): what happens to a scraping job after one attempt.
+
+Pure functions: the worker passes the attempt's outcome, the clock and a random source,
+and gets back a `Decision`. Nothing here touches the database or the network.
+
+| attempt outcome                                   | class     | decision                      |
+|---------------------------------------------------|-----------|-------------------------------|
+| HTTP 2xx                                          | —         | `succeeded`                   |
+| fetch error `timeout`, `connection_error`         | transient | `retry` (or `failed` when the |
+| HTTP 408, 429, 5xx                                | transient |  attempts are exhausted)      |
+| HTTP 1xx, 3xx (a redirect left unfollowed), other | permanent | `failed` at once              |
+| 4xx (401, 403, 404, …), any status outside 1xx-5xx|           |                               |
+| fetch error `invalid_url`, `invalid_response`,    | permanent | `failed` at once              |
+| `body_too_large`, `refused_address`,              |           |                               |
+| `too_many_redirects`                              |           |                               |
+| fetch error `cancelled`                           | —         | `ValueError`: the worker marks|
+|                                                   |           | the job cancelled itself      |
+
+A retry is due at `now + backoff_delay(attempt)` (exponential backoff with full jitter:
+uniform over `[0, min(cap, base * 2**(attempt-1))]`), and never earlier than the target's
+`Retry-After` (delay-seconds or an HTTP-date, RFC 9110 §10.2.3). `attempt` is the number
+of the attempt just made, counting from 1; once it reaches `max_attempts` a transient
+outcome fails the job too, saying the attempts are exhausted.
+
+`error_class` of a decision is the fetch error class, or `http_<status>` for an answer
+that was not a success (`http_503`, `http_404`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Literal
+
+TRANSIENT, PERMANENT = "transient", "permanent"
+
+TRANSIENT_ERROR_CLASSES = frozenset({"timeout", "connection_error"})
+PERMANENT_ERROR_CLASSES = frozenset(
+    {
+        "invalid_url",
+        "invalid_response",
+        "body_too_large",
+        "refused_address",
+        "too_many_redirects",
+    }
+)
+TRANSIENT_STATUS_CODES = frozenset({408, 429})
+
+MAX_ERROR_DETAIL_CHARS = 512
+
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.backoff_base_seconds < 0:
+            raise ValueError(
+                f"backoff_base_seconds must not be negative, got {self.backoff_base_seconds}"
+            )
+        if self.backoff_cap_seconds < 0:
+            raise ValueError(
+                f"backoff_cap_seconds must not be negative, got {self.backoff_cap_seconds}"
+            )
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: Literal["succeeded", "retry", "failed"]
+    error_class: str | None
+    error_detail: str | None
+    next_attempt_at: datetime | None
+
+
+def classify_status(status_code: int) -> Literal["transient", "permanent"] | None:
+    """`None` for a success, else whether the answer is worth another attempt."""
+    if 200 <= status_code <= 299:
+        return None
+    if status_code in TRANSIENT_STATUS_CODES or 500 <= status_code <= 599:
+        return TRANSIENT
+    return PERMANENT
+
+
+def classify_error(error_class: str) -> Literal["transient", "permanent"]:
+    if error_class in TRANSIENT_ERROR_CLASSES:
+        return TRANSIENT
+    if error_class in PERMANENT_ERROR_CLASSES:
+        return PERMANENT
+    if error_class == "cancelled":
+        raise ValueError(
+            "a cancelled attempt is not a retry decision: the worker marks the job cancelled"
+        )
+    # An unknown class is a bug in the caller; failing jobs quietly under it would hide it.
+    raise ValueError(f"unknown fetch error class {error_class!r}")
+
+
+def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
+    """The moment a `Retry-After` header value points at, or `None` if it says nothing usable.
+
+    Either delay-seconds (digits only) counted from `now`, or an HTTP-date in any of the
+    three forms RFC 9110 §5.6.7 makes recipients accept. Garbage, negative or fractional
+    delays and impossible dates → `None`. A date in the past is returned as is: it simply
+    does not hold the retry back.
+    """
+    _require_aware(now)
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    if _DELAY_SECONDS.fullmatch(text):
+        try:
+            return now + timedelta(seconds=int(text))
+        except OverflowError:
+            return None
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment.tzinfo is None:
+        # The asctime form carries no zone; HTTP-dates are always GMT.
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
+    """Seconds to wait after attempt number `attempt` (1-based): full jitter over the
+    exponential ceiling `min(cap, base * 2**(attempt-1))`, so retries of many jobs that
+    failed together spread out instead of arriving together again."""
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    # 2**63 already exceeds any sane cap; bounding the exponent keeps the float finite.
+    ceiling = min(
+        policy.backoff_cap_seconds, policy.backoff_base_seconds * 2.0 ** min(attempt - 1, 63)
+    )
+    return rng.uniform(0.0, ceiling)
+
+
+def decide(
+    *,
+    attempt: int,
+    status_code: int | None,
+    error_class: str | None,
+    retry_after: str | None,
+    policy: RetryPolicy,
+    now: datetime,
+    rng: random.Random,
+    error_detail: str | None = None,
+) -> Decision:
+    """Plan what follows attempt number `attempt` (1-based) of a job.
+
+    Pass either the answer's `status_code` (the target answered) or the fetch's
+    `error_class` (it did not), never both. `retry_after` is the answer's `Retry-After`
+    header, if any; `error_detail` the fetch error's own text, kept in the decision's
+    detail.
+    """
+    _require_aware(now)
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    if (status_code is None) == (error_class is None):
+        raise ValueError("pass exactly one of status_code (an answer) or error_class (no answer)")
+
+    if status_code is not None:
+        kind = classify_status(status_code)
+        if kind is None:
+            return Decision("succeeded", None, None, None)
+        decided_class = f"http_{status_code}"
+        reason = _status_reason(status_code)
+    else:
+        assert error_class is not None
+        kind = classify_error(error_class)
+        decided_class = error_class
+        reason = error_detail or error_class.replace("_", " ")
+
+    if kind == PERMANENT:
+        return Decision("failed", decided_class, _detail(reason, "not retried"), None)
+    if attempt >= policy.max_attempts:
+        return Decision(
+            "failed",
+            decided_class,
+            _detail(reason, f"attempts exhausted ({attempt} of {policy.max_attempts})"),
+            None,
+        )
+    next_attempt_at = now + timedelta(seconds=backoff_delay(attempt, policy, rng))
+    not_before = parse_retry_after(retry_after, now)
+    if not_before is not None and not_before > next_attempt_at:
+        next_attempt_at = not_before
+    return Decision(
+        "retry",
+        decided_class,
+        _detail(reason, f"retry {attempt + 1} of {policy.max_attempts} planned"),
+        next_attempt_at,
+    )
+
+
+def _status_reason(status_code: int) -> str:
+    if 300 <= status_code <= 399:
+        return f"HTTP {status_code} from the target (redirect not followed)"
+    return f"HTTP {status_code} from the target"
+
+
+def _detail(reason: str, verdict: str) -> str:
+    """`reason; verdict`, the reason shortened so the verdict always fits the limit."""
+    room = MAX_ERROR_DETAIL_CHARS - len(verdict) - 2
+    if len(reason) > room:
+        reason = reason[: room - 1] + "…"
+    return f"{reason}; {verdict}"
+
+
+def _require_aware(now: datetime) -> None:
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware (UTC)")
