@@ -36,11 +36,18 @@ def main(verbose: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=3000, show_default=True, help="Dagster UI port")
 @click.option("--metrics-port", default=9108, show_default=True)
+@click.option("--api-port", default=8000, show_default=True, help="Scraping API port")
 @click.option("--dagster-yaml", type=click.Path(path_type=Path), default=Path("dagster.yaml"))
 @click.option("--workspace", type=click.Path(path_type=Path), default=Path("workspace.yaml"))
 @click.option("--no-demo", is_flag=True, help="Do not load demo data")
 def up(
-    host: str, port: int, metrics_port: int, dagster_yaml: Path, workspace: Path, no_demo: bool
+    host: str,
+    port: int,
+    metrics_port: int,
+    api_port: int,
+    dagster_yaml: Path,
+    workspace: Path,
+    no_demo: bool,
 ) -> None:
     """Bring the whole system up: database, migrations, demo data, Dagster UI + daemon."""
     from pin_orchestration.devstack import run_stack
@@ -57,6 +64,7 @@ def up(
             host=host,
             port=port,
             metrics_port=metrics_port,
+            api_port=api_port,
             seed_demo=not no_demo,
         )
     )
@@ -203,6 +211,12 @@ def metrics_serve(host: str, port: int) -> None:
 from pin_orchestration.news.snapshot_detach_cli import detach  # noqa: E402
 
 main.add_command(detach)
+
+from pin_orchestration.scraping.cli import api, scraping, tenant  # noqa: E402
+
+main.add_command(api)
+main.add_command(tenant)
+main.add_command(scraping)
 
 if __name__ == "__main__":
     main()

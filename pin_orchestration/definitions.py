@@ -18,6 +18,7 @@ from pin_orchestration.assets.news_snapshot_detach import (
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
 )
+from pin_orchestration.assets.scraping import scraping_results
 from pin_orchestration.jobs.chessboard import (
     chessboard_divergence_check,
     chessboard_force_recalc,
@@ -33,15 +34,23 @@ from pin_orchestration.jobs.news_snapshot_detach import (
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
+from pin_orchestration.jobs.scraping import (
+    scraping_requeue,
+    scraping_sweep_expired_leases,
+    scraping_worker,
+)
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
 from pin_orchestration.schedules.news import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
     news_comment_reconcile_health_hourly,
 )
+from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
+from pin_orchestration.sensors.scraping import scraping_jobs_sensor
 from pin_orchestration.settings import Settings
 
 
@@ -83,6 +92,16 @@ def news_snapshot_detach_definitions() -> Definitions:
     )
 
 
+def scraping_definitions() -> Definitions:
+    return Definitions(
+        assets=[scraping_results],
+        jobs=[scraping_worker, scraping_sweep_expired_leases, scraping_requeue],
+        sensors=[scraping_jobs_sensor],
+        schedules=[scraping_stuck_sweeper],
+        resources={"scraping": ScrapingResource()},
+    )
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
@@ -90,6 +109,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),
+        scraping_definitions(),
     )
 
 

@@ -41,7 +41,9 @@ def prepare_dagster_home(settings: Settings, dagster_yaml: Path) -> Path:
     return home
 
 
-def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callable[[], None]]:
+def start_local_services(
+    settings: Settings, env: dict[str, str], *, seed_demo: bool = True
+) -> list[Callable[[], None]]:
     """Start what stands in for external services; returns how to stop each.
 
     An area whose external service is unset adds its stand-in here and exports its URL
@@ -61,11 +63,63 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
             stand_in.url,
             stand_in.url,
         )
+    stoppers.extend(start_scraping_services(settings, env, seed_demo=seed_demo))
     # The chessboard outbox publisher: to Kafka when PIN_KAFKA_BOOTSTRAP_SERVERS is set,
     # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start). Started after the
     # stand-ins so it inherits their URLs.
     stoppers.append(start_publisher_process(env))
     return stoppers
+
+
+def start_scraping_services(
+    settings: Settings, env: dict[str, str], *, seed_demo: bool
+) -> list[Callable[[], None]]:
+    """The scraping API (`pin api`); with the demo, the demo target site, the demo tenant
+    (its key is printed) and a few jobs."""
+    from pin_orchestration.scraping.demo import ensure_demo_tenant, submit_demo_jobs
+    from pin_orchestration.scraping.demo_site import DEFAULT_PORT, DemoSite
+
+    api_host, api_port = env["PIN_API_HOST"], env["PIN_API_PORT"]
+    env.setdefault("PIN_API_PUBLIC_URL", f"http://{api_host}:{api_port}")
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pin_orchestration.scraping.cli",
+            "api",
+            "--host",
+            api_host,
+            "--port",
+            api_port,
+        ],
+        env=env,
+    )
+    api_url = env["PIN_API_PUBLIC_URL"]
+
+    def stop_api() -> None:
+        api.terminate()
+        try:
+            api.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            api.kill()
+
+    log.info("scraping API on %s (OpenAPI docs %s/docs)", api_url, api_url)
+    if not seed_demo:
+        return [stop_api]
+    site = DemoSite(port=DEFAULT_PORT).start()
+    engine = create_db_engine(env["PIN_DATABASE_URL"])
+    tenant, key = ensure_demo_tenant(engine, settings.home)
+    submit_demo_jobs(engine, tenant.id, site.url)
+    log.info(
+        "demo tenant %r, API key: %s\n  try: curl -s -XPOST %s/jobs -H 'Authorization: Bearer %s' "
+        "-H 'Content-Type: application/json' -d '{\"url\": \"%s/page/hello\"}'",
+        tenant.name,
+        key,
+        api_url,
+        key,
+        site.url,
+    )
+    return [site.stop, stop_api]
 
 
 def run_stack(
@@ -76,6 +130,7 @@ def run_stack(
     host: str,
     port: int,
     metrics_port: int,
+    api_port: int = 8000,
     seed_demo: bool = True,
 ) -> int:
     database_url = resolve_database_url(settings)
@@ -94,9 +149,11 @@ def run_stack(
             or dagster_storage_url(database_url),
             "PIN_HOME": str(settings.home),
             "DAGSTER_HOME": str(prepare_dagster_home(settings, dagster_yaml)),
+            "PIN_API_HOST": host,
+            "PIN_API_PORT": str(api_port),
         }
     )
-    stoppers = start_local_services(settings, env)
+    stoppers = start_local_services(settings, env, seed_demo=seed_demo)
     metrics_server = serve_metrics(engine, host, metrics_port)
     log.info("metrics on http://%s:%d/metrics", host, metrics_port)
     dagster = [

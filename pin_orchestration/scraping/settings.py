@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pin_orchestration.scraping.fetch import parse_allowed_cidrs
 from pin_orchestration.settings import SettingsError
 
 T = TypeVar("T")
@@ -82,7 +83,7 @@ class ScrapingSettings:
             ),
             allowed_cidrs=read(
                 "PIN_SCRAPING_ALLOWED_CIDRS",
-                _cidrs,
+                parse_allowed_cidrs,
                 d.allowed_cidrs,
                 "a comma-separated list of CIDRs such as 127.0.0.1/32",
             ),
@@ -130,10 +131,6 @@ def _positive_float(raw: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
     return value
-
-
-def _cidrs(raw: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(item.strip()) for item in raw.split(",") if item.strip())
 
 
 def _http_url(raw: str) -> str:

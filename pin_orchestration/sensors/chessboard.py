@@ -15,10 +15,8 @@ import math
 from datetime import UTC, datetime
 
 from dagster import (
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -28,19 +26,11 @@ from dagster import (
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, queue_stats
 from pin_orchestration.jobs.chessboard import DRAIN_TAGS, chessboard_project_recalc_drain
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.sensors.runs import runs_in_flight
 
 # Drain runs in flight at once (dagster.yaml's pin/drain tag limit enforces the same cap
 # at launch; counting here keeps the sensor from piling runs into the queue).
 MAX_CONCURRENT_DRAIN_RUNS = 2
-# Every status in which a run holds (or waits for) a pin/drain slot; a CANCELING run is
-# still finishing its current project.
-IN_FLIGHT = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
 SENSOR_INTERVAL_SECONDS = 5
 # A row falling due within this is worth a run now: it would otherwise wait for the next
 # evaluation and then for the run to start.
@@ -81,9 +71,7 @@ def chessboard_project_recalc_sensor(
             f"no due recalc requests (depth {stats.depth}, poison {stats.poison}, "
             f"next due {next_due})"
         )
-    in_flight = context.instance.get_runs_count(
-        RunsFilter(job_name=chessboard_project_recalc_drain.name, statuses=IN_FLIGHT)
-    )
+    in_flight = runs_in_flight(context.instance, chessboard_project_recalc_drain.name)
     wanted = drain_runs_wanted(stats.due, until_due, in_flight, DEFAULT_POLICY.batch_size)
     if wanted <= 0:
         return SkipReason(f"{stats.due} due, {in_flight} drain run(s) already in flight")

@@ -1,0 +1,264 @@
+"""Benchmark of the scraping pipeline, whole: API → scraping_jobs_sensor → scraping_worker
+runs (launched by the real Dagster daemon) → results store, against a bare `requests`
+loop at the same concurrency, in the same run.
+
+    PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
+        .venv/bin/python bench/scraping.py [--jobs 2000] [--slots 64] [--latency 2.0]
+
+A target on 127.0.0.1 (its own process, asyncio, keep-alive) answers every GET after
+`--latency` seconds with 10 KB. The bare loop is `--slots` threads with one pooled
+`requests` session making `--jobs` GETs. The pipeline: `pin api` (uvicorn) and
+`dagster-daemon` in their own processes on a fresh database; `--jobs` POST /jobs from 16
+client threads; the daemon's sensor launches worker runs (PIN_SCRAPING_MAX_WORKER_RUNS=1
+by default so the pipeline has the same `--slots` as the bare loop); the bench waits
+until every job is terminal and reads the figures from scraping.jobs/job_attempts:
+  - jobs/s: jobs / (last finish − first attempt start) — the fetch pipeline's rate;
+  - end to end: jobs / (last finish − first accept), which adds the sensor tick and the
+    run launch;
+  - peak in flight: the most attempts open at one instant;
+  - p95 accept → first attempt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+from requests.adapters import HTTPAdapter
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._db import fresh_bench_database  # noqa: E402
+from pin_orchestration.db import create_db_engine, dagster_storage_url  # noqa: E402
+from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = b"x" * 10_240
+
+
+def _serve_target(port_queue: multiprocessing.Queue, latency: float) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head:
+                    break
+                await asyncio.sleep(latency)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
+        port_queue.put(server.sockets[0].getsockname()[1])
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def bare_loop(target: str, jobs: int, slots: int) -> float:
+    session = requests.Session()
+    session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=slots))
+
+    def get(i: int) -> None:
+        answer = session.get(f"{target}/bare/{i}", timeout=30)
+        assert answer.status_code == 200 and len(answer.content) == len(BODY)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(slots) as pool:
+        list(pool.map(get, range(jobs)))
+    return jobs / (time.monotonic() - started)
+
+
+def wait_for(url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {seconds} s")
+
+
+def pipeline(target: str, jobs: int, slots: int, api_port: int) -> dict[str, float]:
+    db_url = fresh_bench_database("pin_bench_scraping")
+    engine = create_db_engine(db_url)
+    _, key = create_tenant(engine, "bench")
+    home = Path(tempfile.mkdtemp(prefix="pin-bench-scraping-"))
+    dagster_home = home / "dagster_home"
+    dagster_home.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    env = {
+        **os.environ,
+        "PIN_DATABASE_URL": db_url,
+        "PIN_DAGSTER_PG_URL": dagster_storage_url(db_url),
+        "PIN_HOME": str(home),
+        "DAGSTER_HOME": str(dagster_home),
+        "PIN_SCRAPING_SLOTS": str(slots),
+        "PIN_SCRAPING_MAX_WORKER_RUNS": os.environ.get("PIN_SCRAPING_MAX_WORKER_RUNS", "1"),
+        "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
+        "PIN_API_PUBLIC_URL": f"http://127.0.0.1:{api_port}",
+    }
+    api_url = f"http://127.0.0.1:{api_port}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pin_orchestration.scraping.cli",
+                "api",
+                "--port",
+                str(api_port),
+            ],
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "dagster-daemon"),
+                "run",
+                "-w",
+                str(ROOT / "workspace.yaml"),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        wait_for(f"{api_url}/healthz", 60)
+        client = requests.Session()
+        client.mount("http://", HTTPAdapter(pool_maxsize=16))
+        headers = {"Authorization": f"Bearer {key}"}
+
+        def post(i: int) -> None:
+            answer = client.post(
+                f"{api_url}/jobs", json={"url": f"{target}/job/{i}"}, headers=headers, timeout=30
+            )
+            assert answer.status_code == 202, answer.text
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(post, range(jobs)))
+        accept_seconds = time.monotonic() - started
+        deadline = time.monotonic() + 600
+        while True:
+            with engine.connect() as conn:
+                left = conn.execute(
+                    text("SELECT count(*) FROM scraping.jobs WHERE status IN ('queued', 'running')")
+                ).scalar()
+            if left == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{left} jobs still not terminal after 600 s")
+            time.sleep(0.5)
+        with engine.connect() as conn:
+            figures = conn.execute(
+                text(
+                    """
+                    WITH first_attempt AS (
+                        SELECT j.id, j.created_at, min(a.started_at) AS started_at
+                        FROM scraping.jobs j JOIN scraping.job_attempts a ON a.job_id = j.id
+                        GROUP BY j.id, j.created_at
+                    ), edges AS (
+                        SELECT started_at AS at, 1 AS delta FROM scraping.job_attempts
+                        UNION ALL
+                        SELECT finished_at, -1 FROM scraping.job_attempts
+                    ), running AS (
+                        SELECT sum(delta) OVER (ORDER BY at, delta) AS open FROM edges
+                    )
+                    SELECT
+                        (SELECT count(*) FILTER (WHERE status = 'succeeded')
+                           FROM scraping.jobs) AS succeeded,
+                        (SELECT extract(epoch FROM max(finished_at) - min(created_at))
+                           FROM scraping.jobs) AS end_to_end_s,
+                        (SELECT extract(epoch FROM max(j.finished_at) - min(f.started_at))
+                           FROM scraping.jobs j, first_attempt f) AS processing_s,
+                        (SELECT max(open) FROM running) AS peak_in_flight,
+                        (SELECT percentile_cont(0.95) WITHIN GROUP (
+                                ORDER BY extract(epoch FROM started_at - created_at))
+                           FROM first_attempt) AS p95_first_attempt_s
+                    """
+                )
+            ).one()
+        return {
+            "succeeded": figures.succeeded,
+            "accept_s": accept_seconds,
+            "jobs_per_s": jobs / float(figures.processing_s),
+            "end_to_end_jobs_per_s": jobs / float(figures.end_to_end_s),
+            "peak_in_flight": float(figures.peak_in_flight),
+            "p95_first_attempt_s": float(figures.p95_first_attempt_s),
+        }
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        engine.dispose()
+        server = make_url(db_url)
+        admin = create_db_engine(server.set(database="postgres").render_as_string(False))
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text('DROP DATABASE IF EXISTS "pin_bench_scraping" WITH (FORCE)'))
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--api-port", type=int, default=8799)
+    args = parser.parse_args()
+
+    ports: multiprocessing.Queue = multiprocessing.Queue()
+    server = multiprocessing.Process(target=_serve_target, args=(ports, args.latency), daemon=True)
+    server.start()
+    target = f"http://127.0.0.1:{ports.get(timeout=10)}"
+    try:
+        ceiling = args.slots / args.latency
+        bare = bare_loop(target, args.jobs, args.slots)
+        piped = pipeline(target, args.jobs, args.slots, args.api_port)
+    finally:
+        server.terminate()
+    print(f"jobs {args.jobs}, slots {args.slots}, target latency {args.latency} s, 10 KB bodies")
+    print(f"ceiling (slots / latency)          {ceiling:8.1f} jobs/s")
+    print(f"bare requests loop                 {bare:8.1f} jobs/s")
+    print(
+        f"pipeline (first attempt → last)    {piped['jobs_per_s']:8.1f} jobs/s  "
+        f"({piped['jobs_per_s'] / bare:.2f}× the bare loop)"
+    )
+    print(f"pipeline end to end (accept → last){piped['end_to_end_jobs_per_s']:8.1f} jobs/s")
+    print(f"peak jobs in flight                {piped['peak_in_flight']:8.0f}")
+    print(f"p95 accept → first attempt         {piped['p95_first_attempt_s']:8.2f} s")
+    print(f"intake of {args.jobs} POSTs            {piped['accept_s']:8.2f} s")
+    print(f"succeeded                          {piped['succeeded']:8.0f} of {args.jobs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Asset `scraping/results`: the result objects worker runs store, one partition per UTC day
+(the day a job was accepted, which is also the day in its result key).
+
+Worker runs materialize it imperatively (one AssetMaterialization per day they wrote
+results for), so it is declared as a spec: no Dagster run ever "computes" the bytes.
+"""
+
+from dagster import AssetKey, AssetSpec, DailyPartitionsDefinition
+
+SCRAPING_RESULTS = AssetKey(["scraping", "results"])
+RESULT_DAYS = DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC")
+
+scraping_results = AssetSpec(
+    key=SCRAPING_RESULTS,
+    partitions_def=RESULT_DAYS,
+    group_name="scraping",
+    description="Fetched pages of scraping jobs, stored in the results store (S3 or the "
+    "local store) under results/{tenant}/{yyyy}/{mm}/{dd}/{job}; PostgreSQL keeps only "
+    "their metadata. Materialized by scraping_worker runs, one event per day written.",
+)

@@ -1,0 +1,151 @@
+"""Jobs of the scraping service: the worker run the sensor launches, the lease sweeper the
+schedule runs every minute, and the runbook's requeue of failed jobs."""
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at definition time.
+
+import uuid
+
+from dagster import (
+    AssetMaterialization,
+    Config,
+    Failure,
+    OpExecutionContext,
+    in_process_executor,
+    job,
+    op,
+)
+from pydantic import Field
+
+from pin_orchestration.assets.scraping import SCRAPING_RESULTS
+from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.scraping import ScrapingResource
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.worker import WorkerConfigError, WorkerOptions, run_worker
+from pin_orchestration.settings import SettingsError
+
+WORKER_JOB = "scraping_worker"
+# dagster.yaml caps concurrent runs per value of this tag.
+WORKER_TAGS = {"pin/drain": "scraping-worker"}
+
+
+class WorkerRunConfig(Config):
+    slots: int | None = Field(
+        default=None, description="Concurrent fetches in this run; empty → PIN_SCRAPING_SLOTS"
+    )
+    idle_exit_seconds: float = Field(
+        default=5.0, description="End the run after this long with nothing claimable"
+    )
+    max_run_duration_seconds: float = Field(
+        default=600.0, description="Stop claiming after this long; jobs in flight finish"
+    )
+
+
+@op(
+    name="drain_scraping_jobs",
+    description="Claim due scraping jobs with a lease, fetch them in bounded slots, store "
+    "the bodies, record outcomes; one materialization of scraping/results per day written.",
+)
+def drain_scraping_jobs(
+    context: OpExecutionContext,
+    config: WorkerRunConfig,
+    database: DatabaseResource,
+    scraping: ScrapingResource,
+) -> None:
+    try:
+        settings = scraping.get_settings()
+        options = WorkerOptions(
+            slots=config.slots if config.slots is not None else settings.slots,
+            lease_seconds=settings.lease_seconds,
+            idle_exit_seconds=config.idle_exit_seconds,
+            max_run_duration_seconds=config.max_run_duration_seconds,
+        )
+        options.validate()
+    except (SettingsError, WorkerConfigError) as exc:
+        raise Failure(description=str(exc)) from exc
+    fetcher = scraping.get_fetcher(settings)
+    try:
+        with stop_requested_on_signals(reraise=True) as stop:
+            report = run_worker(
+                database.get_engine(),
+                scraping.get_result_store(settings),
+                fetcher,
+                scraping.get_retry_policy(settings),
+                options,
+                worker_id=f"run-{context.run.run_id}",
+                stop=stop,
+            )
+    finally:
+        fetcher.close()
+    for day, written in sorted(report.by_day.items()):
+        context.log_event(
+            AssetMaterialization(
+                asset_key=SCRAPING_RESULTS,
+                partition=day.isoformat(),
+                metadata={
+                    "jobs_stored": written.jobs_stored,
+                    "bytes": written.bytes,
+                    "failures_by_class": dict(written.failures_by_class),
+                    "worker": report.worker,
+                },
+            )
+        )
+    context.log.info(
+        f"worker {report.worker}: claimed {report.claimed}, succeeded {report.succeeded}, "
+        f"retried {report.retried}, failed {report.failed}, cancelled {report.cancelled}, "
+        f"lease lost {report.lease_lost}, peak in flight {report.peak_in_flight}"
+    )
+
+
+@job(
+    name=WORKER_JOB,
+    executor_def=in_process_executor,
+    tags=WORKER_TAGS,
+    description="A scraping worker run (SPEC §4): drains many jobs; launched by "
+    "scraping_jobs_sensor, never one run per job.",
+)
+def scraping_worker() -> None:
+    drain_scraping_jobs()
+
+
+@op(name="sweep_expired_scraping_leases")
+def sweep_expired_leases(
+    context: OpExecutionContext, database: DatabaseResource, scraping: ScrapingResource
+) -> None:
+    """Jobs whose worker stopped renewing its lease go back to queued (SCR-5)."""
+    swept = repository.sweep_expired_leases(
+        database.get_engine(), max_attempts=scraping.get_settings().max_attempts
+    )
+    for row in swept:
+        context.log.warning(f"lease expired: job {row.id} attempt {row.attempts} → {row.status}")
+    context.log.info(f"swept {len(swept)} job(s) with an expired lease")
+
+
+@job(name="scraping_sweep_expired_leases", executor_def=in_process_executor)
+def scraping_sweep_expired_leases() -> None:
+    sweep_expired_leases()
+
+
+class RequeueConfig(Config):
+    job_ids: list[str] = Field(description="Ids (uuid) of failed scraping jobs to run again")
+
+
+@op(name="requeue_failed_scraping_jobs")
+def requeue_failed_jobs(
+    context: OpExecutionContext, config: RequeueConfig, database: DatabaseResource
+) -> None:
+    """Runbook: failed jobs back to queued with a fresh attempt budget."""
+    try:
+        ids = [uuid.UUID(i) for i in config.job_ids]
+    except ValueError as exc:
+        raise Failure(description=f"job_ids: every item must be a uuid ({exc})") from exc
+    requeued = set(repository.requeue_failed_jobs(database.get_engine(), ids))
+    skipped = [str(i) for i in ids if i not in requeued]
+    context.log.info(f"requeued {len(requeued)} job(s)")
+    if skipped:
+        raise Failure(description=f"not failed (or unknown), left as they are: {skipped}")
+
+
+@job(name="scraping_requeue", executor_def=in_process_executor)
+def scraping_requeue() -> None:
+    requeue_failed_jobs()

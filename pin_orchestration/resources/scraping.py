@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+
+from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
+from pin_orchestration.scraping.retry import RetryPolicy
+from pin_orchestration.scraping.settings import ScrapingSettings
+from pin_orchestration.scraping.store import ResultStore, build_result_store
+from pin_orchestration.settings import Settings
+
+
+class ScrapingResource(ConfigurableResource):
+    """The scraping service's environment: results store, fetch policy, retry policy.
+
+    Everything comes from PIN_SCRAPING_* / PIN_S3_* / PIN_RESULT_URL_TTL_SECONDS, read when
+    a run asks (never at import), so a bad value fails the run naming the variable.
+    """
+
+    def get_settings(self) -> ScrapingSettings:
+        return ScrapingSettings.from_env()
+
+    def get_result_store(self, settings: ScrapingSettings | None = None) -> ResultStore:
+        return result_store_from(settings or self.get_settings())
+
+    def get_fetcher(self, settings: ScrapingSettings | None = None) -> Fetcher:
+        return Fetcher(fetch_policy_from(settings or self.get_settings()))
+
+    def get_retry_policy(self, settings: ScrapingSettings | None = None) -> RetryPolicy:
+        return retry_policy_from(settings or self.get_settings())
+
+
+def result_store_from(settings: ScrapingSettings) -> ResultStore:
+    return build_result_store(
+        bucket=settings.s3_bucket,
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        home=Settings.from_env().home,
+        public_base_url=settings.api_public_url,
+    )
+
+
+def fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
+    return FetchPolicy(
+        timeout_seconds=settings.fetch_timeout_seconds,
+        max_body_bytes=settings.max_result_bytes,
+        allowed_cidrs=settings.allowed_cidrs,
+    )
+
+
+def retry_policy_from(settings: ScrapingSettings) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.max_attempts,
+        backoff_base_seconds=settings.backoff_base_seconds,
+        backoff_cap_seconds=settings.backoff_cap_seconds,
+    )

@@ -1,0 +1,223 @@
+"""`pin api`, `pin tenant …`, `pin scraping …`: the scraping service from the shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import click
+from sqlalchemy import Engine
+
+from pin_orchestration.db import create_db_engine, resolve_database_url
+from pin_orchestration.settings import Settings, SettingsError
+
+
+def _engine() -> Engine:
+    try:
+        return create_db_engine(resolve_database_url(Settings.from_env()))
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("api")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+def api(host: str, port: int) -> None:
+    """Serve the scraping intake/query API (FastAPI on uvicorn)."""
+    import os
+
+    import uvicorn
+
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    # The local results store signs download URLs under the API's own address.
+    os.environ.setdefault("PIN_API_PUBLIC_URL", f"http://{host}:{port}")
+    try:
+        ScrapingSettings.from_env()
+        Settings.from_env()
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    uvicorn.run(
+        "pin_orchestration.scraping.api:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+    )
+
+
+@click.group()
+def tenant() -> None:
+    """Tenants of the scraping API and their keys."""
+
+
+@tenant.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
+def tenant_create(name: str, as_json: bool) -> None:
+    """Create a tenant and print its API key (shown once; only a hash is kept)."""
+    from pin_orchestration.scraping.repository import TenantError, create_tenant
+
+    try:
+        created, key = create_tenant(_engine(), name)
+    except TenantError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_key(created.id, created.name, key, as_json)
+
+
+@tenant.command("rotate-key")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
+def tenant_rotate_key(name: str, as_json: bool) -> None:
+    """Give a tenant a new API key; the old one stops working at once."""
+    from pin_orchestration.scraping.repository import TenantError, rotate_tenant_key
+
+    try:
+        rotated, key = rotate_tenant_key(_engine(), name)
+    except TenantError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_key(rotated.id, rotated.name, key, as_json)
+
+
+def _print_key(tenant_id: uuid.UUID, name: str, key: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"id": str(tenant_id), "name": name, "api_key": key}))
+    else:
+        click.echo(f"tenant {name} ({tenant_id})\nAPI key (shown once): {key}")
+
+
+@tenant.command("list")
+def tenant_list() -> None:
+    """Tenants, their key prefixes and job counts."""
+    from pin_orchestration.scraping.repository import list_tenants
+
+    for t in list_tenants(_engine()):
+        click.echo(
+            f"{t['name']}\t{t['id']}\tkey {t['api_key_prefix']}…\t{t['jobs']} job(s)\t"
+            f"key rotated {t['key_rotated_at'].isoformat()}"
+        )
+
+
+@click.group()
+def scraping() -> None:
+    """Scraping jobs: failed ones, requeue, a worker or sweep from the shell."""
+
+
+@scraping.command("failed")
+@click.option("--limit", default=100, show_default=True)
+def scraping_failed(limit: int) -> None:
+    """Failed jobs (attempts spent or a permanent error), newest first."""
+    from pin_orchestration.scraping.repository import list_failed_jobs
+
+    for j in list_failed_jobs(_engine(), limit):
+        click.echo(
+            f"{j['id']}\t{j['tenant']}\t{j['attempts']} attempt(s)\t{j['last_error_class']}\t"
+            f"{j['url']}\t{j['last_error']}"
+        )
+
+
+@scraping.command("requeue")
+@click.argument("job_ids", nargs=-1, required=True)
+def scraping_requeue(job_ids: tuple[str, ...]) -> None:
+    """Put failed jobs back in the queue with a fresh attempt budget."""
+    from pin_orchestration.scraping.repository import requeue_failed_jobs
+
+    try:
+        ids = [uuid.UUID(i) for i in job_ids]
+    except ValueError as exc:
+        raise click.BadParameter(f"every JOB_ID must be a uuid ({exc})") from exc
+    requeued = set(requeue_failed_jobs(_engine(), ids))
+    for i in ids:
+        click.echo(f"{i}\t{'requeued' if i in requeued else 'not failed (left as it is)'}")
+    if len(requeued) != len(ids):
+        sys.exit(1)
+
+
+@scraping.command("sweep")
+def scraping_sweep() -> None:
+    """Return jobs whose lease expired to the queue (what the every-minute schedule does)."""
+    from pin_orchestration.scraping.repository import sweep_expired_leases
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    swept = sweep_expired_leases(_engine(), max_attempts=ScrapingSettings.from_env().max_attempts)
+    for row in swept:
+        click.echo(f"{row.id}\tattempt {row.attempts}\t→ {row.status}")
+
+
+@scraping.command("work")
+@click.option("--slots", type=int, default=None, help="Default: PIN_SCRAPING_SLOTS")
+@click.option("--idle-exit-seconds", type=float, default=5.0, show_default=True)
+@click.option("--max-run-duration-seconds", type=float, default=600.0, show_default=True)
+def scraping_work(
+    slots: int | None, idle_exit_seconds: float, max_run_duration_seconds: float
+) -> None:
+    """Run one worker from the shell (what a scraping_worker run does)."""
+    from pin_orchestration.cancellation import stop_requested_on_signals
+    from pin_orchestration.resources.scraping import (
+        fetch_policy_from,
+        result_store_from,
+        retry_policy_from,
+    )
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.worker import WorkerConfigError, WorkerOptions, run_worker
+
+    try:
+        settings = ScrapingSettings.from_env()
+        options = WorkerOptions(
+            slots=slots or settings.slots,
+            lease_seconds=settings.lease_seconds,
+            idle_exit_seconds=idle_exit_seconds,
+            max_run_duration_seconds=max_run_duration_seconds,
+        )
+        options.validate()
+    except (SettingsError, WorkerConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    fetcher = Fetcher(fetch_policy_from(settings))
+    try:
+        with stop_requested_on_signals() as stop:
+            report = run_worker(
+                _engine(),
+                result_store_from(settings),
+                fetcher,
+                retry_policy_from(settings),
+                options,
+                worker_id=f"cli-{uuid.uuid4()}",
+                stop=stop,
+            )
+    finally:
+        fetcher.close()
+    click.echo(
+        json.dumps(
+            {
+                "worker": report.worker,
+                "claimed": report.claimed,
+                "succeeded": report.succeeded,
+                "retried": report.retried,
+                "failed": report.failed,
+                "cancelled": report.cancelled,
+                "lease_lost": report.lease_lost,
+                "peak_in_flight": report.peak_in_flight,
+            }
+        )
+    )
+
+
+@click.group()
+def standalone() -> None:
+    """The scraping commands alone, for child processes (`python -m …`)."""
+
+
+standalone.add_command(api)
+standalone.add_command(tenant)
+standalone.add_command(scraping)
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    standalone()

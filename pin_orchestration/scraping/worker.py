@@ -1,0 +1,396 @@
+"""A worker run: claim due jobs with a lease, fetch them in bounded slots, store results,
+record outcomes (SCR-3, SCR-5, SCR-6, SCR-10).
+
+One run drains many jobs (a Dagster run costs seconds to launch). The main loop owns the
+database: each round it writes the outcomes the slots produced (one transaction for the
+round), then claims as many due jobs as there are free slots (one statement). Slot
+threads only fetch and store. A renewal thread extends the leases of jobs in flight and
+brings back cancel requests; a job whose lease was lost stops fetching, and its outcome
+is refused by the database (the write checks owner and attempt number), so a late worker
+never overwrites the job's new owner.
+
+Order that keeps "succeeded" honest: the body is written to the results store first, and
+only then is the job marked succeeded, in the same transaction that records the attempt.
+A worker killed in between leaves a stored object and a running job; the sweeper requeues
+it and the next attempt overwrites the same key (one object per job: the key is the job's).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+from sqlalchemy import Engine
+
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.fetch import Fetcher, FetchError
+from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob
+from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide
+from pin_orchestration.scraping.store import ResultStore, result_key
+
+log = logging.getLogger(__name__)
+
+
+class WorkerConfigError(ValueError):
+    """A worker option out of range (names the option)."""
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    slots: int = 64
+    lease_seconds: float = 60.0
+    idle_exit_seconds: float = 5.0
+    max_run_duration_seconds: float = 600.0
+    # How long the loop waits for a slot to finish before looking for new due jobs.
+    poll_seconds: float = 0.2
+
+    def validate(self) -> None:
+        for name in (
+            "slots",
+            "lease_seconds",
+            "idle_exit_seconds",
+            "max_run_duration_seconds",
+            "poll_seconds",
+        ):
+            if not getattr(self, name) > 0:
+                raise WorkerConfigError(f"{name} must be > 0 (got {getattr(self, name)!r})")
+
+
+@dataclass
+class DayReport:
+    """What a run wrote for one day's partition of scraping/results."""
+
+    jobs_stored: int = 0
+    bytes: int = 0
+    failures_by_class: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class WorkerReport:
+    worker: str
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    lease_lost: int = 0
+    peak_in_flight: int = 0
+    by_day: dict[date, DayReport] = field(default_factory=dict)
+
+    def day(self, d: date) -> DayReport:
+        return self.by_day.setdefault(d, DayReport())
+
+
+class _Flight:
+    """One job in a slot: why it should stop, if it should, and when its lease was last
+    known to be ours."""
+
+    def __init__(self, job: ClaimedJob, lease_seconds: float) -> None:
+        self.job = job
+        self.stop_reason: str | None = None  # "cancelled" | "lease_lost" | "worker_stopped"
+        self.lease_seconds = lease_seconds
+        self.renewed_at = time.monotonic()
+
+    def lease_in_doubt(self) -> bool:
+        """True when no renewal has confirmed the lease for most of its length (the
+        database unreachable, this process stalled): another worker may own the job now,
+        so this one must not write its result."""
+        return time.monotonic() - self.renewed_at > self.lease_seconds * 0.8
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None
+
+
+def run_worker(
+    engine: Engine,
+    store: ResultStore,
+    fetcher: Fetcher,
+    retry_policy: RetryPolicy,
+    options: WorkerOptions,
+    *,
+    worker_id: str | None = None,
+    stop: threading.Event | None = None,
+    rng: random.Random | None = None,
+    on_round: Callable[[WorkerReport], None] | None = None,
+) -> WorkerReport:
+    """Drain due jobs until nothing is claimable for `idle_exit_seconds`, the max duration
+    passes, or `stop` is set; jobs in flight finish (or are handed back) before returning."""
+    options.validate()
+    worker = worker_id or f"worker-{uuid.uuid4()}"
+    stop = stop or threading.Event()
+    rng = rng or random.Random()
+    report = WorkerReport(worker=worker)
+    flights: dict[uuid.UUID, _Flight] = {}
+    flights_lock = threading.Lock()
+    outcomes: queue.Queue[tuple[AttemptOutcome, datetime]] = queue.Queue()
+    wake = threading.Event()
+
+    def process(flight: _Flight) -> None:
+        try:
+            outcome = _attempt(flight, store, fetcher, retry_policy, rng)
+        except Exception as exc:  # a bug must not strand the job in running
+            log.exception("attempt of job %s failed unexpectedly", flight.job.id)
+            outcome = _retry_now(flight.job, "worker_error", f"{type(exc).__name__}: {exc}")
+        if outcome is not None:
+            outcomes.put((outcome, flight.job.created_at))
+        with flights_lock:
+            flights.pop(flight.job.id, None)
+        wake.set()
+
+    renewal_done = threading.Event()
+    renewer = threading.Thread(
+        target=_renew_leases_until,
+        args=(engine, worker, options.lease_seconds, flights, flights_lock, renewal_done),
+        name=f"{worker}-lease-renewal",
+        daemon=True,
+    )
+    renewer.start()
+    started = time.monotonic()
+    idle_since: float | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
+            while True:
+                _write_outcomes(engine, worker, outcomes, report)
+                now = time.monotonic()
+                if stop.is_set() or now - started >= options.max_run_duration_seconds:
+                    break
+                with flights_lock:
+                    free = options.slots - len(flights)
+                claimed = repository.claim_due_jobs(
+                    engine, worker=worker, limit=free, lease_seconds=options.lease_seconds
+                )
+                report.claimed += len(claimed)
+                with flights_lock:
+                    for job in claimed:
+                        flights[job.id] = _Flight(job, options.lease_seconds)
+                    in_flight = len(flights)
+                    new = [flights[j.id] for j in claimed]
+                report.peak_in_flight = max(report.peak_in_flight, in_flight)
+                for flight in new:
+                    pool.submit(process, flight)
+                if in_flight == 0:
+                    idle_since = idle_since if idle_since is not None else now
+                    if now - idle_since >= options.idle_exit_seconds:
+                        break
+                else:
+                    idle_since = None
+                if on_round is not None:
+                    on_round(report)
+                # A full pool waits for a slot; a pool with room looks again soon.
+                wake.wait(options.poll_seconds)
+                wake.clear()
+            if stop.is_set():
+                with flights_lock:
+                    for flight in flights.values():
+                        flight.stop("worker_stopped")
+        # The pool has drained: every slot's outcome is queued.
+        _write_outcomes(engine, worker, outcomes, report)
+    finally:
+        renewal_done.set()
+        renewer.join(timeout=5)
+    return report
+
+
+def _attempt(
+    flight: _Flight,
+    store: ResultStore,
+    fetcher: Fetcher,
+    retry_policy: RetryPolicy,
+    rng: random.Random,
+) -> AttemptOutcome | None:
+    job = flight.job
+    begun = time.monotonic()
+
+    def elapsed_ms() -> int:
+        return int((time.monotonic() - begun) * 1000)
+
+    try:
+        fetched = fetcher.fetch(job.url, job.params, should_stop=flight.should_stop)
+    except FetchError as exc:
+        if exc.error_class == "cancelled":
+            return _stopped(flight, elapsed_ms())
+        decision = decide(
+            attempt=job.budget_used,
+            status_code=None,
+            error_class=exc.error_class,
+            retry_after=None,
+            policy=retry_policy,
+            now=datetime.now(UTC),
+            rng=rng,
+        )
+        return _decided(job, decision, None, elapsed_ms())
+    try:
+        decision = decide(
+            attempt=job.budget_used,
+            status_code=fetched.status_code,
+            error_class=None,
+            retry_after=fetched.headers.get("Retry-After"),
+            policy=retry_policy,
+            now=datetime.now(UTC),
+            rng=rng,
+        )
+        if decision.outcome != "succeeded":
+            return _decided(job, decision, fetched.status_code, elapsed_ms())
+        if flight.lease_in_doubt():
+            flight.stop("lease_lost")
+        if flight.should_stop():
+            return _stopped(flight, elapsed_ms())
+        key = result_key(job.tenant_id, job.id, job.created_at)
+        stored = store.put(
+            key,
+            fetched.body,
+            size=fetched.size,
+            sha256=fetched.sha256,
+            content_type=_storable_content_type(fetched.content_type),
+        )
+    finally:
+        fetched.close()
+    return AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="succeeded",
+        outcome="succeeded",
+        http_status=fetched.status_code,
+        duration_ms=elapsed_ms(),
+        result_key=stored.key,
+        result_size=stored.size,
+        result_sha256=stored.sha256,
+        result_content_type=stored.content_type,
+    )
+
+
+def _storable_content_type(value: str | None) -> str | None:
+    """The target's Content-Type when it is a sane header value; junk is dropped (the store
+    then records application/octet-stream) rather than failing a fetched job."""
+    if value is None or len(value) > 255 or not value.isascii() or not value.isprintable():
+        return None
+    return value
+
+
+def _decided(
+    job: ClaimedJob, decision: Decision, http_status: int | None, duration_ms: int
+) -> AttemptOutcome:
+    return AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued" if decision.outcome == "retry" else decision.outcome,
+        outcome=decision.outcome,
+        http_status=http_status,
+        error_class=decision.error_class,
+        error_detail=decision.error_detail,
+        duration_ms=duration_ms,
+        next_attempt_at=decision.next_attempt_at,
+    )
+
+
+def _stopped(flight: _Flight, duration_ms: int) -> AttemptOutcome | None:
+    job = flight.job
+    if flight.stop_reason == "cancelled":
+        return AttemptOutcome(
+            job_id=job.id,
+            attempt=job.attempt,
+            status="cancelled",
+            outcome="cancelled",
+            error_class="cancelled",
+            error_detail="cancelled by the client while running",
+            duration_ms=duration_ms,
+        )
+    if flight.stop_reason == "lease_lost":
+        # The job is someone else's now; the database would refuse any write of ours.
+        return None
+    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back")
+
+
+def _retry_now(job: ClaimedJob, error_class: str, detail: str) -> AttemptOutcome:
+    return AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued",
+        outcome="retry",
+        error_class=error_class,
+        error_detail=detail,
+        next_attempt_at=datetime.now(UTC),
+    )
+
+
+def _write_outcomes(
+    engine: Engine,
+    worker: str,
+    outcomes: queue.Queue[tuple[AttemptOutcome, datetime]],
+    report: WorkerReport,
+) -> None:
+    batch: list[tuple[AttemptOutcome, datetime]] = []
+    while True:
+        try:
+            batch.append(outcomes.get_nowait())
+        except queue.Empty:
+            break
+    if not batch:
+        return
+    written = repository.finish_attempts(engine, worker=worker, outcomes=[o for o, _ in batch])
+    for outcome, created_at in batch:
+        if outcome.job_id not in written:
+            report.lease_lost += 1
+            continue
+        day = report.day(created_at.astimezone(UTC).date())
+        if outcome.status == "succeeded":
+            report.succeeded += 1
+            day.jobs_stored += 1
+            day.bytes += outcome.result_size or 0
+        elif outcome.status == "queued":
+            report.retried += 1
+        elif outcome.status == "failed":
+            report.failed += 1
+            day.failures_by_class[outcome.error_class or "unknown"] += 1
+        elif outcome.status == "cancelled":
+            report.cancelled += 1
+
+
+def _renew_leases_until(
+    engine: Engine,
+    worker: str,
+    lease_seconds: float,
+    flights: dict[uuid.UUID, _Flight],
+    flights_lock: threading.Lock,
+    done: threading.Event,
+) -> None:
+    # Three renewals per lease: one slow round trip does not cost the lease.
+    interval = lease_seconds / 3
+    while not done.wait(interval):
+        with flights_lock:
+            ids = list(flights)
+        if not ids:
+            continue
+        # The lease runs from when the renewal was sent, not from when its answer came.
+        sent_at = time.monotonic()
+        try:
+            held = repository.renew_leases(
+                engine, worker=worker, job_ids=ids, lease_seconds=lease_seconds
+            )
+        except Exception:
+            log.exception("lease renewal failed; retrying in %.1f s", interval)
+            continue
+        with flights_lock:
+            for job_id in ids:
+                flight = flights.get(job_id)
+                if flight is None:
+                    continue
+                if job_id not in held:
+                    flight.stop("lease_lost")
+                    continue
+                flight.renewed_at = sent_at
+                if held[job_id]:
+                    flight.stop("cancelled")

@@ -1,0 +1,79 @@
+"""`scraping_jobs_sensor`: watches scraping.jobs (the queue) with one cheap query and keeps
+enough `scraping_worker` runs alive — never one run per scraping job.
+
+A live worker run claims new due jobs within its poll interval, so the sensor only adds
+runs when the due backlog is more than the live runs' slots can take, or when due jobs
+have waited longer than a sensor interval (the live runs are full)."""
+# No `from __future__ import annotations`: Dagster reads resource types from the
+# annotations at definition time.
+
+import math
+from datetime import UTC, datetime
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from pin_orchestration.jobs.scraping import WORKER_TAGS, scraping_worker
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.scraping import ScrapingResource
+from pin_orchestration.scraping.repository import queue_stats
+from pin_orchestration.sensors.runs import runs_in_flight
+
+SENSOR_INTERVAL_SECONDS = 5
+
+
+def worker_runs_wanted(
+    *, due: int, oldest_due_age_seconds: float, in_flight: int, slots: int, max_runs: int
+) -> int:
+    """Runs to launch now: enough for the due backlog at `slots` each, one more when due jobs
+    have waited past a sensor interval (live runs are full), within `max_runs`."""
+    if due == 0:
+        return 0
+    target = math.ceil(due / slots)
+    if in_flight > 0 and oldest_due_age_seconds > SENSOR_INTERVAL_SECONDS:
+        target = max(target, in_flight + 1)
+    return max(0, min(max_runs, target) - in_flight)
+
+
+@sensor(
+    name="scraping_jobs_sensor",
+    job=scraping_worker,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Every 5 s: due scraping jobs → enough scraping_worker runs (each drains "
+    "many jobs, PIN_SCRAPING_SLOTS at once) within PIN_SCRAPING_MAX_WORKER_RUNS.",
+)
+def scraping_jobs_sensor(
+    context: SensorEvaluationContext, database: DatabaseResource, scraping: ScrapingResource
+) -> SensorResult | SkipReason:
+    with database.get_engine().connect() as conn:
+        stats = queue_stats(conn)
+    if stats.due == 0:
+        return SkipReason(f"no due scraping jobs ({stats.queued} queued)")
+    settings = scraping.get_settings()
+    in_flight = runs_in_flight(context.instance, scraping_worker.name)
+    wanted = worker_runs_wanted(
+        due=stats.due,
+        oldest_due_age_seconds=stats.oldest_due_age_seconds,
+        in_flight=in_flight,
+        slots=settings.slots,
+        max_runs=settings.max_worker_runs,
+    )
+    if wanted == 0:
+        return SkipReason(f"{stats.due} due, {in_flight} worker run(s) in flight")
+    tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
+    return SensorResult(
+        run_requests=[
+            RunRequest(
+                run_key=f"scraping-worker-{tick}-{slot}",
+                tags={**WORKER_TAGS, "pin/due_jobs": str(stats.due)},
+            )
+            for slot in range(wanted)
+        ]
+    )

@@ -1,0 +1,329 @@
+"""Worker runs against real PostgreSQL, a real HTTP target on loopback and real stores:
+every lifecycle transition, the retry planner's decisions, SSRF refusal, leases."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.demo_site import DemoSite
+from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
+from pin_orchestration.scraping.store import LocalResultStore
+from tests.scraping.conftest import TEST_SETTINGS, Worker
+
+
+def enqueue(engine: Engine, tenant_id: uuid.UUID, url: str, **params: Any) -> uuid.UUID:
+    return repository.submit_job(engine, tenant_id, JobRequest(url=url, params=params), None).id
+
+
+def job_row(engine: Engine, job_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM scraping.jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+
+
+def attempts(engine: Engine, job_id: uuid.UUID) -> list[Any]:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM scraping.job_attempts WHERE job_id = :id ORDER BY number"),
+            {"id": job_id},
+        ).all()
+
+
+@pytest.fixture
+def tenant_id(make_tenant) -> uuid.UUID:
+    return make_tenant("shop")[0].id
+
+
+def test_200_is_stored_then_succeeded(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/page/home", lang="en")
+    report = work()
+    assert (report.claimed, report.succeeded) == (1, 1)
+    row = job_row(db_engine, job_id)
+    assert row.status == "succeeded" and row.attempts == 1
+    assert row.finished_at is not None and row.lease_expires_at is None
+    body = local_store.read_bytes(row.result_key)
+    assert b"demo page /page/home" in body and b"lang=en" in body
+    assert row.result_sha256 == hashlib.sha256(body).hexdigest()
+    assert row.result_size == len(body)
+    assert row.result_content_type == "text/html; charset=utf-8"
+    day = row.created_at.astimezone(UTC)
+    assert row.result_key == f"results/{tenant_id}/{day:%Y/%m/%d}/{job_id}"
+    [attempt] = attempts(db_engine, job_id)
+    assert (attempt.outcome, attempt.http_status) == ("succeeded", 200)
+
+
+@pytest.mark.parametrize("status,error_class", [(404, "http_404"), (401, "http_401")])
+def test_permanent_answers_fail_at_once(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, status: int, error_class: str
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/{status}")
+    work()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, error_class)
+    assert row.last_error and row.result_key is None
+    assert site.requests[f"/status/{status}"] == 1
+
+
+def test_429_waits_for_retry_after(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/429", retry_after=120)
+    before = datetime.now(UTC)
+    work()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("queued", 1, "http_429")
+    # the backoff policy alone would retry within 0.2 s; the target asked for 120 s
+    assert row.next_attempt_at >= before + timedelta(seconds=119)
+    [attempt] = attempts(db_engine, job_id)
+    assert (attempt.outcome, attempt.http_status) == ("retry", 429)
+
+
+def test_503_twice_then_200_succeeds_on_the_third_attempt(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/flaky/x", fail=2)
+    work(idle_exit_seconds=2.5)  # Retry-After: 1 between attempts
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts) == ("succeeded", 3)
+    assert [(a.outcome, a.http_status) for a in attempts(db_engine, job_id)] == [
+        ("retry", 503),
+        ("retry", 503),
+        ("succeeded", 200),
+    ]
+
+
+def test_a_target_slower_than_the_timeout_is_retried_then_failed(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+) -> None:
+    import dataclasses
+
+    settings = dataclasses.replace(TEST_SETTINGS, max_attempts=2, fetch_timeout_seconds=0.3)
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s", ms=2000)
+    work(settings=settings, idle_exit_seconds=1.0)
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "timeout")
+    assert [a.outcome for a in attempts(db_engine, job_id)] == ["retry", "failed"]
+
+
+def test_a_body_over_the_limit_fails_and_stores_nothing(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+) -> None:
+    too_big = TEST_SETTINGS.max_result_bytes + 1
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/big", ms=0, bytes=too_big)
+    work()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.last_error_class) == ("failed", "body_too_large")
+    assert not list(local_store.root.rglob(str(job_id)))
+
+
+class CountingServer:
+    """A server on 127.0.0.2 that counts every connection it accepts."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.2:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+) -> None:
+    private = CountingServer()
+    try:
+        direct = enqueue(db_engine, tenant_id, f"{private.url}/secret")
+        redirected = enqueue(db_engine, tenant_id, f"{site.url}/redirect", to=f"{private.url}/x")
+        work(allowed="127.0.0.1/32")
+        for job_id in (direct, redirected):
+            row = job_row(db_engine, job_id)
+            assert (row.status, row.last_error_class) == ("failed", "refused_address")
+        assert private.connections == 0
+        assert site.requests["/redirect"] == 1
+    finally:
+        private.stop()
+
+
+def test_the_result_object_exists_before_the_job_reads_succeeded(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+) -> None:
+    """A store that looks at the job while it writes: the job must still be running then,
+    and a reader polling all along never sees succeeded without the object."""
+    statuses_at_put: list[str] = []
+    violations: list[str] = []
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/page/ordered")
+
+    class WatchingStore:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(local_store, name)
+
+        def put(self, key: str, body: Any, **kw: Any) -> Any:
+            statuses_at_put.append(job_row(db_engine, job_id).status)
+            time.sleep(0.3)  # give the poller time to look while the object is being written
+            return local_store.put(key, body, **kw)
+
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            row = job_row(db_engine, job_id)
+            if row.status == "succeeded" and local_store.head(row.result_key) is None:
+                violations.append("succeeded without its object")
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        work(store=WatchingStore())
+    finally:
+        done.set()
+        poller.join()
+    assert statuses_at_put == ["running"]
+    assert not violations
+    assert job_row(db_engine, job_id).status == "succeeded"
+
+
+def test_a_running_job_is_cancelled_at_the_workers_next_check(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+) -> None:
+    import dataclasses
+
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=10, lease_seconds=0.6)
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/c", ms=2000)
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(r=work(settings=settings)))
+    worker.start()
+    while job_row(db_engine, job_id).status != "running":
+        time.sleep(0.05)
+    assert repository.cancel_job(db_engine, tenant_id, job_id) == ("running", True)
+    # The check comes with the next lease renewal (every 0.2 s here) and is read before
+    # each piece of the answer: the target's answer arrives, nothing of it is stored.
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    row = job_row(db_engine, job_id)
+    assert row.status == "cancelled" and row.finished_at is not None
+    assert row.result_key is None and not list(local_store.root.rglob(str(job_id)))
+    assert [a.outcome for a in attempts(db_engine, job_id)] == ["cancelled"]
+
+
+def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
+    db_engine: Engine, tenant_id
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
+    [first] = repository.claim_due_jobs(db_engine, worker="A", limit=5, lease_seconds=0.05)
+    time.sleep(0.1)
+    swept = repository.sweep_expired_leases(db_engine, max_attempts=5)
+    assert [(r.id, r.status) for r in swept] == [(job_id, "queued")]
+    [second] = repository.claim_due_jobs(db_engine, worker="B", limit=5, lease_seconds=30)
+    assert (first.attempt, second.attempt) == (1, 2)
+
+    late = AttemptOutcome(
+        job_id=job_id, attempt=1, status="failed", outcome="failed", error_class="http_404"
+    )
+    assert repository.finish_attempts(db_engine, worker="A", outcomes=[late]) == set()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.lease_owner, row.attempts) == ("running", "B", 2)
+    assert [(a.number, a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
+        (1, "lost", "lease_expired"),
+        (2, None, None),
+    ]
+
+
+def test_the_sweeper_fails_a_job_whose_attempts_are_spent_and_requeue_restores_it(
+    db_engine: Engine, tenant_id
+) -> None:
+    job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
+    for _ in range(2):
+        repository.claim_due_jobs(db_engine, worker="A", limit=1, lease_seconds=0.01)
+        time.sleep(0.05)
+        repository.sweep_expired_leases(db_engine, max_attempts=2)
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "lease_expired")
+    assert [j["id"] for j in repository.list_failed_jobs(db_engine)] == [job_id]
+    assert repository.requeue_failed_jobs(db_engine, [job_id, uuid.uuid4()]) == [job_id]
+    [again] = repository.claim_due_jobs(db_engine, worker="B", limit=1, lease_seconds=30)
+    assert (again.attempt, again.budget_used) == (3, 1)
+
+
+def test_two_workers_on_separate_connections_never_claim_the_same_job(
+    db_engine: Engine, tenant_id
+) -> None:
+    ids = {enqueue(db_engine, tenant_id, f"http://127.0.0.1:9/{i}") for i in range(200)}
+    barrier = threading.Barrier(4)
+    claimed: dict[str, list[uuid.UUID]] = {}
+    errors: list[BaseException] = []
+
+    def claimer(name: str) -> None:
+        try:
+            barrier.wait()
+            mine: list[uuid.UUID] = []
+            while batch := repository.claim_due_jobs(
+                db_engine, worker=name, limit=7, lease_seconds=30
+            ):
+                mine += [j.id for j in batch]
+            claimed[name] = mine
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    everything = [j for mine in claimed.values() for j in mine]
+    assert len(everything) == len(set(everything)) == 200
+    assert set(everything) == ids
+    assert all(claimed.values()), "each worker got a share"
+
+
+def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
+    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, s3_store
+) -> None:
+    import requests
+
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s3", ms=0, bytes=5000)
+    work(store=s3_store)
+    row = job_row(db_engine, job_id)
+    assert row.status == "succeeded"
+    stored = s3_store.head(row.result_key)
+    assert (stored.size, stored.sha256) == (5000, row.result_sha256)
+    url, _ = s3_store.signed_url(row.result_key, ttl_seconds=60)
+    download = requests.get(url, timeout=10)  # a plain HTTP GET, no AWS client
+    assert download.status_code == 200
+    assert download.content == b"x" * 5000
+    assert download.headers["Content-Type"] == "application/octet-stream"
