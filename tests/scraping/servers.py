@@ -13,6 +13,7 @@ Routes (query parameters in brackets):
 - `/gzip` [n]: n zero bytes gzip-compressed, `Content-Encoding: gzip`
 - `/redirect` [to, status]: a redirect to `to`; `/redirect-chain/<k>`: k hops to /bytes
 - `/no-location`: 302 without a Location header
+- `/short` [n]: declares n bytes, sends half, closes
 - `/garbage`: a status line that is not HTTP
 - `/drop`: closes the connection without answering
 - `/echo`: 200 with the request target (path and query) as the body
@@ -20,19 +21,28 @@ Routes (query parameters in brackets):
 - `/cookie`: 200 setting a cookie
 
 Every server counts accepted TCP connections (before any byte is read) and requests.
+With `tls` (see `make_tls_files`) it speaks HTTPS and records the SNI names it was sent.
 """
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import hashlib
+import ipaddress
 import socket
+import ssl
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 
 def body_bytes(n: int) -> bytes:
@@ -54,9 +64,61 @@ class _Server(ThreadingHTTPServer):
         return request
 
 
+class TlsFiles(NamedTuple):
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """A throw-away CA and a certificate it signed for `localhost` and 127.0.0.1."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def certificate(
+        subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: Any, ca: bool
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pin test CA")])
+    ca_cert = certificate("pin test CA", ca_key, ca_name, ca_key, ca=True)
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf_cert = certificate("localhost", leaf_key, ca_name, ca_key, ca=False)
+    files = TlsFiles(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(leaf_cert.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return files
+
+
 class TargetServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: TlsFiles | None = None) -> None:
         self.host = host
+        self.scheme = "https" if tls else "http"
+        self.sni_names: list[str | None] = []
         self._lock = threading.Lock()
         self._accepted = 0
         self._paths: list[str] = []
@@ -68,13 +130,18 @@ class TargetServer:
         self._server = _Server((host, port), _Handler)
         self._server.target = self
         self.port = self._server.server_address[1]
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(tls.cert, tls.key)
+            context.sni_callback = self._record_sni
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
 
     def url(self, path: str = "/") -> str:
-        return f"http://{self.host}:{self.port}{path}"
+        return f"{self.scheme}://{self.host}:{self.port}{path}"
 
     @property
     def accepted_connections(self) -> int:
@@ -97,6 +164,10 @@ class TargetServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _record_sni(self, _: ssl.SSLSocket, name: str | None, __: ssl.SSLContext) -> None:
+        with self._lock:
+            self.sni_names.append(name)
 
     def _count_connection(self) -> None:
         with self._lock:
@@ -174,6 +245,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(302, b"", None, {"Location": location})
         elif path == "/no-location":
             self._answer(302, b"no location", "text/plain")
+        elif path == "/short":
+            n = int(query["n"])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            self.wfile.write(body_bytes(n // 2))
+            self.close_connection = True
         elif path == "/garbage":
             self.wfile.write(b"THIS IS NOT HTTP\r\n\r\n")
             self.close_connection = True
@@ -250,13 +328,3 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             self.close_connection = True
-
-
-def wait_until(condition: Any, timeout: float = 5.0) -> bool:
-    """Poll `condition()` until true or `timeout`; for state another thread sets."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return bool(condition())

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from pin_orchestration.scraping.fetch import (
     is_address_allowed,
     parse_allowed_cidrs,
 )
-from tests.scraping.servers import TargetServer, body_bytes
+from tests.scraping.servers import TargetServer, TlsFiles, body_bytes, make_tls_files
 
 LOOPBACK_ONE = parse_allowed_cidrs("127.0.0.1/32")
 
@@ -236,6 +237,10 @@ def test_malformed_answer_is_invalid_response(fetcher: Fetcher, target: TargetSe
     assert fetch_error(fetcher, target.url("/garbage")).error_class == "invalid_response"
 
 
+def test_body_cut_short_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
+    assert fetch_error(fetcher, target.url("/short?n=1000")).error_class == "connection_error"
+
+
 def test_dropped_connection_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
     assert fetch_error(fetcher, target.url("/drop")).error_class == "connection_error"
 
@@ -347,8 +352,18 @@ def test_other_spellings_of_a_refused_address(
     fetcher: Fetcher, refused_target: TargetServer, host: str
 ) -> None:
     error = fetch_error(fetcher, f"http://{host}:{refused_target.port}/bytes?n=1")
-    assert error.error_class in ("refused_address", "invalid_url")
+    assert error.error_class == "refused_address"
     assert_nothing_reached(refused_target)
+
+
+@pytest.mark.parametrize("host", ["0", "0.0.0.0", "[::]", "[::1]"])
+def test_unspecified_and_ipv6_loopback_are_refused(
+    fetcher: Fetcher, target: TargetServer, host: str
+) -> None:
+    # Connecting to 0.0.0.0 reaches this machine's listeners: `target` among them.
+    error = fetch_error(fetcher, f"http://{host}:{target.port}/bytes?n=1")
+    assert error.error_class == "refused_address"
+    assert_nothing_reached(target)
 
 
 def test_dns_answer_changing_after_the_check_cannot_redirect_the_connect(
@@ -459,6 +474,64 @@ def test_parse_allowed_cidrs() -> None:
         parse_allowed_cidrs("127.0.0.1/32,10.0.0.1/8")
     with pytest.raises(ValueError, match="PIN_SCRAPING_ALLOWED_CIDRS: 'localhost'"):
         parse_allowed_cidrs("localhost")
+
+
+# --- HTTPS -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> TlsFiles:
+    return make_tls_files(tmp_path)
+
+
+@pytest.fixture
+def tls_target(tls_files: TlsFiles) -> Iterator[TargetServer]:
+    with TargetServer("127.0.0.1", tls=tls_files) as server:
+        yield server
+
+
+def trusting(fetcher: Fetcher, tls_files: TlsFiles) -> Fetcher:
+    # The production fetcher trusts the system's CAs only; the test CA is added here.
+    fetcher._session.verify = str(tls_files.ca)
+    return fetcher
+
+
+def test_https_through_the_guarded_connection(
+    fetcher: Fetcher, tls_target: TargetServer, tls_files: TlsFiles
+) -> None:
+    trusting(fetcher, tls_files)
+    with fetcher.fetch(f"https://localhost:{tls_target.port}/headers") as result:
+        assert result.status_code == 200
+        assert f"Host: localhost:{tls_target.port}" in result.body.read().decode()
+    # The certificate is checked against the name, which also went out as SNI.
+    assert tls_target.sni_names == ["localhost"]
+
+
+def test_https_certificate_not_trusted_is_a_connection_error(
+    fetcher: Fetcher, tls_target: TargetServer
+) -> None:
+    error = fetch_error(fetcher, f"https://localhost:{tls_target.port}/headers")
+    assert error.error_class == "connection_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in error.detail
+
+
+def test_https_trickle_is_cut_at_the_deadline(
+    tls_target: TargetServer, tls_files: TlsFiles
+) -> None:
+    with trusting(make_fetcher(timeout_seconds=1.0), tls_files) as fetcher:
+        started = time.monotonic()
+        error = fetch_error(fetcher, tls_target.url("/trickle?n=200&interval=0.05"))
+        elapsed = time.monotonic() - started
+    assert error.error_class == "timeout"
+    assert elapsed < 3.0
+
+
+def test_https_to_a_refused_address_gets_nothing(
+    fetcher: Fetcher, refused_target: TargetServer
+) -> None:
+    error = fetch_error(fetcher, f"https://127.0.0.2:{refused_target.port}/")
+    assert error.error_class == "refused_address"
+    assert_nothing_reached(refused_target)
 
 
 # --- concurrency ------------------------------------------------------------------------
