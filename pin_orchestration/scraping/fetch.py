@@ -506,6 +506,11 @@ class _GuardedConnectionMixin:
             )
         except socket.gaierror as exc:
             raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
+        except UnicodeError:
+            # The resolver's IDNA encoding refuses the name (a label over 63 characters).
+            raise urllib3.exceptions.LocationParseError(
+                f"{host!r}: not a valid host name"
+            ) from None
         allowed = [c for c in candidates if self._address_guard.allows(str(c[4][0]))]
         if not allowed:
             raise AddressRefusedError(self.host, [str(c[4][0]) for c in candidates])

@@ -261,7 +261,17 @@ def test_unresolvable_host_is_a_connection_error(fetcher: Fetcher) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["ftp://127.0.0.1/", "file:///etc/passwd", "http:///path", "http://127.0.0.1:port/", "nope"],
+    [
+        "ftp://127.0.0.1/",
+        "file:///etc/passwd",
+        "http:///path",
+        "http://127.0.0.1:port/",
+        "http://127.0.0.1:99999/",
+        "http://[::1/",
+        "http://a b/",
+        "http://" + "a" * 64 + ".invalid/",
+        "nope",
+    ],
 )
 def test_invalid_urls(fetcher: Fetcher, url: str) -> None:
     assert fetch_error(fetcher, url).error_class == "invalid_url"
