@@ -506,6 +506,11 @@ class _GuardedConnectionMixin:
             )
         except socket.gaierror as exc:
             raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
+        except UnicodeError:
+            # The resolver's IDNA encoding refuses the name (a label over 63 characters).
+            raise urllib3.exceptions.LocationParseError(
+                f"{host!r}: not a valid host name"
+            ) from None
         allowed = [c for c in candidates if self._address_guard.allows(str(c[4][0]))]
         if not allowed:
             raise AddressRefusedError(self.host, [str(c[4][0]) for c in candidates])
@@ -537,6 +542,13 @@ class _GuardedConnectionMixin:
             self,  # type: ignore[arg-type]
             f"Failed to establish a new connection: {error}",
         ) from error
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        deadline: _Deadline | None = getattr(_current, "deadline", None)
+        if deadline is not None:
+            # The socket to shut at the deadline, as it is after any TLS wrapping.
+            deadline.watch(self)
 
 
 def _connect_timeout(timeout: Any, deadline: _Deadline | None) -> float | None:
@@ -665,32 +677,41 @@ _current = threading.local()
 
 
 class _Deadline:
-    """The end of one fetch and the connections it is using."""
+    """The end of one fetch, and the connections (with their sockets) it is using.
+
+    Sockets are kept beside their connection because http.client lets go of a connection's
+    socket (`conn.sock = None`) as soon as an answer says the connection will close, while
+    the body is still read from it.
+    """
 
     def __init__(self, at: float) -> None:
         self.at = at
         self.expired = False
         self._finished = False
         self._lock = threading.Lock()
-        self._connections: list[Any] = []
+        self._watched: dict[int, tuple[Any, list[socket.socket]]] = {}
 
     def remaining(self) -> float:
         return self.at - time.monotonic()
 
     def watch(self, conn: Any) -> None:
+        """Called when a fetch takes `conn` from its pool and again when `conn` connects."""
         with self._lock:
             if self._finished:
                 return
             conn._pin_deadline = self
-            self._connections.append(conn)
+            _, sockets = self._watched.setdefault(id(conn), (conn, []))
+            sock = conn.sock
+            if sock is not None and all(sock is not known for known in sockets):
+                sockets.append(sock)
             if self.expired:
-                _shut(conn)
+                _shut(conn, sockets)
 
     def unwatch(self, conn: Any) -> None:
         with self._lock:
             if getattr(conn, "_pin_deadline", None) is self:
                 conn._pin_deadline = None
-            self._connections = [c for c in self._connections if c is not conn]
+            self._watched.pop(id(conn), None)
 
     def expire(self) -> bool:
         """Shut every socket of the fetch; `False` once the fetch is over."""
@@ -698,27 +719,27 @@ class _Deadline:
             if self._finished:
                 return False
             self.expired = True
-            for conn in self._connections:
-                _shut(conn)
+            for conn, sockets in self._watched.values():
+                _shut(conn, sockets)
             return True
 
     def finish(self) -> None:
         with self._lock:
             self._finished = True
-            for conn in self._connections:
+            for conn, _ in self._watched.values():
                 if getattr(conn, "_pin_deadline", None) is self:
                     conn._pin_deadline = None
-            self._connections.clear()
+            self._watched.clear()
 
 
-def _shut(conn: Any) -> None:
-    sock = getattr(conn, "sock", None)
-    if sock is None:
-        return
-    # The plain socket's shutdown even for TLS: it wakes the thread blocked in recv
-    # without tearing the SSL object out from under it.
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+def _shut(conn: Any, sockets: list[socket.socket]) -> None:
+    current = conn.sock
+    for sock in [*sockets, *([current] if current is not None else [])]:
+        # The plain socket's shutdown even for TLS: it wakes the thread blocked in recv
+        # without tearing the SSL object out from under it. A socket already closed has
+        # given up its descriptor (fileno -1), so this never reaches another connection.
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class _Watchdog:

@@ -1,0 +1,570 @@
+"""The fetcher against real HTTP targets on loopback: answers, limits, deadlines, SSRF
+refusal with nothing sent, and 600 concurrent fetches on threads.
+
+Every packet goes to 127.0.0.0/8. Addresses outside loopback appear only as literals in
+the pure unit test of the address classifier, which opens no socket.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pin_orchestration.scraping.fetch import (
+    Fetcher,
+    FetchError,
+    FetchPolicy,
+    is_address_allowed,
+    parse_allowed_cidrs,
+)
+from tests.scraping.servers import TargetServer, TlsFiles, body_bytes, make_tls_files
+
+LOOPBACK_ONE = parse_allowed_cidrs("127.0.0.1/32")
+
+
+@pytest.fixture
+def target() -> Iterator[TargetServer]:
+    with TargetServer("127.0.0.1") as server:
+        yield server
+
+
+@pytest.fixture
+def refused_target(target: TargetServer) -> Iterator[TargetServer]:
+    """A counting server on 127.0.0.2, outside the allow-list, on the same port as
+    `target` where that port is free there (the rebinding test needs one port)."""
+    with TargetServer("127.0.0.2", target.port) as server:
+        yield server
+
+
+def make_fetcher(**overrides: Any) -> Fetcher:
+    settings: dict[str, Any] = {"timeout_seconds": 5.0, "allowed_cidrs": LOOPBACK_ONE}
+    settings.update(overrides)
+    return Fetcher(FetchPolicy(**settings))
+
+
+@pytest.fixture
+def fetcher() -> Iterator[Fetcher]:
+    with make_fetcher() as shared:
+        yield shared
+
+
+def fetch_error(fetcher: Fetcher, url: str, **kwargs: Any) -> FetchError:
+    with pytest.raises(FetchError) as caught:
+        fetcher.fetch(url, **kwargs).close()
+    return caught.value
+
+
+def assert_nothing_reached(server: TargetServer) -> None:
+    """No connection reached `server` before now.
+
+    A probe connects after the fetch; the listen queue hands connections out in order, so
+    once the server has accepted the probe it has accepted anything that came earlier.
+    """
+    probe = requests.Session()
+    probe.trust_env = False
+    assert probe.get(server.url("/bytes?n=1"), timeout=5).status_code == 200
+    probe.close()
+    assert server.accepted_connections == 1, "a refused fetch reached the target"
+    assert server.requests == ["/bytes?n=1"]
+
+
+# --- answers ----------------------------------------------------------------------------
+
+
+def test_body_size_hash_and_content_type(fetcher: Fetcher, target: TargetServer) -> None:
+    n = 3 * 1024 * 1024 + 17  # beyond the 1 MiB kept in memory
+    with fetcher.fetch(target.url(f"/bytes?n={n}&type=image/png")) as result:
+        assert result.status_code == 200
+        assert result.content_type == "image/png"
+        assert result.headers["CONTENT-TYPE"] == "image/png"
+        assert result.size == n
+        expected = body_bytes(n)
+        assert result.sha256 == hashlib.sha256(expected).hexdigest()
+        assert result.body.read() == expected
+        assert result.final_url == target.url(f"/bytes?n={n}&type=image/png")
+        assert result.elapsed_ms >= 0
+
+
+def test_small_body_stays_in_memory(fetcher: Fetcher, target: TargetServer) -> None:
+    with fetcher.fetch(target.url("/bytes?n=10")) as result:
+        assert result.body.read() == body_bytes(10)
+        assert not result.body._rolled  # type: ignore[attr-defined]
+
+
+def test_params_go_into_the_query_string(fetcher: Fetcher, target: TargetServer) -> None:
+    params = {"q": "a b&c", "page": 2, "ratio": 0.5, "exact": True, "tag": ["x", "y"], "no": None}
+    with fetcher.fetch(target.url("/echo?fixed=1"), params) as result:
+        assert result.body.read() == (
+            b"/echo?fixed=1&q=a+b%26c&page=2&ratio=0.5&exact=true&tag=x&tag=y&no="
+        )
+
+
+def test_nested_params_are_refused_naming_the_key(fetcher: Fetcher, target: TargetServer) -> None:
+    error = fetch_error(fetcher, target.url("/echo"), params={"filter": {"a": 1}})
+    assert error.error_class == "invalid_url"
+    assert "params.filter" in error.detail
+    assert target.requests == []
+
+
+@pytest.mark.parametrize("status", [404, 401, 500])
+def test_error_statuses_are_answers(fetcher: Fetcher, target: TargetServer, status: int) -> None:
+    with fetcher.fetch(target.url(f"/status/{status}")) as result:
+        assert result.status_code == status
+        assert result.body.read() == b"status"
+
+
+def test_429_keeps_retry_after(fetcher: Fetcher, target: TargetServer) -> None:
+    with fetcher.fetch(target.url("/status/429?retry_after=7")) as result:
+        assert result.status_code == 429
+        assert result.headers["retry-after"] == "7"
+
+
+def test_503_twice_then_200(fetcher: Fetcher, target: TargetServer) -> None:
+    statuses = []
+    for _ in range(3):
+        with fetcher.fetch(target.url("/flaky/job-1")) as result:
+            statuses.append(result.status_code)
+    assert statuses == [503, 503, 200]
+
+
+def test_gzip_is_decoded_and_a_bomb_is_cut(target: TargetServer) -> None:
+    with make_fetcher(max_body_bytes=100_000) as fetcher:
+        with fetcher.fetch(target.url("/gzip?n=50000")) as result:
+            assert result.size == 50_000
+            assert result.body.read() == bytes(50_000)
+        # 10 MB of zeros compress to ~10 KB: the limit holds on the decoded bytes.
+        assert len(gzip.compress(bytes(10_000_000))) < 100_000
+        error = fetch_error(fetcher, target.url("/gzip?n=10000000"))
+        assert error.error_class == "body_too_large"
+
+
+def test_connections_are_reused(fetcher: Fetcher, target: TargetServer) -> None:
+    for _ in range(5):
+        fetcher.fetch(target.url("/bytes?n=100")).close()
+    assert target.accepted_connections == 1
+    assert len(target.requests) == 5
+
+
+def test_a_cookie_set_for_one_job_is_not_sent_with_the_next(
+    fetcher: Fetcher, target: TargetServer
+) -> None:
+    fetcher.fetch(target.url("/cookie")).close()
+    with fetcher.fetch(target.url("/headers")) as result:
+        sent = result.body.read().decode()
+    assert "tenant-a" not in sent
+    assert "pin-scraper/0.1" in sent
+
+
+# --- body limit -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("framing", ["length", "close", "chunked"])
+def test_body_over_the_limit(target: TargetServer, framing: str) -> None:
+    with make_fetcher(max_body_bytes=100_000) as fetcher:
+        with fetcher.fetch(target.url(f"/big?n=100000&framing={framing}")) as result:
+            assert result.size == 100_000
+        error = fetch_error(fetcher, target.url(f"/big?n=100001&framing={framing}"))
+        assert error.error_class == "body_too_large"
+        assert "100000" in error.detail
+
+
+def test_declared_length_over_the_limit_is_refused_before_the_body(target: TargetServer) -> None:
+    with make_fetcher(max_body_bytes=1000) as fetcher:
+        error = fetch_error(fetcher, target.url("/trickle?n=5000&interval=0.5"))
+    assert error.error_class == "body_too_large"
+    assert "Content-Length 5000" in error.detail
+
+
+# --- deadlines and cancellation ---------------------------------------------------------
+
+
+def test_no_answer_within_the_timeout(target: TargetServer) -> None:
+    with make_fetcher(timeout_seconds=0.5) as fetcher:
+        started = time.monotonic()
+        error = fetch_error(fetcher, target.url("/hang?seconds=10"))
+    assert error.error_class == "timeout"
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "where=body&framing=length",
+        "where=body&framing=close",
+        "where=head",
+    ],
+)
+def test_a_trickling_target_cannot_outlive_the_deadline(target: TargetServer, query: str) -> None:
+    # Each byte comes well within the read timeout; only the whole-fetch deadline stops it.
+    with make_fetcher(timeout_seconds=1.0) as fetcher:
+        started = time.monotonic()
+        error = fetch_error(fetcher, target.url(f"/trickle?n=200&interval=0.05&{query}"))
+        elapsed = time.monotonic() - started
+    assert error.error_class == "timeout"
+    assert 0.9 < elapsed < 3.0
+
+
+def test_cancellation_is_seen_while_the_body_trickles(target: TargetServer) -> None:
+    stop = threading.Event()
+    with make_fetcher(timeout_seconds=30.0) as fetcher:
+        timer = threading.Timer(0.3, stop.set)
+        timer.start()
+        started = time.monotonic()
+        error = fetch_error(
+            fetcher, target.url("/trickle?n=1000&interval=0.05"), should_stop=stop.is_set
+        )
+        elapsed = time.monotonic() - started
+        timer.join()
+    assert error.error_class == "cancelled"
+    assert elapsed < 2.0
+
+
+# --- protocol errors --------------------------------------------------------------------
+
+
+def test_malformed_answer_is_invalid_response(fetcher: Fetcher, target: TargetServer) -> None:
+    assert fetch_error(fetcher, target.url("/garbage")).error_class == "invalid_response"
+
+
+def test_body_cut_short_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
+    assert fetch_error(fetcher, target.url("/short?n=1000")).error_class == "connection_error"
+
+
+def test_dropped_connection_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
+    assert fetch_error(fetcher, target.url("/drop")).error_class == "connection_error"
+
+
+def test_nothing_listening_is_a_connection_error(fetcher: Fetcher) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+        error = fetch_error(fetcher, f"http://127.0.0.1:{port}/")
+    assert error.error_class == "connection_error"
+
+
+def test_unresolvable_host_is_a_connection_error(fetcher: Fetcher) -> None:
+    # .invalid never resolves (RFC 6761); the resolver answers without sending a query
+    # anywhere but the local stub.
+    assert fetch_error(fetcher, "http://no-such-host.invalid/").error_class == "connection_error"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://127.0.0.1/",
+        "file:///etc/passwd",
+        "http:///path",
+        "http://127.0.0.1:port/",
+        "http://127.0.0.1:99999/",
+        "http://[::1/",
+        "http://a b/",
+        "http://" + "a" * 64 + ".invalid/",
+        "nope",
+    ],
+)
+def test_invalid_urls(fetcher: Fetcher, url: str) -> None:
+    assert fetch_error(fetcher, url).error_class == "invalid_url"
+
+
+# --- redirects --------------------------------------------------------------------------
+
+
+def test_redirects_are_followed(fetcher: Fetcher, target: TargetServer) -> None:
+    with fetcher.fetch(target.url("/redirect-chain/5"), {"first": "hop"}) as result:
+        assert result.status_code == 200
+        assert result.final_url == target.url("/bytes?n=3")
+        assert result.body.read() == body_bytes(3)
+    # The job's params go with the first request only.
+    assert target.requests[0] == "/redirect-chain/5?first=hop"
+    assert target.requests[1] == "/redirect-chain/4"
+
+
+def test_too_many_redirects(fetcher: Fetcher, target: TargetServer) -> None:
+    error = fetch_error(fetcher, target.url("/redirect-chain/6"))
+    assert error.error_class == "too_many_redirects"
+    assert len(target.requests) == 6
+
+
+def test_redirect_without_location_is_the_answer(fetcher: Fetcher, target: TargetServer) -> None:
+    with fetcher.fetch(target.url("/no-location")) as result:
+        assert result.status_code == 302
+
+
+def test_redirect_to_another_scheme_is_refused(fetcher: Fetcher, target: TargetServer) -> None:
+    error = fetch_error(fetcher, target.url("/redirect?to=file:///etc/passwd"))
+    assert error.error_class == "invalid_url"
+    assert "redirect location" in error.detail
+
+
+# --- SSRF -------------------------------------------------------------------------------
+
+
+def test_address_outside_the_allow_list_gets_nothing(
+    fetcher: Fetcher, refused_target: TargetServer
+) -> None:
+    error = fetch_error(fetcher, refused_target.url("/bytes?n=1"))
+    assert error.error_class == "refused_address"
+    assert "127.0.0.2" in error.detail
+    assert_nothing_reached(refused_target)
+
+
+def test_redirect_to_a_refused_address_gets_nothing(
+    fetcher: Fetcher, target: TargetServer, refused_target: TargetServer
+) -> None:
+    for status in (302, 307):
+        to = refused_target.url("/bytes?n=1")
+        error = fetch_error(fetcher, target.url(f"/redirect?status={status}&to={to}"))
+        assert error.error_class == "refused_address"
+    assert len(target.requests) == 2
+    assert_nothing_reached(refused_target)
+
+
+def test_empty_allow_list_refuses_loopback(target: TargetServer) -> None:
+    with make_fetcher(allowed_cidrs=()) as fetcher:
+        for host in ("127.0.0.1", "localhost"):
+            error = fetch_error(fetcher, f"http://{host}:{target.port}/bytes?n=1")
+            assert error.error_class == "refused_address"
+    assert_nothing_reached(target)
+
+
+def test_a_name_is_judged_by_the_address_it_resolves_to(
+    fetcher: Fetcher, target: TargetServer
+) -> None:
+    with fetcher.fetch(f"http://localhost:{target.port}/headers") as result:
+        assert result.status_code == 200
+        sent = result.body.read().decode()
+    # The Host header still names the host, not the address connected to.
+    assert f"Host: localhost:{target.port}" in sent
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.2",
+        "2130706434",  # 127.0.0.2 as one decimal number
+        "0x7f000002",  # and in hex
+        "127.2",  # inet_aton's short form
+        "[::ffff:127.0.0.2]",  # IPv4-mapped IPv6
+    ],
+)
+def test_other_spellings_of_a_refused_address(
+    fetcher: Fetcher, refused_target: TargetServer, host: str
+) -> None:
+    error = fetch_error(fetcher, f"http://{host}:{refused_target.port}/bytes?n=1")
+    assert error.error_class == "refused_address"
+    assert_nothing_reached(refused_target)
+
+
+@pytest.mark.parametrize("host", ["0", "0.0.0.0", "[::]", "[::1]"])
+def test_unspecified_and_ipv6_loopback_are_refused(
+    fetcher: Fetcher, target: TargetServer, host: str
+) -> None:
+    # Connecting to 0.0.0.0 reaches this machine's listeners: `target` among them.
+    error = fetch_error(fetcher, f"http://{host}:{target.port}/bytes?n=1")
+    assert error.error_class == "refused_address"
+    assert_nothing_reached(target)
+
+
+def test_dns_answer_changing_after_the_check_cannot_redirect_the_connect(
+    fetcher: Fetcher,
+    target: TargetServer,
+    refused_target: TargetServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rebinding: the name first resolves to an allowed address, then to a refused one.
+    The address checked is the address connected to, so the second answer is never used."""
+    real_getaddrinfo = socket.getaddrinfo
+    answers = iter(["127.0.0.1"] + ["127.0.0.2"] * 10)
+
+    def rebinding_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "rebind.test":
+            return real_getaddrinfo(next(answers), port, socket.AF_INET, socket.SOCK_STREAM)
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding_getaddrinfo)
+    with fetcher.fetch(f"http://rebind.test:{target.port}/bytes?n=4") as result:
+        assert result.status_code == 200
+    monkeypatch.undo()
+    assert target.requests == ["/bytes?n=4"]
+    assert_nothing_reached(refused_target)
+
+
+def test_a_refused_candidate_is_skipped_for_an_allowed_one(
+    fetcher: Fetcher, target: TargetServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_getaddrinfo = socket.getaddrinfo
+
+    def two_addresses(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "multi.test":
+            refused = real_getaddrinfo("127.0.0.2", port, socket.AF_INET, socket.SOCK_STREAM)
+            allowed = real_getaddrinfo("127.0.0.1", port, socket.AF_INET, socket.SOCK_STREAM)
+            return refused + allowed
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    with fetcher.fetch(f"http://multi.test:{target.port}/bytes?n=1") as result:
+        assert result.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("93.184.215.14", True),
+        ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", True),
+        ("127.0.0.1", False),
+        ("127.0.0.2", False),
+        ("::1", False),
+        ("::ffff:127.0.0.1", False),
+        ("::ffff:7f00:2", False),
+        ("::ffff:93.184.215.14", True),
+        ("10.1.2.3", False),
+        ("172.16.0.1", False),
+        ("192.168.1.1", False),
+        ("169.254.169.254", False),  # cloud metadata
+        ("fe80::1", False),
+        ("fe80::1%1", False),
+        ("fc00::1", False),
+        ("fd12:3456::1", False),
+        ("fec0::1", False),  # site-local
+        ("0.0.0.0", False),
+        ("0.1.2.3", False),
+        ("::", False),
+        ("100.64.0.1", False),  # CGNAT
+        ("224.0.0.1", False),
+        ("239.255.255.250", False),
+        ("ff02::1", False),
+        ("ff0e::1", False),
+        ("240.0.0.1", False),
+        ("255.255.255.255", False),
+        ("192.0.2.1", False),  # documentation
+        ("198.18.0.1", False),  # benchmarking
+        ("2001:db8::1", False),
+        ("::7f00:1", False),  # IPv4-compatible, deprecated
+        ("2002:7f00:1::1", False),  # 6to4 around 127.0.0.1
+        ("2002:5db8:d70e::1", True),  # 6to4 around a public address
+        ("64:ff9b::7f00:1", False),  # NAT64 to loopback
+        ("64:ff9b::a00:1", False),  # NAT64 to 10.0.0.1
+        ("64:ff9b::5db8:d70e", True),
+    ],
+)
+def test_address_classifier(address: str, allowed: bool) -> None:
+    assert is_address_allowed(ipaddress.ip_address(address), ()) is allowed
+
+
+def test_allow_list_opens_exactly_its_ranges() -> None:
+    allowed = parse_allowed_cidrs("127.0.0.1/32, ::1/128")
+    assert is_address_allowed(ipaddress.ip_address("127.0.0.1"), allowed)
+    assert is_address_allowed(ipaddress.ip_address("::ffff:127.0.0.1"), allowed)
+    assert is_address_allowed(ipaddress.ip_address("::1"), allowed)
+    assert not is_address_allowed(ipaddress.ip_address("127.0.0.2"), allowed)
+    # An IPv6 address whose low bits match an IPv4 range is not inside it.
+    assert not is_address_allowed(
+        ipaddress.ip_address("fd00::7f00:1"), parse_allowed_cidrs("127.0.0.0/8")
+    )
+
+
+def test_parse_allowed_cidrs() -> None:
+    assert parse_allowed_cidrs("") == ()
+    assert parse_allowed_cidrs(" 127.0.0.1/32 ,, ::1 ,") == (
+        ipaddress.ip_network("127.0.0.1/32"),
+        ipaddress.ip_network("::1/128"),
+    )
+    with pytest.raises(ValueError, match=r"PIN_SCRAPING_ALLOWED_CIDRS: '10\.0\.0\.1/8'"):
+        parse_allowed_cidrs("127.0.0.1/32,10.0.0.1/8")
+    with pytest.raises(ValueError, match="PIN_SCRAPING_ALLOWED_CIDRS: 'localhost'"):
+        parse_allowed_cidrs("localhost")
+
+
+# --- HTTPS -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> TlsFiles:
+    return make_tls_files(tmp_path)
+
+
+@pytest.fixture
+def tls_target(tls_files: TlsFiles) -> Iterator[TargetServer]:
+    with TargetServer("127.0.0.1", tls=tls_files) as server:
+        yield server
+
+
+def trusting(fetcher: Fetcher, tls_files: TlsFiles) -> Fetcher:
+    # The production fetcher trusts the system's CAs only; the test CA is added here.
+    fetcher._session.verify = str(tls_files.ca)
+    return fetcher
+
+
+def test_https_through_the_guarded_connection(
+    fetcher: Fetcher, tls_target: TargetServer, tls_files: TlsFiles
+) -> None:
+    trusting(fetcher, tls_files)
+    with fetcher.fetch(f"https://localhost:{tls_target.port}/headers") as result:
+        assert result.status_code == 200
+        assert f"Host: localhost:{tls_target.port}" in result.body.read().decode()
+    # The certificate is checked against the name, which also went out as SNI.
+    assert tls_target.sni_names == ["localhost"]
+
+
+def test_https_certificate_not_trusted_is_a_connection_error(
+    fetcher: Fetcher, tls_target: TargetServer
+) -> None:
+    error = fetch_error(fetcher, f"https://localhost:{tls_target.port}/headers")
+    assert error.error_class == "connection_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in error.detail
+
+
+def test_https_trickle_is_cut_at_the_deadline(
+    tls_target: TargetServer, tls_files: TlsFiles
+) -> None:
+    with trusting(make_fetcher(timeout_seconds=1.0), tls_files) as fetcher:
+        started = time.monotonic()
+        error = fetch_error(fetcher, tls_target.url("/trickle?n=200&interval=0.05"))
+        elapsed = time.monotonic() - started
+    assert error.error_class == "timeout"
+    assert elapsed < 3.0
+
+
+def test_https_to_a_refused_address_gets_nothing(
+    fetcher: Fetcher, refused_target: TargetServer
+) -> None:
+    error = fetch_error(fetcher, f"https://127.0.0.2:{refused_target.port}/")
+    assert error.error_class == "refused_address"
+    assert_nothing_reached(refused_target)
+
+
+# --- concurrency ------------------------------------------------------------------------
+
+
+def test_600_concurrent_fetches_are_not_serialised(target: TargetServer) -> None:
+    latency = 0.5
+    fetches = 600
+    with make_fetcher(timeout_seconds=30.0) as fetcher:
+        start = threading.Barrier(fetches)
+
+        def one(_: int) -> tuple[int, int]:
+            start.wait()
+            with fetcher.fetch(target.url(f"/slow?seconds={latency}&n=1000")) as result:
+                return result.status_code, result.size
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=fetches) as pool:
+            outcomes = list(pool.map(one, range(fetches)))
+        wall = time.monotonic() - started
+    assert outcomes == [(200, 1000)] * fetches
+    serial = fetches * latency
+    # Serialised to a pool of 10 connections this would take 30 s; all at once, about one
+    # latency plus thread start-up on a busy machine.
+    assert wall < 0.05 * serial, f"{fetches} fetches took {wall:.1f} s"
+    assert target.peak_in_flight > 100, target.peak_in_flight
