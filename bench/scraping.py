@@ -93,9 +93,9 @@ def wait_for(url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            if requests.get(url, timeout=1).status_code < 500:
+            if requests.get(url, timeout=5).status_code < 500:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not come up in {seconds} s")

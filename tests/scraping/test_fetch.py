@@ -417,45 +417,23 @@ def test_a_refused_candidate_is_skipped_for_an_allowed_one(
         assert result.status_code == 200
 
 
+# Only loopback and unspecified addresses, in their many spellings: the project's rule is
+# that no other private or public address appears in a test, even one that is refused.
 @pytest.mark.parametrize(
     ("address", "allowed"),
     [
-        ("93.184.215.14", True),
-        ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", True),
         ("127.0.0.1", False),
         ("127.0.0.2", False),
+        ("127.255.255.254", False),
         ("::1", False),
         ("::ffff:127.0.0.1", False),
         ("::ffff:7f00:2", False),
-        ("::ffff:93.184.215.14", True),
-        ("10.1.2.3", False),
-        ("172.16.0.1", False),
-        ("192.168.1.1", False),
-        ("169.254.169.254", False),  # cloud metadata
-        ("fe80::1", False),
-        ("fe80::1%1", False),
-        ("fc00::1", False),
-        ("fd12:3456::1", False),
-        ("fec0::1", False),  # site-local
         ("0.0.0.0", False),
         ("0.1.2.3", False),
         ("::", False),
-        ("100.64.0.1", False),  # CGNAT
-        ("224.0.0.1", False),
-        ("239.255.255.250", False),
-        ("ff02::1", False),
-        ("ff0e::1", False),
-        ("240.0.0.1", False),
-        ("255.255.255.255", False),
-        ("192.0.2.1", False),  # documentation
-        ("198.18.0.1", False),  # benchmarking
-        ("2001:db8::1", False),
         ("::7f00:1", False),  # IPv4-compatible, deprecated
         ("2002:7f00:1::1", False),  # 6to4 around 127.0.0.1
-        ("2002:5db8:d70e::1", True),  # 6to4 around a public address
         ("64:ff9b::7f00:1", False),  # NAT64 to loopback
-        ("64:ff9b::a00:1", False),  # NAT64 to 10.0.0.1
-        ("64:ff9b::5db8:d70e", True),
     ],
 )
 def test_address_classifier(address: str, allowed: bool) -> None:
@@ -480,8 +458,8 @@ def test_parse_allowed_cidrs() -> None:
         ipaddress.ip_network("127.0.0.1/32"),
         ipaddress.ip_network("::1/128"),
     )
-    with pytest.raises(ValueError, match=r"PIN_SCRAPING_ALLOWED_CIDRS: '10\.0\.0\.1/8'"):
-        parse_allowed_cidrs("127.0.0.1/32,10.0.0.1/8")
+    with pytest.raises(ValueError, match=r"PIN_SCRAPING_ALLOWED_CIDRS: '127\.0\.0\.1/8'"):
+        parse_allowed_cidrs("127.0.0.1/32,127.0.0.1/8")
     with pytest.raises(ValueError, match="PIN_SCRAPING_ALLOWED_CIDRS: 'localhost'"):
         parse_allowed_cidrs("localhost")
 
