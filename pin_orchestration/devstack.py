@@ -106,7 +106,10 @@ def start_scraping_services(
     log.info("scraping API on %s (OpenAPI docs %s/docs)", api_url, api_url)
     if not seed_demo:
         return [stop_api]
-    site = DemoSite(port=DEFAULT_PORT).start()
+    try:
+        site = DemoSite(port=DEFAULT_PORT).start()
+    except OSError:  # the port is taken (another stack): any free port will do for the demo
+        site = DemoSite().start()
     engine = create_db_engine(env["PIN_DATABASE_URL"])
     tenant, key = ensure_demo_tenant(engine, settings.home)
     submit_demo_jobs(engine, tenant.id, site.url)

@@ -1,0 +1,100 @@
+"""Worker runs launched by the real Dagster daemon, each in its own OS process, share the
+queue: every job is taken by exactly one of them, once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from sqlalchemy import Engine, text
+
+from pin_orchestration.db import dagster_storage_url
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.demo_site import DemoSite
+from pin_orchestration.scraping.repository import JobRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_daemon_launched_worker_processes_never_take_the_same_job(
+    db_url: str,
+    db_engine: Engine,
+    make_tenant,
+    site: DemoSite,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tenant, _ = make_tenant("shop")
+    ids = [
+        repository.submit_job(
+            db_engine,
+            tenant.id,
+            JobRequest(url=f"{site.url}/slow/{i}", params={"ms": 1500, "bytes": 100 + i}),
+            None,
+        ).id
+        for i in range(40)
+    ]
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    env = {
+        **os.environ,
+        "PIN_DATABASE_URL": db_url,
+        "PIN_DAGSTER_PG_URL": dagster_storage_url(db_url),
+        "DAGSTER_HOME": str(dagster_home),
+        "PIN_HOME": str(tmp_path / "home"),
+        "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
+        "PIN_SCRAPING_SLOTS": "4",
+        "PIN_SCRAPING_MAX_WORKER_RUNS": "2",
+    }
+    daemon = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "dagster-daemon"),
+            "run",
+            "-w",
+            str(ROOT / "workspace.yaml"),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            with db_engine.connect() as conn:
+                left = conn.execute(
+                    text("SELECT count(*) FROM scraping.jobs WHERE status <> 'succeeded'")
+                ).scalar()
+            if left == 0:
+                break
+            assert daemon.poll() is None, "the daemon died"
+            assert time.monotonic() < deadline, f"{left} jobs not done"
+            time.sleep(0.5)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+
+    with db_engine.connect() as conn:
+        attempts = conn.execute(
+            text("SELECT job_id, worker, outcome FROM scraping.job_attempts")
+        ).all()
+    # one attempt per job, all succeeded: nobody took a job another had
+    assert sorted(a.job_id for a in attempts) == sorted(ids)
+    assert {a.outcome for a in attempts} == {"succeeded"}
+    workers = {a.worker for a in attempts}
+    assert len(workers) >= 2, workers  # more than one worker run shared the queue
+    monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        runs = instance.get_runs(RunsFilter(job_name="scraping_worker"))
+        assert {f"run-{r.run_id}" for r in runs} >= workers
+        assert all(r.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.STARTED) for r in runs)
