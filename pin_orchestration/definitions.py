@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import Definitions, definitions
 
 from pin_orchestration.assets.chessboard import (
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
     project_aggregates,
 )
-from pin_orchestration.assets.news import (
+from pin_orchestration.assets.news_reconcile import (
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
@@ -25,7 +25,7 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
-from pin_orchestration.jobs.news import (
+from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )
@@ -35,7 +35,7 @@ from pin_orchestration.jobs.news_snapshot_detach import (
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.schedules.news import (
+from pin_orchestration.schedules.news_reconcile import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
     news_comment_reconcile_health_hourly,
@@ -93,4 +93,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     )
 
 
-defs = build_definitions()
+@definitions
+def defs() -> Definitions:
+    """The code location, built when Dagster loads it, not when this module is imported:
+    the environment (e.g. PIN_NEWS_FULL_SWEEP_CRON) is read then."""
+    return build_definitions()

@@ -47,11 +47,11 @@ def start_local_services(settings: Settings, env: dict[str, str]) -> list[Callab
     An area whose external service is unset adds its stand-in here and exports its URL
     into `env`, so the Dagster processes started afterwards use it.
     """
-    from pin_orchestration.chessboard.cli import start_publisher_process
+    from pin_orchestration.cli.chessboard import start_publisher_process
 
     stoppers: list[Callable[[], None]] = []
     if settings.selections_url is None:
-        from pin_orchestration.news.selections_standin import DEFAULT_PORT, SelectionsStandIn
+        from pin_orchestration.standins.selections import DEFAULT_PORT, SelectionsStandIn
 
         stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token).start()
         env["PIN_SELECTIONS_URL"] = stand_in.url

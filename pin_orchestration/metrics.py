@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
-from pin_orchestration.news.snapshot_detach import read_metrics as read_snapshot_detach_metrics
+from pin_orchestration.news.snapshot_detach.monitoring import SnapshotDetachCollector
 
 RUN_DURATION_BUCKETS_MS = (100, 500, 1_000, 5_000, 30_000, 60_000, 300_000, 1_200_000)
 
@@ -109,40 +109,6 @@ class ReconcileCollector(Collector):
             "Duration of reconcile runs in milliseconds",
             RECONCILE_JOB_CODE,
         )
-
-
-class SnapshotDetachCollector(Collector):
-    """news_snapshot_detach_* (seed 001, DET-6)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        m = read_snapshot_detach_metrics(self.engine)
-        yield GaugeMetricFamily(
-            "news_snapshot_detach_pending", "Pending backlog of the outbox", value=m.state.pending
-        )
-        yield GaugeMetricFamily(
-            "news_snapshot_detach_oldest_age_seconds",
-            "now - min(created_at) over Pending entries",
-            value=m.state.oldest_age_seconds,
-        )
-        for name, value, doc in (
-            ("retried", m.retried, "Failed detach calls left Pending for another attempt"),
-            ("succeeded", m.succeeded, "Entries detached (Done)"),
-            ("failed", m.failed, "Detach calls that failed (5xx, timeout, network, rejected)"),
-            ("quarantined", m.quarantined, "Entries moved to Quarantined"),
-        ):
-            yield CounterMetricFamily(f"news_snapshot_detach_{name}", doc, value=value)
-        lag = HistogramMetricFamily(
-            "news_snapshot_detach_lag_seconds", "created_at → Done of detached entries"
-        )
-        lag.add_metric(
-            [],
-            [(f"{bound:g}", count) for bound, count in m.lag_buckets] + [("+Inf", m.lag_count)],
-            sum_value=m.lag_sum_seconds,
-        )
-        yield lag
 
 
 def collectors(engine: Engine) -> Iterable[Collector]:

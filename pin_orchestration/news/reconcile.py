@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import held_lock
+from pin_orchestration.options import option
 from pin_orchestration.sql import load_queries
 
 JOB_CODE = "news-comment-reconcile"
@@ -50,12 +51,24 @@ class ReconcileConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ReconcileOptions:
-    scope: Scope = Scope.DAILY_WINDOW
-    batch_size: int = 500
-    max_run_duration_seconds: float = 20 * 60
-    window_lookback_hours: float = 26
-    lock_ttl_seconds: float = 30 * 60
-    drift_alert_threshold: int = 100
+    scope: Scope = option(
+        Scope.DAILY_WINDOW,
+        "DailyWindow (posts with comment activity in the lookback window) "
+        "or FullSweep (every post that is not Archived)",
+    )
+    batch_size: int = option(500, "Posts per batch (> 0)")
+    max_run_duration_seconds: float = option(
+        20 * 60, "Stop after this long; the next run resumes from the checkpoint"
+    )
+    window_lookback_hours: float = option(
+        26, "DailyWindow: comment activity at or after the window's end minus this"
+    )
+    lock_ttl_seconds: float = option(
+        30 * 60, "TTL of the distributed lock; must exceed the max duration"
+    )
+    drift_alert_threshold: int = option(
+        100, "Corrections in one run above this fail the drift check"
+    )
 
     def validate(self) -> None:
         problems: list[str] = []

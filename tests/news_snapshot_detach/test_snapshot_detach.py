@@ -21,25 +21,26 @@ from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
+from pin_orchestration.jobruns import RunStatus
 from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news.selections import CallKind, CallResult, SelectionsClient
-from pin_orchestration.news.snapshot_detach import (
-    LOCK_KEY,
-    DetachOptions,
-    Reason,
+from pin_orchestration.news.snapshot_detach.outbox import (
     RequeueError,
-    RunStatus,
-    SnapshotDetachConfigError,
-    backoff_seconds,
     claim_batch,
     claim_due,
-    decide,
-    drain,
     enqueue_snapshot_detach,
     record_outcomes,
     requeue_quarantined,
-    run_detach_retry,
 )
+from pin_orchestration.news.snapshot_detach.policy import (
+    LOCK_KEY,
+    DetachOptions,
+    Reason,
+    SnapshotDetachConfigError,
+    backoff_seconds,
+    decide,
+)
+from pin_orchestration.news.snapshot_detach.worker import drain, run_detach_retry
 
 TOKEN = "m2m-test-token"
 NO_JITTER = DetachOptions(backoff_jitter_ratio=0.0)
@@ -552,7 +553,8 @@ _CRASH_CHILD = textwrap.dedent(
     import sys
     from pin_orchestration.db import create_db_engine
     from pin_orchestration.news.selections import SelectionsClient
-    from pin_orchestration.news.snapshot_detach import DetachOptions, drain
+    from pin_orchestration.news.snapshot_detach.policy import DetachOptions
+    from pin_orchestration.news.snapshot_detach.worker import drain
 
     engine = create_db_engine(sys.argv[1])
     with SelectionsClient(sys.argv[2], "t", timeout_seconds=30) as client:
@@ -608,7 +610,7 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
 
 def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engine) -> None:
     from pin_orchestration.demo import seed_snapshot_detach_outbox
-    from pin_orchestration.news.selections_standin import SelectionsStandIn
+    from pin_orchestration.standins.selections import SelectionsStandIn
 
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 14}
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 0}

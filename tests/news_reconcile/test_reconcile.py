@@ -18,7 +18,7 @@ from pin_orchestration.news.reconcile import (
     read_checkpoint,
     run_reconcile,
 )
-from tests.news.factories import add_comments, add_post, comments_count, days_ago
+from tests.news_reconcile.factories import add_comments, add_post, comments_count, days_ago
 
 FULL = ReconcileOptions(scope=Scope.FULL_SWEEP)
 
