@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pytest_httpserver import HTTPServer
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from werkzeug import Request, Response
 
 from pin_orchestration.jobruns import RunStatus
@@ -227,6 +227,37 @@ def test_enqueue_dedupes_per_snapshot_while_a_row_is_active(db_engine: Engine) -
         third = enqueue_snapshot_detach(conn, snapshot, post, Reason.POST_DELETED)
     assert third != first
     assert statuses(db_engine) == {"Done": 1, "Pending": 1}
+
+
+def test_enqueue_survives_the_active_row_turning_done_meanwhile(db_engine: Engine) -> None:
+    """The owner's transaction enqueues a snapshot that has an active row; a worker on
+    another connection commits that row Done right after the owner's first statement. The
+    enqueue must neither raise inside the owner's transaction nor leave it without an id."""
+    snapshot, post = uuid.uuid4(), uuid.uuid4()
+    [active] = [enqueue_id(db_engine, snapshot, post)]
+    statements: list[str] = []
+
+    def worker_marks_done(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+        if len(statements) == 1:
+            with db_engine.begin() as worker:
+                worker.execute(
+                    text("UPDATE news.snapshot_detach_outbox SET status = 'Done' WHERE id = :id"),
+                    {"id": active},
+                )
+
+    with db_engine.begin() as owner:
+        event.listen(owner, "after_cursor_execute", worker_marks_done)
+        entry_id = enqueue_snapshot_detach(owner, snapshot, post, Reason.POST_DELETED)
+        owner.execute(text("SELECT 1"))  # the owner's own work goes on in the same transaction
+    assert len(statements) == 2  # the enqueue was one statement
+    assert entry_id == active
+    assert statuses(db_engine) == {"Done": 1}
+
+
+def enqueue_id(engine: Engine, snapshot: uuid.UUID, post: uuid.UUID) -> uuid.UUID:
+    with engine.begin() as conn:
+        return enqueue_snapshot_detach(conn, snapshot, post, Reason.BLOCK_REPLACED)
 
 
 def test_enqueue_is_part_of_the_callers_transaction(db_engine: Engine) -> None:

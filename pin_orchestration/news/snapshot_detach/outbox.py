@@ -39,14 +39,21 @@ def enqueue_snapshot_detach(
     """Write the detach intent in the caller's transaction; return the active row's id.
 
     A snapshot that already has an active (not Done) row gets no second one: the existing
-    row's id is returned (ux_sdo_snapshot dedupe).
+    row's id is returned (ux_sdo_snapshot dedupe). One statement: it cannot fail inside the
+    caller's transaction because the active row turned Done at the wrong moment.
     """
-    reason = Reason(reason)
-    params = {"snapshot_id": snapshot_id, "post_id": post_id, "reason": reason.value}
-    created = conn.execute(query("enqueue"), {**params, "id": uuid7()}).scalar()
-    if created is not None:
-        return created
-    return conn.execute(query("active_entry_id"), params).scalar_one()
+    params = {
+        "id": uuid7(),
+        "snapshot_id": snapshot_id,
+        "post_id": post_id,
+        "reason": Reason(reason).value,
+    }
+    entry_id = conn.execute(query("enqueue"), params).scalar()
+    if entry_id is None:
+        # A concurrent enqueue of the same snapshot committed during the statement: a new
+        # statement's snapshot sees its row (or inserts, had it turned Done meanwhile).
+        entry_id = conn.execute(query("enqueue"), params).scalar_one()
+    return entry_id
 
 
 # --- claim / outcome / release ---------------------------------------------------------------
