@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import signal
 import subprocess
 import sys
@@ -502,6 +503,53 @@ def test_parallel_runners_detach_each_snapshot_once(
     assert statuses(db_engine) == {"Done": 400}
 
 
+def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_the_call(
+    db_engine: Engine, selections: Selections, caplog: pytest.LogCaptureFixture
+) -> None:
+    """100 rows, 8 call slots, every call hangs until its 0.2 s timeout, base backoff 1 s:
+    the whole claim takes far longer than the backoff. No row may be claimed again while
+    its call is in flight, and its next call comes a backoff after the failed call ended,
+    not after the claim."""
+    enqueue(db_engine, 100)
+    timeout, base = 0.2, 1.0
+    starts: dict[str, list[float]] = {}
+    guard = threading.Lock()
+
+    def on_call(snapshot: str) -> None:
+        with guard:
+            starts.setdefault(snapshot, []).append(time.monotonic())
+
+    selections.on_call = on_call
+    selections.hang = threading.Event()
+    options = DetachOptions(
+        batch_size=100,
+        max_concurrency=8,
+        backoff_base_seconds=base,
+        backoff_factor=1.0,
+        # Real jitter: the rows' retry order differs from their first order, so a row called
+        # late in one claim can come early in the next.
+        backoff_jitter_ratio=1.0,
+        max_run_duration_seconds=3.5,
+        max_attempts=100,
+    )
+    with caplog.at_level(logging.INFO, logger="pin_orchestration"):
+        result = run(db_engine, selections, options, timeout=timeout, rand=random.random)
+    assert result.succeeded == 0 and result.released == 0
+    retried = {s: t for s, t in starts.items() if len(t) > 1}
+    assert retried, "the run should have outlived the backoff of its first calls"
+    for snapshot, times in retried.items():
+        for earlier, later_call in zip(times, times[1:], strict=False):
+            # The earlier call hung for its whole timeout, then the backoff ran from its end.
+            assert later_call - earlier >= timeout + base - 0.05, snapshot
+    claims = [
+        int(r.getMessage().rsplit("rows=", 1)[1])
+        for r in caplog.records
+        if "batch claimed" in r.getMessage()
+    ]
+    assert max(claims) <= options.max_concurrency
+    assert sum(claims) == result.claimed == sum(len(t) for t in starts.values())
+
+
 def test_lock_held_elsewhere_skips_the_run(db_engine: Engine, selections: Selections) -> None:
     enqueue(db_engine)
     assert try_acquire_lock(db_engine, LOCK_KEY, 60, "another-pod")
@@ -543,12 +591,13 @@ def test_cancellation_between_records_is_graceful(
     called = selections.called()
     assert len(called) == 1  # one worker: the stop lands during the first call
     assert result.succeeded == len(called)
-    assert result.released == 10 - len(called)
+    # A claim takes only free call slots: nothing claimed is left uncalled.
+    assert result.claimed == len(called)
     for snapshot in snapshots:
         entry = row(db_engine, snapshot)
         if str(snapshot) in called:
             assert (entry.status, entry.attempts) == ("Done", 1)
-        else:  # claimed but never called: the attempt is given back, due as before
+        else:  # never claimed, never called: due as before
             assert (entry.status, entry.attempts) == ("Pending", 0)
             assert entry.next_attempt_at <= datetime.now(UTC)
     with db_engine.connect() as conn:
@@ -569,12 +618,12 @@ def test_outcome_never_overwrites_a_newer_claim(db_engine: Engine) -> None:
     # The first runner's call is slow; after the backoff another runner claims the row again.
     [second] = claim_batch(db_engine, NO_JITTER, now + timedelta(seconds=61), zero)
     assert (first.id, first.attempts, second.attempts) == (second.id, 1, 2)
-    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER)
+    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER, now)
     assert record_outcomes(db_engine, [late], now) == set()
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 2, None)
     assert entry.next_attempt_at == second.next_attempt_at
-    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER)
+    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER, now)
     assert record_outcomes(db_engine, [done], now) == {second.id}
     assert row(db_engine, snapshot).status == "Done"
 
@@ -630,10 +679,11 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     selections.hang = None
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
-    assert entry.next_attempt_at >= before + timedelta(seconds=60)
-    # The next run after the backoff finishes it.
+    # The claim's lease: the call's timeout (30 s in the child), then the backoff.
+    assert entry.next_attempt_at >= before + timedelta(seconds=30 + 60)
+    # The next run after the lease finishes it.
     assert run(db_engine, selections).claimed == 0
-    result = run(db_engine, selections, clock=later(61))
+    result = run(db_engine, selections, clock=later(30 + 61))
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts) == ("Done", 2)

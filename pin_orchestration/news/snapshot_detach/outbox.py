@@ -19,7 +19,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     Outcome,
     RandomSource,
     Reason,
-    next_attempt_at,
+    claim_lease_until,
 )
 from pin_orchestration.sql import load_queries
 
@@ -78,9 +78,14 @@ def claim_due(
     options: DetachOptions,
     now: datetime,
     rand: RandomSource = random.random,
+    *,
+    limit: int | None = None,
+    call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
-    """Lock up to batch_size due rows (SKIP LOCKED) and stamp the attempt; caller commits."""
-    rows = conn.execute(query("lock_due"), {"now": now, "batch_size": options.batch_size}).all()
+    """Lock up to `limit` (default batch_size) due rows (SKIP LOCKED) and stamp the attempt,
+    leasing each row for its call's timeout plus the backoff; the caller commits."""
+    size = options.batch_size if limit is None else min(limit, options.batch_size)
+    rows = conn.execute(query("lock_due"), {"now": now, "batch_size": size}).all()
     claimed = [
         ClaimedEntry(
             id=row.id,
@@ -88,7 +93,9 @@ def claim_due(
             post_id=row.post_id,
             reason=row.reason,
             attempts=row.attempts + 1,
-            next_attempt_at=next_attempt_at(now, row.attempts + 1, options, rand),
+            next_attempt_at=claim_lease_until(
+                now, row.attempts + 1, options, call_timeout_seconds, rand
+            ),
             previous_attempts=row.attempts,
             previous_next_attempt_at=row.next_attempt_at,
         )
@@ -100,18 +107,27 @@ def claim_due(
 
 
 def claim_batch(
-    engine: Engine, options: DetachOptions, now: datetime, rand: RandomSource = random.random
+    engine: Engine,
+    options: DetachOptions,
+    now: datetime,
+    rand: RandomSource = random.random,
+    *,
+    limit: int | None = None,
+    call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
     """The claim as its own transaction: committed (row locks released) on return."""
     with engine.begin() as conn:
         _relaxed_commit(conn)
-        return claim_due(conn, options, now, rand)
+        return claim_due(
+            conn, options, now, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
+        )
 
 
 def record_outcomes(engine: Engine, outcomes: Sequence[Outcome], now: datetime) -> set[uuid.UUID]:
     """Write outcomes in one short transaction; return the ids actually updated.
 
-    An outcome whose row no longer carries its claim's stamp (a newer claim took the row,
+    A Pending outcome sets the next attempt (counted from the end of its call). An outcome
+    whose row no longer carries its claim's stamp (a newer claim took the row,
     or an operator changed it) is not applied.
     """
     if not outcomes:
@@ -120,6 +136,7 @@ def record_outcomes(engine: Engine, outcomes: Sequence[Outcome], now: datetime) 
         **_stamp_params([o.entry for o in outcomes]),
         "statuses": [o.status.value for o in outcomes],
         "last_errors": [o.last_error for o in outcomes],
+        "retry_ats": [o.retry_at for o in outcomes],
         "now": now,
     }
     with engine.begin() as conn:

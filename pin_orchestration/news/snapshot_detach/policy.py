@@ -106,8 +106,9 @@ def backoff_seconds(
 
 
 def next_attempt_at(
-    now: datetime, attempts: int, options: DetachOptions, rand: RandomSource = random.random
+    after: datetime, attempts: int, options: DetachOptions, rand: RandomSource = random.random
 ) -> datetime:
+    """When attempt `attempts + 1` falls due, counting the backoff from `after`."""
     delay = backoff_seconds(
         attempts,
         base=options.backoff_base_seconds,
@@ -116,7 +117,20 @@ def next_attempt_at(
         jitter_ratio=options.backoff_jitter_ratio,
         rand=rand,
     )
-    return now + timedelta(seconds=delay)
+    return after + timedelta(seconds=delay)
+
+
+def claim_lease_until(
+    now: datetime,
+    attempts: int,
+    options: DetachOptions,
+    call_timeout_seconds: float,
+    rand: RandomSource = random.random,
+) -> datetime:
+    """How long a claim keeps the row from being due: the call's whole timeout, then the
+    backoff. Nobody can claim the row while its call may still be in flight, and a run
+    that dies mid-call leaves it to be retried after the backoff, as a failure would."""
+    return next_attempt_at(now + timedelta(seconds=call_timeout_seconds), attempts, options, rand)
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,8 @@ class Outcome:
     entry: ClaimedEntry
     status: Status
     call: CallResult
+    # Pending: the next attempt, counted from the end of the failed call.
+    retry_at: datetime | None = None
 
     @property
     def last_error(self) -> str | None:
@@ -146,9 +162,17 @@ class Outcome:
         return f"{self.call.kind.value}:{self.call.code}"[:LAST_ERROR_MAX]
 
 
-def decide(entry: ClaimedEntry, call: CallResult, options: DetachOptions) -> Outcome:
+def decide(
+    entry: ClaimedEntry,
+    call: CallResult,
+    options: DetachOptions,
+    call_ended_at: datetime,
+    rand: RandomSource = random.random,
+) -> Outcome:
     if call.kind == CallKind.DETACHED:
         return Outcome(entry, Status.DONE, call)
     if entry.attempts >= options.max_attempts:
         return Outcome(entry, Status.QUARANTINED, call)
-    return Outcome(entry, Status.PENDING, call)
+    return Outcome(
+        entry, Status.PENDING, call, next_attempt_at(call_ended_at, entry.attempts, options, rand)
+    )

@@ -1,6 +1,7 @@
 -- Queries of news-snapshot-detach-retry (seed 001). A row moves through two short
--- transactions per attempt: the claim (attempts + 1, next_attempt_at = backoff) and the
--- outcome (Done / Pending with last_error / Quarantined). The selections call happens
+-- transactions per attempt: the claim (attempts + 1, next_attempt_at = a lease: the call's
+-- timeout + the backoff) and the outcome (Done / Pending with last_error and the next
+-- attempt a backoff after the call ended / Quarantined). The selections call happens
 -- between them with no transaction open. The claim stamp (attempts, next_attempt_at) is
 -- the row's version: an outcome or a release applies only while the row still carries
 -- the stamp of the claim it belongs to, so it never overwrites a newer claim.
@@ -41,13 +42,16 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[])) AS c (id, attempts, next_attempt_at)
 WHERE o.id = c.id
 
+-- A failed call's row gets its next attempt counted from the end of the call (retry_at);
+-- until then the claim's lease kept it from being due.
 -- name: record_outcomes
 UPDATE news.snapshot_detach_outbox AS o
-SET status = c.status, last_error = c.last_error, updated_at = :now
+SET status = c.status, last_error = c.last_error,
+    next_attempt_at = coalesce(c.retry_at, o.next_attempt_at), updated_at = :now
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[]), CAST(:statuses AS text[]),
-            CAST(:last_errors AS text[]))
-     AS c (id, attempts, next_attempt_at, status, last_error)
+            CAST(:last_errors AS text[]), CAST(:retry_ats AS timestamptz[]))
+     AS c (id, attempts, next_attempt_at, status, last_error, retry_at)
 WHERE o.id = c.id AND o.status = 'Pending'
   AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
 RETURNING o.id

@@ -43,6 +43,8 @@ OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+# A call's answer and when it ended (the backoff of a failure counts from there).
+_Attempt = tuple[CallResult, datetime]
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,10 @@ def drain(
     retry, quarantined) to this module's logger, which a run shows as captured stderr —
     a large backlog must not turn into one event-log write per row.
 
-    At most `max_concurrency` calls are in flight; the next batch is claimed as soon as
-    no more than that are left queued or running, so the pool never idles while rows are
-    due. No transaction is open while a call is in flight: each claim and each group of
+    At most `max_concurrency` calls are in flight, and a claim takes only as many rows as
+    there are free slots, so no claimed row waits in a queue: its lease (call timeout +
+    backoff) covers the call, and a failure's next attempt counts from the end of the
+    call. No transaction is open while a call is in flight: each claim and each group of
     outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
     transaction, made on this thread.
     """
@@ -123,17 +126,18 @@ def drain(
     result = DrainResult()
     started = time.monotonic()
     deadline = started + options.max_run_duration_seconds
-    inflight: dict[Future[CallResult | None], ClaimedEntry] = {}
+    inflight: dict[Future[_Attempt | None], ClaimedEntry] = {}
     more_due = True
 
-    def attempt(entry: ClaimedEntry) -> CallResult | None:
+    def attempt(entry: ClaimedEntry) -> _Attempt | None:
         # Stop is honoured between records: a queued call not yet started is not made.
         if should_stop():
             return None
-        return caller.detach(entry.snapshot_id, entry.reason)
+        call = caller.detach(entry.snapshot_id, entry.reason)
+        return call, clock()
 
     # Done calls whose outcome is not written yet: written in groups, one transaction each.
-    finished: dict[Future[CallResult | None], ClaimedEntry] = {}
+    finished: dict[Future[_Attempt | None], ClaimedEntry] = {}
     last_write = time.monotonic()
 
     def settle() -> None:
@@ -141,13 +145,14 @@ def drain(
         outcomes, unstarted = [], []
         for future, entry in finished.items():
             try:
-                call = future.result()
+                done = future.result()
             except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
-                call = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}")
-            if call is None:
+                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), clock()
+            if done is None:
                 unstarted.append(entry)
             else:
-                outcomes.append(decide(entry, call, options))
+                call, ended_at = done
+                outcomes.append(decide(entry, call, options, ended_at, rand))
         finished.clear()
         last_write = time.monotonic()
         _apply_outcomes(engine, outcomes, clock(), result)
@@ -163,7 +168,7 @@ def drain(
             while True:
                 if should_stop():
                     _release_unstarted(engine, inflight, clock(), result)
-                elif more_due and len(inflight) <= options.max_concurrency:
+                elif more_due and len(inflight) < options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
                         result.backlog_remaining = True
@@ -173,7 +178,17 @@ def drain(
                             options.max_run_duration_seconds,
                         )
                     else:
-                        claimed = claim_batch(engine, options, clock(), rand)
+                        # As many rows as there are free call slots: a claimed row is
+                        # called at once, so its lease (the call timeout + the backoff)
+                        # covers its whole call and nobody can claim it meanwhile.
+                        claimed = claim_batch(
+                            engine,
+                            options,
+                            clock(),
+                            rand,
+                            limit=options.max_concurrency - len(inflight),
+                            call_timeout_seconds=caller.timeout_seconds,
+                        )
                         # Claim again until a claim comes back empty: under SKIP LOCKED
                         # a short batch may only mean a parallel runner held some rows.
                         more_due = bool(claimed)
@@ -223,7 +238,7 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 def _release_unstarted(
     engine: Engine,
-    inflight: dict[Future[CallResult | None], ClaimedEntry],
+    inflight: dict[Future[_Attempt | None], ClaimedEntry],
     now: datetime,
     result: DrainResult,
 ) -> None:
