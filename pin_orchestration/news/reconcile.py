@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.locks import held_lock
+from pin_orchestration.locks import LockLease, renewed_lock
 from pin_orchestration.options import option
 from pin_orchestration.sql import load_queries
 
@@ -70,7 +70,7 @@ class ReconcileOptions:
         26, "DailyWindow: comment activity at or after the window's end minus this"
     )
     lock_ttl_seconds: float = option(
-        30 * 60, "TTL of the distributed lock; must exceed the max duration"
+        30 * 60, "TTL of the distributed lock, renewed every third of it while the run works"
     )
     drift_alert_threshold: int = option(
         100, "Corrections in one run above this fail the drift check"
@@ -94,11 +94,9 @@ class ReconcileOptions:
                 "window_lookback_hours must be > 0 for scope DailyWindow "
                 f"(got {self.window_lookback_hours}); default is 26"
             )
-        if self.lock_ttl_seconds <= self.max_run_duration_seconds:
+        if self.lock_ttl_seconds <= 0:
             problems.append(
-                f"lock_ttl_seconds ({self.lock_ttl_seconds}) must exceed "
-                f"max_run_duration_seconds ({self.max_run_duration_seconds}) so the lock "
-                "cannot expire under a live run; default is 1800"
+                f"lock_ttl_seconds must be > 0 (got {self.lock_ttl_seconds}); default is 1800"
             )
         if self.drift_alert_threshold < 0:
             problems.append(
@@ -329,7 +327,8 @@ def run_reconcile(
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> ReconcileResult:
-    """One reconcile run under the distributed lock.
+    """One reconcile run under the distributed lock, renewed while it works; a lost lock
+    stops it (FAILED) before its next slice.
 
     `window_anchor` is the end of the DailyWindow (now by default; the end of the
     partition's day for a scheduled run or a backfill): activity in [anchor − lookback,
@@ -346,8 +345,8 @@ def run_reconcile(
         end = window_anchor or started_at
         own_window = Window(end - timedelta(hours=options.window_lookback_hours), end)
 
-    with held_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as acquired:
-        if not acquired:
+    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
             logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
             result.status = RunStatus.SKIPPED
             _finish(engine, result, run_id, started, started_at)
@@ -367,7 +366,9 @@ def run_reconcile(
             options.batch_size,
         )
         with sweep_connection(engine, scope) as conn:
-            _sweep(conn, scope, legs, window, options, started, stop_requested, logger, result)
+            _sweep(
+                conn, scope, legs, window, options, started, stop_requested, lease, logger, result
+            )
 
         _finish(engine, result, run_id, started, started_at)
         logger.info(
@@ -392,12 +393,20 @@ def _sweep(
     options: ReconcileOptions,
     started: float,
     stop_requested: threading.Event | None,
+    lease: LockLease,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     result: ReconcileResult,
 ) -> None:
     for leg in legs:
         cursor = leg.after
         while True:
+            if lease.lost.is_set():
+                # Another runner may hold the lock now: not one more batch.
+                result.status = RunStatus.FAILED
+                result.error = f"lost the lock {LOCK_KEY}; stopped"
+                result.backlog_remaining = True
+                logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
+                return
             if stop_requested is not None and stop_requested.is_set():
                 result.status = RunStatus.CANCELLED
                 result.backlog_remaining = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -293,7 +294,7 @@ def test_failing_batch_keeps_earlier_batches_and_checkpoint(db_engine: Engine) -
         (ReconcileOptions(batch_size=0), "batch_size"),
         (ReconcileOptions(max_run_duration_seconds=0), "max_run_duration_seconds"),
         (ReconcileOptions(window_lookback_hours=-1), "window_lookback_hours"),
-        (ReconcileOptions(lock_ttl_seconds=60, max_run_duration_seconds=120), "lock_ttl_seconds"),
+        (ReconcileOptions(lock_ttl_seconds=0), "lock_ttl_seconds"),
         (ReconcileOptions(scope="Sometimes"), "scope"),  # type: ignore[arg-type]
     ],
 )
@@ -373,3 +374,59 @@ def test_run_is_recorded_for_alerts(db_engine: Engine) -> None:
     assert row.result["drift_corrected"] == 1
     assert row.result["last_post_id"] == str(post)
     assert uuid.UUID(row.result["last_post_id"]) == post
+
+
+def slow_updates(engine: Engine, seconds_per_row: float) -> None:
+    """Every update of a post takes a while: a run that outlasts a short lock TTL."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.slow() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_sleep({float(seconds_per_row)}); RETURN NEW; END $$;
+                CREATE TRIGGER slow BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.slow();
+                """
+            )
+        )
+
+
+def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
+    posts = [add_post(db_engine, comments_count=1) for _ in range(60)]
+    slow_updates(db_engine, 0.05)  # 60 drifted posts: ~3 s of work against a 1 s TTL
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
+    worker.start()
+    intruded = False
+    while worker.is_alive():
+        intruded = intruded or try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+        time.sleep(0.1)
+    worker.join()
+    assert not intruded, "a second runner took the lock while the first was working"
+    assert results[0].status == RunStatus.SUCCEEDED
+    assert all(comments_count(db_engine, p) == 0 for p in posts)
+
+
+def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
+    posts = [add_post(db_engine, comments_count=1) for _ in range(200)]
+    slow_updates(db_engine, 0.05)  # ~10 s of work
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
+    worker.start()
+    while read_checkpoint(db_engine, Scope.FULL_SWEEP) is None:
+        time.sleep(0.02)
+    # An operator drops the lock (`pin locks release`) and another runner takes it.
+    with db_engine.begin() as conn:
+        conn.execute(text("DELETE FROM pin.distributed_locks"))
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    lost_at = time.monotonic()
+    worker.join(30)
+    # The renewal (a third of the TTL) notices, and the run stops after its current slice.
+    assert time.monotonic() - lost_at < 2.0
+    result = results[0]
+    assert result.status == RunStatus.FAILED
+    assert "lock" in (result.error or "")
+    assert result.backlog_remaining is True
+    assert sum(comments_count(db_engine, p) for p in posts) > 0

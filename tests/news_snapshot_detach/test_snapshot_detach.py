@@ -185,7 +185,7 @@ def test_backoff_jitter_comes_from_the_injected_random_source() -> None:
         ("backoff_factor", 0.5),
         ("backoff_cap_seconds", 1),
         ("max_run_duration_seconds", -1),
-        ("lock_ttl_seconds", 60),
+        ("lock_ttl_seconds", 0),
         ("max_concurrency", 0),
     ],
 )
@@ -747,3 +747,49 @@ def test_max_run_duration_leaves_the_rest_for_the_next_tick(
     assert result.backlog_remaining is True
     assert result.succeeded == result.claimed < 30
     assert statuses(db_engine) == {"Done": result.claimed, "Pending": 30 - result.claimed}
+
+
+def test_lock_is_renewed_while_a_run_outlasts_its_ttl(
+    db_engine: Engine, selections: Selections
+) -> None:
+    enqueue(db_engine, 30)
+    selections.on_call = lambda _s: time.sleep(0.2)  # 30 calls, 2 at a time: ~3 s of work
+    options = DetachOptions(max_concurrency=2, lock_ttl_seconds=1, backoff_jitter_ratio=0)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run(db_engine, selections, options)))
+    worker.start()
+    intruded = False
+    while worker.is_alive():
+        intruded = intruded or try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+        time.sleep(0.1)
+    worker.join()
+    assert not intruded, "a second runner took the lock while the first was working"
+    assert results[0].succeeded == 30
+
+
+def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine, selections: Selections) -> None:
+    enqueue(db_engine, 100)
+    first_call = threading.Event()
+
+    def slow(_snapshot: str) -> None:
+        first_call.set()
+        time.sleep(0.2)  # 100 calls, 2 at a time: ~10 s of work
+
+    selections.on_call = slow
+    options = DetachOptions(max_concurrency=2, lock_ttl_seconds=1, backoff_jitter_ratio=0)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run(db_engine, selections, options)))
+    worker.start()
+    assert first_call.wait(10)
+    # An operator drops the lock (`pin locks release`) and another runner takes it.
+    with db_engine.begin() as conn:
+        conn.execute(text("DELETE FROM pin.distributed_locks"))
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    lost_at = time.monotonic()
+    worker.join(30)
+    # The renewal (a third of the TTL) notices; calls in flight finish, no new claim.
+    assert time.monotonic() - lost_at < 2.0
+    result = results[0]
+    assert result.status == RunStatus.FAILED
+    assert "lock" in (result.error or "")
+    assert statuses(db_engine)["Pending"] > 50

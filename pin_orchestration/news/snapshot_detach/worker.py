@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.locks import extend_lock, held_lock
+from pin_orchestration.locks import renewed_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
 from pin_orchestration.news.snapshot_detach.outbox import (
     claim_batch,
@@ -106,7 +106,6 @@ def drain(
     clock: Clock = _utc_now,
     rand: RandomSource = random.random,
     should_stop: Callable[[], bool] = _never,
-    on_batch: Callable[[], None] | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> DrainResult:
     """Claim, call and record until no row is due, the run's time is up, or a stop is asked.
@@ -196,8 +195,6 @@ def drain(
                             result.batches += 1
                             result.claimed += len(claimed)
                             log.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
-                            if on_batch is not None:
-                                on_batch()
                         for entry in claimed:
                             future = pool.submit(attempt, entry)
                             inflight[future] = entry
@@ -337,24 +334,26 @@ def run_detach_retry(
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> DrainResult:
-    """One run of the job under `LOCK_KEY`; a held lock skips the run without waiting.
+    """One run of the job under `LOCK_KEY`, renewed while it works; a held lock skips the
+    run without waiting, and a lost one stops it (FAILED) before its next claim.
 
     The run is recorded in pin.job_runs (its counts feed the metrics and the
     "no successful run" alert).
     """
     options.validate()
     started_at = datetime.now(UTC)
-    with held_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as acquired:
-        if not acquired:
+    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
             logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
             result = DrainResult(status=RunStatus.SKIPPED)
             _record(engine, result, run_id, started_at)
             return result
         logger.info("%s started: jobRunId=%s", JOB_CODE, run_id)
 
-        def keep_lock() -> None:
-            if not extend_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder):
-                logger.warning("%s lost its lock (%s); finishing the batch", JOB_CODE, LOCK_KEY)
+        def should_stop() -> bool:
+            # A lost lock stops the run like a stop request: no new claim or call; calls
+            # in flight finish and are recorded (their outcomes carry the claim's stamp).
+            return lease.lost.is_set() or (stop_requested is not None and stop_requested.is_set())
 
         try:
             result = drain(
@@ -363,8 +362,7 @@ def run_detach_retry(
                 options,
                 clock=clock,
                 rand=rand,
-                should_stop=stop_requested.is_set if stop_requested else _never,
-                on_batch=keep_lock,
+                should_stop=should_stop,
                 logger=logger,
             )
         except BaseException as exc:
@@ -374,6 +372,10 @@ def run_detach_retry(
             )
             _record(engine, failed, run_id, started_at)
             raise
+        if lease.lost.is_set():
+            result.status = RunStatus.FAILED
+            result.error = f"lost the lock {LOCK_KEY}; stopped"
+            result.backlog_remaining = True
         _record(engine, result, run_id, started_at)
         logger.info(
             "%s completed: status=%s succeeded=%d retried=%d quarantined=%d durationMs=%d",
