@@ -33,6 +33,7 @@ from pin_orchestration.jobs.news_snapshot_detach import (
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
+from pin_orchestration.jobs.retention import pin_retention_job
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
 from pin_orchestration.schedules.news_reconcile import (
@@ -40,6 +41,7 @@ from pin_orchestration.schedules.news_reconcile import (
     news_comment_reconcile_daily,
     news_comment_reconcile_health_hourly,
 )
+from pin_orchestration.schedules.retention import pin_retention
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 from pin_orchestration.settings import Settings
@@ -83,6 +85,10 @@ def news_snapshot_detach_definitions() -> Definitions:
     )
 
 
+def retention_definitions() -> Definitions:
+    return Definitions(jobs=[pin_retention_job], schedules=[pin_retention])
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
@@ -90,6 +96,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),
+        retention_definitions(),
     )
 
 

@@ -13,6 +13,7 @@ from pin_orchestration.cli.chessboard import chessboard
 from pin_orchestration.cli.news_reconcile import news
 from pin_orchestration.cli.news_snapshot_detach import detach
 from pin_orchestration.cli.platform import db, demo, locks, metrics, up
+from pin_orchestration.cli.retention import retention
 from pin_orchestration.settings import SettingsError
 
 
@@ -35,5 +36,5 @@ def main(verbose: bool) -> None:
     )
 
 
-for command in (up, db, demo, locks, metrics, news, detach, chessboard):
+for command in (up, db, demo, locks, metrics, news, detach, chessboard, retention):
     main.add_command(command)

@@ -100,10 +100,14 @@ SELECT count(*) FILTER (WHERE status = 'Pending') AS pending,
 FROM news.snapshot_detach_outbox
 WHERE status <> 'Done'
 
--- Lag (created_at → Done) of every Done row, bucketed for the histogram.
+-- Lag (created_at → Done) of every Done row, bucketed for the histogram; rows deleted by
+-- pin-retention count through pin.retired_totals, so the histogram never goes down.
 -- name: done_lag_histogram
 SELECT b.upper_bound,
-       count(o.id) AS cumulative_count
+       count(o.id) + coalesce((
+           SELECT t.value FROM pin.retired_totals AS t
+           WHERE t.counter = 'news_snapshot_detach/lag_le'
+             AND t.label = CAST(b.upper_bound AS text)), 0) AS cumulative_count
 FROM unnest(CAST(:bounds AS double precision[])) AS b (upper_bound)
 LEFT JOIN news.snapshot_detach_outbox AS o
        ON o.status = 'Done'
@@ -112,16 +116,38 @@ GROUP BY b.upper_bound
 ORDER BY b.upper_bound
 
 -- name: done_lag_totals
-SELECT count(*) AS count,
-       coalesce(sum(extract(epoch FROM updated_at - created_at)), 0) AS sum_seconds
+SELECT count(*) + coalesce((SELECT value FROM pin.retired_totals
+                             WHERE counter = 'news_snapshot_detach/lag' AND label = 'count'), 0)
+           AS count,
+       coalesce(sum(extract(epoch FROM updated_at - created_at)), 0)
+           + coalesce((SELECT value FROM pin.retired_totals
+                       WHERE counter = 'news_snapshot_detach/lag' AND label = 'sum'), 0)
+           AS sum_seconds
 FROM news.snapshot_detach_outbox
 WHERE status = 'Done'
 
--- Counter totals over every recorded run of the job (pin.job_runs result).
+-- Counter totals over every recorded run of the job (pin.job_runs result), plus what
+-- runs deleted by pin-retention contributed.
 -- name: run_totals
-SELECT coalesce(sum((result ->> 'succeeded')::bigint), 0) AS succeeded,
-       coalesce(sum((result ->> 'retried')::bigint), 0) AS retried,
-       coalesce(sum((result ->> 'failed')::bigint), 0) AS failed,
-       coalesce(sum((result ->> 'quarantined')::bigint), 0) AS quarantined
-FROM pin.job_runs
-WHERE job_code = :job_code
+WITH live AS (
+    SELECT coalesce(sum((result ->> 'succeeded')::bigint), 0) AS succeeded,
+           coalesce(sum((result ->> 'retried')::bigint), 0) AS retried,
+           coalesce(sum((result ->> 'failed')::bigint), 0) AS failed,
+           coalesce(sum((result ->> 'quarantined')::bigint), 0) AS quarantined
+    FROM pin.job_runs
+    WHERE job_code = :job_code
+),
+retired AS (
+    SELECT coalesce(sum(value) FILTER (WHERE name = 'succeeded'), 0) AS succeeded,
+           coalesce(sum(value) FILTER (WHERE name = 'retried'), 0) AS retried,
+           coalesce(sum(value) FILTER (WHERE name = 'failed'), 0) AS failed,
+           coalesce(sum(value) FILTER (WHERE name = 'quarantined'), 0) AS quarantined
+    FROM pin.retired_totals,
+         LATERAL (SELECT substr(counter, length('job_runs/' || :job_code || '/') + 1)) AS n (name)
+    WHERE starts_with(counter, 'job_runs/' || :job_code || '/')
+)
+SELECT live.succeeded + retired.succeeded AS succeeded,
+       live.retried + retired.retried AS retried,
+       live.failed + retired.failed AS failed,
+       live.quarantined + retired.quarantined AS quarantined
+FROM live, retired
