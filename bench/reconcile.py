@@ -5,7 +5,7 @@
 
 Builds the data in its own database (pin_bench_reconcile), then alternates the two
 contenders, re-injecting the same drift (1 % of posts) before each, and prints both
-timings and their ratio. Target: FullSweep ≤ 1.3× the single statement.
+timings and their ratio. Target: FullSweep ≤ 1.2× the single statement.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.db import resolve_database_url  # noqa: E402
+from pin_orchestration.migrations import upgrade_database  # noqa: E402
 from pin_orchestration.news.reconcile import (  # noqa: E402
     ReconcileOptions,
     Scope,
@@ -69,7 +70,10 @@ def reusable_bench_database(posts: int, comments: int) -> str | None:
         engine.dispose()
     except Exception:  # noqa: BLE001 — no such database yet
         return None
-    return url if tuple(sizes) == (posts, comments) else None
+    if tuple(sizes) != (posts, comments):
+        return None
+    upgrade_database(url)  # data built by an older revision gets the current schema
+    return url
 
 
 def build(engine: Engine, posts: int, comments: int) -> None:
@@ -191,7 +195,7 @@ def main() -> None:
     sweep_m, single_m = statistics.median(sweeps), statistics.median(singles)
     print(
         f"median: FullSweep (batch {args.batch_size}) {sweep_m:.2f}s, "
-        f"single statement {single_m:.2f}s, ratio {sweep_m / single_m:.2f} (target <= 1.30)"
+        f"single statement {single_m:.2f}s, ratio {sweep_m / single_m:.2f} (target <= 1.20)"
     )
 
 

@@ -145,7 +145,7 @@ def pipeline(target: str, jobs: int, slots: int, api_port: int) -> dict[str, flo
             [
                 sys.executable,
                 "-m",
-                "pin_orchestration.scraping.cli",
+                "pin_orchestration.cli",
                 "api",
                 "--port",
                 str(api_port),

@@ -16,6 +16,11 @@ def create_db_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
+def engine_from_env() -> Engine:
+    """The platform database's engine, from the environment (the command line's way in)."""
+    return create_db_engine(resolve_database_url(Settings.from_env()))
+
+
 def resolve_database_url(settings: Settings | None = None) -> str:
     """PIN_DATABASE_URL when set; otherwise the embedded PostgreSQL under the PIN home."""
     settings = settings or Settings.from_env()

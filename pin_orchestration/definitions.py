@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import Definitions, definitions
 
 from pin_orchestration.assets.chessboard import (
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
     project_aggregates,
 )
-from pin_orchestration.assets.news import (
+from pin_orchestration.assets.news_reconcile import (
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
@@ -26,7 +26,7 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
-from pin_orchestration.jobs.news import (
+from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )
@@ -34,6 +34,7 @@ from pin_orchestration.jobs.news_snapshot_detach import (
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
+from pin_orchestration.jobs.retention import pin_retention_job
 from pin_orchestration.jobs.scraping import (
     scraping_requeue,
     scraping_sweep_expired_leases,
@@ -42,11 +43,12 @@ from pin_orchestration.jobs.scraping import (
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.schedules.news import (
+from pin_orchestration.schedules.news_reconcile import (
     build_full_sweep_schedule,
     news_comment_reconcile_daily,
     news_comment_reconcile_health_hourly,
 )
+from pin_orchestration.schedules.retention import pin_retention
 from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
@@ -102,6 +104,10 @@ def scraping_definitions() -> Definitions:
     )
 
 
+def retention_definitions() -> Definitions:
+    return Definitions(jobs=[pin_retention_job], schedules=[pin_retention])
+
+
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
@@ -110,7 +116,12 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),
         scraping_definitions(),
+        retention_definitions(),
     )
 
 
-defs = build_definitions()
+@definitions
+def defs() -> Definitions:
+    """The code location, built when Dagster loads it, not when this module is imported:
+    the environment (e.g. PIN_NEWS_FULL_SWEEP_CRON) is read then."""
+    return build_definitions()

@@ -49,11 +49,11 @@ def start_local_services(
     An area whose external service is unset adds its stand-in here and exports its URL
     into `env`, so the Dagster processes started afterwards use it.
     """
-    from pin_orchestration.chessboard.cli import start_publisher_process
+    from pin_orchestration.cli.chessboard import start_publisher_process
 
     stoppers: list[Callable[[], None]] = []
     if settings.selections_url is None:
-        from pin_orchestration.news.selections_standin import DEFAULT_PORT, SelectionsStandIn
+        from pin_orchestration.standins.selections import DEFAULT_PORT, SelectionsStandIn
 
         stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token).start()
         env["PIN_SELECTIONS_URL"] = stand_in.url
@@ -76,8 +76,8 @@ def start_scraping_services(
 ) -> list[Callable[[], None]]:
     """The scraping API (`pin api`); with the demo, the demo target site, the demo tenant
     (its key is printed) and a few jobs."""
-    from pin_orchestration.scraping.demo import ensure_demo_tenant, submit_demo_jobs
-    from pin_orchestration.scraping.demo_site import DEFAULT_PORT, DemoSite
+    from pin_orchestration.demo import ensure_demo_tenant, submit_demo_jobs
+    from pin_orchestration.standins.scraping_target import DEFAULT_PORT, DemoSite
 
     api_host, api_port = env["PIN_API_HOST"], env["PIN_API_PORT"]
     env.setdefault("PIN_API_PUBLIC_URL", f"http://{api_host}:{api_port}")
@@ -85,7 +85,7 @@ def start_scraping_services(
         [
             sys.executable,
             "-m",
-            "pin_orchestration.scraping.cli",
+            "pin_orchestration.cli",
             "api",
             "--host",
             api_host,

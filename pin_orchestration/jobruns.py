@@ -23,6 +23,9 @@ class RunStatus(StrEnum):
     FAILED = "failed"
 
 
+# Bounds (ms) of the run-duration histograms, also what pin-retention retires into.
+RUN_DURATION_BUCKETS_MS = (100, 500, 1_000, 5_000, 30_000, 60_000, 300_000, 1_200_000)
+
 _INSERT = text(
     """
     INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at, result)

@@ -20,26 +20,53 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
+from pin_orchestration.jobruns import RUN_DURATION_BUCKETS_MS
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
-from pin_orchestration.news.snapshot_detach import read_metrics as read_snapshot_detach_metrics
+from pin_orchestration.news.snapshot_detach.monitoring import SnapshotDetachCollector
 
-RUN_DURATION_BUCKETS_MS = (100, 500, 1_000, 5_000, 30_000, 60_000, 300_000, 1_200_000)
-
+# Counters and histograms over pin.job_runs add what runs deleted by pin-retention had
+# contributed (pin.retired_totals, per job and status), so they never go down.
 _RECONCILE_TOTALS = text(
     """
-    SELECT
-        coalesce(sum((result->>'posts_reconciled')::bigint), 0) AS posts_reconciled,
-        coalesce(sum((result->>'drift_corrected')::bigint), 0) AS drift_corrected,
-        count(*) FILTER (WHERE status = 'failed') AS errors,
-        coalesce(sum((result->>'duration_ms')::bigint)
-                 FILTER (WHERE status <> 'skipped'), 0) AS duration_sum,
-        count(*) FILTER (WHERE status <> 'skipped') AS runs
-    FROM pin.job_runs WHERE job_code = :job_code
+    WITH live AS (
+        SELECT
+            coalesce(sum((result->>'posts_reconciled')::bigint), 0) AS posts_reconciled,
+            coalesce(sum((result->>'drift_corrected')::bigint), 0) AS drift_corrected,
+            count(*) FILTER (WHERE status = 'failed') AS errors,
+            coalesce(sum((result->>'duration_ms')::bigint)
+                     FILTER (WHERE status <> 'skipped'), 0) AS duration_sum,
+            count(*) FILTER (WHERE status <> 'skipped') AS runs
+        FROM pin.job_runs WHERE job_code = :job_code
+    ),
+    retired AS (
+        SELECT
+            coalesce(sum(value) FILTER (WHERE name = 'posts_reconciled'), 0)
+                AS posts_reconciled,
+            coalesce(sum(value) FILTER (WHERE name = 'drift_corrected'), 0) AS drift_corrected,
+            coalesce(sum(value) FILTER (WHERE name = 'runs' AND label = 'failed'), 0) AS errors,
+            coalesce(sum(value) FILTER (WHERE name = 'duration_ms' AND label <> 'skipped'), 0)
+                AS duration_sum,
+            coalesce(sum(value) FILTER (WHERE name = 'runs' AND label <> 'skipped'), 0) AS runs
+        FROM pin.retired_totals,
+             LATERAL (SELECT substr(counter, length('job_runs/' || :job_code || '/') + 1))
+                 AS n (name)
+        WHERE starts_with(counter, 'job_runs/' || :job_code || '/')
+    )
+    SELECT live.posts_reconciled + retired.posts_reconciled AS posts_reconciled,
+           live.drift_corrected + retired.drift_corrected AS drift_corrected,
+           live.errors + retired.errors AS errors,
+           live.duration_sum + retired.duration_sum AS duration_sum,
+           live.runs + retired.runs AS runs
+    FROM live, retired
     """
 )
 _RUN_DURATION_BUCKETS = text(
     """
-    SELECT b.le, count(r.id) AS runs
+    SELECT b.le,
+           count(r.id) + coalesce((
+               SELECT t.value FROM pin.retired_totals AS t
+               WHERE t.counter = 'job_runs/' || :job_code || '/duration_ms_le'
+                 AND t.label = CAST(CAST(b.le AS double precision) AS text)), 0) AS runs
     FROM unnest(CAST(:buckets AS bigint[])) AS b(le)
     LEFT JOIN pin.job_runs AS r
         ON r.job_code = :job_code AND r.status <> 'skipped'
@@ -109,40 +136,6 @@ class ReconcileCollector(Collector):
             "Duration of reconcile runs in milliseconds",
             RECONCILE_JOB_CODE,
         )
-
-
-class SnapshotDetachCollector(Collector):
-    """news_snapshot_detach_* (seed 001, DET-6)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        m = read_snapshot_detach_metrics(self.engine)
-        yield GaugeMetricFamily(
-            "news_snapshot_detach_pending", "Pending backlog of the outbox", value=m.state.pending
-        )
-        yield GaugeMetricFamily(
-            "news_snapshot_detach_oldest_age_seconds",
-            "now - min(created_at) over Pending entries",
-            value=m.state.oldest_age_seconds,
-        )
-        for name, value, doc in (
-            ("retried", m.retried, "Failed detach calls left Pending for another attempt"),
-            ("succeeded", m.succeeded, "Entries detached (Done)"),
-            ("failed", m.failed, "Detach calls that failed (5xx, timeout, network, rejected)"),
-            ("quarantined", m.quarantined, "Entries moved to Quarantined"),
-        ):
-            yield CounterMetricFamily(f"news_snapshot_detach_{name}", doc, value=value)
-        lag = HistogramMetricFamily(
-            "news_snapshot_detach_lag_seconds", "created_at → Done of detached entries"
-        )
-        lag.add_metric(
-            [],
-            [(f"{bound:g}", count) for bound, count in m.lag_buckets] + [("+Inf", m.lag_count)],
-            sum_value=m.lag_sum_seconds,
-        )
-        yield lag
 
 
 def collectors(engine: Engine) -> Iterable[Collector]:

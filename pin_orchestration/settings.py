@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# Where `pin up` starts the selections stand-in when PIN_SELECTIONS_URL is unset.
+LOCAL_SELECTIONS_PORT = 8790
+
 
 class SettingsError(ValueError):
     """An environment variable holds a value the project cannot use."""

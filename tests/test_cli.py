@@ -16,7 +16,7 @@ from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.news.reconcile import Scope, read_checkpoint
 from tests.conftest import embedded_data_dir
-from tests.news.factories import add_post
+from tests.news_reconcile.factories import add_post
 
 PIN = [sys.executable, "-m", "pin_orchestration.cli"]
 

@@ -6,11 +6,11 @@ backfills and alert routing: it has to show up here, in review.
 
 from __future__ import annotations
 
-from pin_orchestration.definitions import defs
+from pin_orchestration.definitions import build_definitions
 
 
 def test_code_location_snapshot() -> None:
-    repo = defs.get_repository_def()
+    repo = build_definitions().get_repository_def()
     assets = sorted(key.to_user_string() for key in repo.asset_graph.get_all_asset_keys())
     checks = sorted(
         f"{key.asset_key.to_user_string()}:{key.name}" for key in repo.asset_graph.asset_check_keys
@@ -38,10 +38,29 @@ def test_code_location_snapshot() -> None:
 
 
 def test_reconcile_asset_is_daily_partitioned_in_moscow() -> None:
-    repo = defs.get_repository_def()
+    repo = build_definitions().get_repository_def()
     asset = repo.assets_defs_by_key[
         next(k for k in repo.assets_defs_by_key if k.to_user_string() == "news/post_comment_counts")
     ]
     partitions = asset.partitions_def
     assert partitions.timezone == "Europe/Moscow"
     assert partitions.get_partition_keys()[0] == "2025-01-01"
+
+
+def test_loading_the_module_reads_no_environment(monkeypatch) -> None:
+    """The environment is read when Dagster builds the code location, not on import: a bad
+    variable must not break `import pin_orchestration.definitions` (tests, tools)."""
+    import importlib
+
+    import pin_orchestration.definitions as module
+
+    monkeypatch.setenv("PIN_NEWS_FULL_SWEEP_CRON", "not a cron")
+    importlib.reload(module)
+    from pin_orchestration.settings import SettingsError
+
+    try:
+        module.defs()
+    except SettingsError as exc:
+        assert "PIN_NEWS_FULL_SWEEP_CRON" in str(exc)
+    else:
+        raise AssertionError("a bad cron must be refused when the location is built")

@@ -1,7 +1,7 @@
 """Dagster wiring of news-snapshot-detach-retry (seed 001): the outbox as an asset with its
 alert checks (the jobs are in `pin_orchestration.jobs.news_snapshot_detach`).
 
-The work itself is in `pin_orchestration.news.snapshot_detach`; this module only turns
+The work itself is in the `pin_orchestration.news.snapshot_detach` package; this module only turns
 config into options, resources into an engine and a client, and results into events.
 """
 
@@ -20,7 +20,7 @@ from dagster import (
 )
 from dagster import AssetCheckSpec as CheckSpec
 
-from pin_orchestration.news.snapshot_detach import (
+from pin_orchestration.news.snapshot_detach.monitoring import (
     STALLED_AFTER_SECONDS,
     SensorState,
     sensor_state,

@@ -1,5 +1,6 @@
 """Jobs of news-snapshot-detach-retry (seed 001): the drain the sensor launches and the
-runbook re-enqueue. The work itself is in `pin_orchestration.news.snapshot_detach`."""
+runbook re-enqueue. The work itself is in the `pin_orchestration.news.snapshot_detach`
+package."""
 
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at decoration time.
@@ -20,46 +21,21 @@ from pydantic import Field
 
 from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY, check_evaluations
 from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.jobruns import RunStatus
 from pin_orchestration.locks import default_holder
-from pin_orchestration.news.snapshot_detach import (
-    JOB_CODE,
-    DetachOptions,
-    RequeueError,
-    RunStatus,
-    outbox_state,
-    requeue_quarantined,
-    run_detach_retry,
-    sensor_state,
-)
+from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, sensor_state
+from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
+from pin_orchestration.news.snapshot_detach.policy import JOB_CODE, DetachOptions
+from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
+from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
 
-_DEFAULTS = DetachOptions()
-
-
-class DetachRetryConfig(Config):
-    """SnapshotDetachRetryOptions (seed 001); TimeSpans in seconds."""
-
-    batch_size: int = Field(default=_DEFAULTS.batch_size, description="Rows per claim (> 0)")
-    max_run_duration_seconds: float = Field(
-        default=_DEFAULTS.max_run_duration_seconds, description="Upper bound of one run"
-    )
-    max_attempts: int = Field(
-        default=_DEFAULTS.max_attempts, description="Attempts before an entry is Quarantined"
-    )
-    backoff_base_seconds: float = Field(default=_DEFAULTS.backoff_base_seconds)
-    backoff_factor: float = Field(default=_DEFAULTS.backoff_factor)
-    backoff_cap_seconds: float = Field(default=_DEFAULTS.backoff_cap_seconds)
-    backoff_jitter_ratio: float = Field(
-        default=_DEFAULTS.backoff_jitter_ratio, description="Jitter: uniform [0, ratio × delay)"
-    )
-    lock_ttl_seconds: float = Field(default=_DEFAULTS.lock_ttl_seconds)
-    max_concurrency: int = Field(
-        default=_DEFAULTS.max_concurrency, description="Selections calls in flight at once"
-    )
-
-    def to_options(self) -> DetachOptions:
-        return DetachOptions(**self.model_dump())
+DetachRetryConfig = dagster_config(
+    DetachOptions,
+    "DetachRetryConfig",
+    "SnapshotDetachRetryOptions (seed 001); TimeSpans in seconds",
+)
 
 
 @op(name="drain_snapshot_detach_outbox")
@@ -70,7 +46,7 @@ def drain_snapshot_detach_outbox(
     selections: SelectionsResource,
 ) -> None:
     """Claim due Pending rows, detach them at selections, record outcomes (seed 001)."""
-    options = config.to_options()
+    options: DetachOptions = config.to_options()  # type: ignore[attr-defined]
     options.validate()
     engine = database.get_engine()
     with (

@@ -1,10 +1,11 @@
 """news-comment-reconcile (seed 000): keep news.posts.comments_count equal to the number of
 the post's Visible comments.
 
-Read top to bottom: options and their validation, then `run_reconcile`, which takes the
-distributed lock, resumes from the checkpoint and walks posts in id order one batch (one
-statement, one transaction) at a time until a batch comes back short, the run's time is
-up, or a stop was requested.
+Read top to bottom: options and their validation, the checkpoint and the pass plan, then
+`run_reconcile`, which takes the distributed lock, resumes from the checkpoint and walks
+posts in id order one batch (one statement, one transaction) at a time — the loop runs
+server-side, in a procedure (reconcile.sql), a slice of batches per round trip — until
+the pass is complete, the run's time is up, or a stop was requested.
 """
 
 from __future__ import annotations
@@ -24,14 +25,20 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.locks import held_lock
+from pin_orchestration.locks import LockLease, renewed_lock
+from pin_orchestration.options import option
 from pin_orchestration.sql import load_queries
 
 JOB_CODE = "news-comment-reconcile"
 LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"
 # The keyset cursor before the first post.
 START_CURSOR = uuid.UUID(int=0)
-# How many individual corrections a run keeps for its report (all are logged at DEBUG).
+# The keyset bound after the last post.
+END_CURSOR = uuid.UUID(int=2**128 - 1)
+# The client hands the server a slice of batches at a time: it checks for a stop request
+# and the run's budget between slices, and pays one round trip per slice.
+SLICE_SECONDS = 0.25
+# How many individual corrections a run keeps for its report.
 CORRECTIONS_REPORTED = 50
 
 log = logging.getLogger(__name__)
@@ -50,12 +57,24 @@ class ReconcileConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ReconcileOptions:
-    scope: Scope = Scope.DAILY_WINDOW
-    batch_size: int = 500
-    max_run_duration_seconds: float = 20 * 60
-    window_lookback_hours: float = 26
-    lock_ttl_seconds: float = 30 * 60
-    drift_alert_threshold: int = 100
+    scope: Scope = option(
+        Scope.DAILY_WINDOW,
+        "DailyWindow (posts with comment activity in the lookback window) "
+        "or FullSweep (every post that is not Archived)",
+    )
+    batch_size: int = option(500, "Posts per batch (> 0)")
+    max_run_duration_seconds: float = option(
+        20 * 60, "Stop after this long; the next run resumes from the checkpoint"
+    )
+    window_lookback_hours: float = option(
+        26, "DailyWindow: comment activity at or after the window's end minus this"
+    )
+    lock_ttl_seconds: float = option(
+        30 * 60, "TTL of the distributed lock, renewed every third of it while the run works"
+    )
+    drift_alert_threshold: int = option(
+        100, "Corrections in one run above this fail the drift check"
+    )
 
     def validate(self) -> None:
         problems: list[str] = []
@@ -75,11 +94,9 @@ class ReconcileOptions:
                 "window_lookback_hours must be > 0 for scope DailyWindow "
                 f"(got {self.window_lookback_hours}); default is 26"
             )
-        if self.lock_ttl_seconds <= self.max_run_duration_seconds:
+        if self.lock_ttl_seconds <= 0:
             problems.append(
-                f"lock_ttl_seconds ({self.lock_ttl_seconds}) must exceed "
-                f"max_run_duration_seconds ({self.max_run_duration_seconds}) so the lock "
-                "cannot expire under a live run; default is 1800"
+                f"lock_ttl_seconds must be > 0 (got {self.lock_ttl_seconds}); default is 1800"
             )
         if self.drift_alert_threshold < 0:
             problems.append(
@@ -117,13 +134,51 @@ class ReconcileResult:
 
 
 @dataclass(frozen=True)
-class _BatchOutcome:
-    candidate_count: int
-    last_candidate_id: uuid.UUID | None
+class Checkpoint:
+    """Where an interrupted pass stands: the last post done and, for DailyWindow, the
+    window the pass was started with (what it still owes)."""
+
+    last_id: uuid.UUID
+    window_start: datetime | None
+    window_end: datetime | None
+
+
+@dataclass(frozen=True)
+class Window:
+    """DailyWindow: comment activity at or after `start` and before `end`."""
+
+    start: datetime
+    end: datetime
+
+    def union(self, other: Window) -> Window:
+        return Window(min(self.start, other.start), max(self.end, other.end))
+
+
+@dataclass(frozen=True)
+class Leg:
+    """Posts after `after` up to `upper` (inclusive); at its end the checkpoint becomes
+    `end_cursor` (None: the pass is complete)."""
+
+    after: uuid.UUID
+    upper: uuid.UUID
+    end_cursor: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """What one call of the sweep procedure did."""
+
+    cursor: uuid.UUID
+    last_id: uuid.UUID | None
+    batches: int
+    candidates: int
     # Drifted posts a live hot-path writer held, or changed after the statement's
     # snapshot: left for the next run.
     skipped_locked: int
+    corrections_count: int
     corrections: list[dict[str, Any]]
+    reached_end: bool
+    error: str | None
 
 
 def checkpoint_key(scope: Scope) -> str:
@@ -134,28 +189,47 @@ def _queries() -> dict[str, str]:
     return load_queries("pin_orchestration.news", "reconcile.sql")
 
 
+def _procedure_name(scope: Scope) -> str:
+    return "news_reconcile_" + ("full_sweep" if scope == Scope.FULL_SWEEP else "daily_window")
+
+
 @functools.cache
-def _batch_statement(scope: Scope) -> TextClause:
+def _procedure_source(scope: Scope) -> str:
     queries = _queries()
     if scope == Scope.FULL_SWEEP:
         candidates, visible = queries["full_sweep_candidates"], queries["visible_in_id_range"]
     else:
         candidates, visible = queries["daily_window_candidates"], queries["visible_in_id_list"]
-    # Only SQL fragments are composed here; every value is a bound parameter.
-    return text(queries["reconcile_batch"].format(candidates=candidates, visible_filter=visible))
+    # Only SQL fragments are composed here; every value is a parameter of the procedure.
+    return queries["sweep_procedure"].format(
+        procedure=_procedure_name(scope), candidates=candidates, visible_filter=visible
+    )
+
+
+@functools.cache
+def _call_statement(scope: Scope) -> TextClause:
+    return text(_queries()["call_sweep_procedure"].format(procedure=_procedure_name(scope)))
+
+
+def read_checkpoint_state(engine: Engine, scope: Scope) -> Checkpoint | None:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(_queries()["read_checkpoint"]), {"checkpoint_key": checkpoint_key(scope)}
+        ).first()
+    if row is None or row.last_id is None:
+        return None
+    return Checkpoint(row.last_id, row.window_start, row.window_end)
 
 
 def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
-    with engine.connect() as conn:
-        return conn.execute(
-            text(_queries()["read_checkpoint"]), {"checkpoint_key": checkpoint_key(scope)}
-        ).scalar()
+    state = read_checkpoint_state(engine, scope)
+    return state.last_id if state else None
 
 
 @contextmanager
 def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
-    """One connection for a whole sweep, in autocommit: each batch is a single statement,
-    hence its own transaction, with no BEGIN/COMMIT round trips around it."""
+    """One connection for a whole sweep, in autocommit (the procedure commits each batch),
+    with the scope's sweep procedure created in its pg_temp."""
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         # The counter is recomputable from comments: losing the last batch to a crash costs
@@ -170,6 +244,7 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
             settings["plan_cache_mode"] = "force_generic_plan"
         for name, value in settings.items():
             conn.execute(_SET_CONFIG, {"name": name, "value": value})
+        conn.exec_driver_sql(_procedure_source(scope))
         try:
             yield conn
         finally:
@@ -178,28 +253,68 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
                 conn.execute(text("RESET ALL"))
 
 
-def reconcile_batch(
+def reconcile_slice(
     conn: Connection,
     scope: Scope,
+    leg: Leg,
     cursor: uuid.UUID,
     batch_size: int,
-    window_start: datetime | None,
-) -> _BatchOutcome:
-    """Reconcile the next batch after `cursor`: one statement, one transaction."""
-    params: dict[str, Any] = {
-        "cursor": cursor,
-        "batch_size": batch_size,
-        "checkpoint_key": checkpoint_key(scope),
-    }
-    if scope == Scope.DAILY_WINDOW:
-        params["window_start"] = window_start
-    row = conn.execute(_batch_statement(scope), params).one()
-    return _BatchOutcome(
-        candidate_count=row.candidate_count,
-        last_candidate_id=row.last_candidate_id,
-        skipped_locked=row.drifted_count - len(row.corrections),
-        corrections=row.corrections,
+    window: Window | None,
+    slice_seconds: float,
+    corrections_kept: int,
+) -> _Slice:
+    """Reconcile batches after `cursor` in `leg` for up to `slice_seconds` (at least one
+    batch), each batch its own transaction, in one round trip."""
+    row = conn.execute(
+        _call_statement(scope),
+        {
+            "checkpoint_key": checkpoint_key(scope),
+            "batch_size": batch_size,
+            "window_start": window.start if window else None,
+            "window_end": window.end if window else None,
+            "upper": leg.upper,
+            "end_cursor": leg.end_cursor,
+            "slice_seconds": slice_seconds,
+            "corrections_kept": corrections_kept,
+            "cursor": cursor,
+        },
+    ).one()
+    return _Slice(
+        cursor=row.io_cursor,
+        last_id=row.io_last_id,
+        batches=row.io_batches,
+        candidates=row.io_candidates,
+        skipped_locked=row.io_drifted - row.io_corrected,
+        corrections_count=row.io_corrected,
+        corrections=row.io_corrections,
+        reached_end=row.io_reached_end,
+        error=row.io_error,
     )
+
+
+def plan_pass(
+    scope: Scope, checkpoint: Checkpoint | None, own_window: Window | None
+) -> tuple[list[Leg], Window | None]:
+    """The legs this run walks and the window it uses.
+
+    A fresh pass walks every post once. A resumed FullSweep goes on to the end (seed). A
+    resumed DailyWindow goes on to the end, then wraps around to where it resumed, with
+    the union of its own window and the interrupted pass's: every post is then looked at
+    with every window owed since the last completed pass, however many runs were cut.
+    """
+    if checkpoint is None:
+        return [Leg(START_CURSOR, END_CURSOR, None)], own_window
+    if scope == Scope.FULL_SWEEP or own_window is None:
+        return [Leg(checkpoint.last_id, END_CURSOR, None)], own_window
+    window = own_window
+    if checkpoint.window_start is not None and checkpoint.window_end is not None:
+        window = own_window.union(Window(checkpoint.window_start, checkpoint.window_end))
+    if checkpoint.last_id == START_CURSOR:
+        return [Leg(START_CURSOR, END_CURSOR, None)], window
+    return [
+        Leg(checkpoint.last_id, END_CURSOR, START_CURSOR),
+        Leg(START_CURSOR, checkpoint.last_id, None),
+    ], window
 
 
 def run_reconcile(
@@ -212,89 +327,48 @@ def run_reconcile(
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> ReconcileResult:
-    """One reconcile run under the distributed lock.
+    """One reconcile run under the distributed lock, renewed while it works; a lost lock
+    stops it (FAILED) before its next slice.
 
-    `window_anchor` is the instant the DailyWindow looks back from (now by default; the
-    end of the partition's day for a backfill). A set `stop_requested` is honoured
-    between batches: what was committed stays, the checkpoint points past it.
+    `window_anchor` is the end of the DailyWindow (now by default; the end of the
+    partition's day for a scheduled run or a backfill): activity in [anchor − lookback,
+    anchor). A set `stop_requested` is honoured between slices of batches (at most
+    SLICE_SECONDS apart): what was committed stays, the checkpoint points past it.
     """
     options.validate()
     started_at = datetime.now(UTC)
     started = time.monotonic()
     scope = Scope(options.scope)
     result = ReconcileResult(status=RunStatus.SUCCEEDED, scope=scope)
-    window_start = None
+    own_window = None
     if scope == Scope.DAILY_WINDOW:
-        window_start = (window_anchor or started_at) - timedelta(
-            hours=options.window_lookback_hours
-        )
+        end = window_anchor or started_at
+        own_window = Window(end - timedelta(hours=options.window_lookback_hours), end)
 
-    with held_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as acquired:
-        if not acquired:
+    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
             logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
             result.status = RunStatus.SKIPPED
             _finish(engine, result, run_id, started, started_at)
             return result
 
-        cursor = read_checkpoint(engine, scope)
-        result.start_after_post_id = cursor
+        checkpoint = read_checkpoint_state(engine, scope)
+        legs, window = plan_pass(scope, checkpoint, own_window)
+        result.start_after_post_id = checkpoint.last_id if checkpoint else None
         logger.info(
-            "%s started: jobRunId=%s scope=%s cursor=%s window_start=%s batch_size=%d",
+            "%s started: jobRunId=%s scope=%s cursor=%s window=%s legs=%d batch_size=%d",
             JOB_CODE,
             run_id,
             scope.value,
-            cursor,
-            window_start,
+            result.start_after_post_id,
+            f"[{window.start.isoformat()}, {window.end.isoformat()})" if window else None,
+            len(legs),
             options.batch_size,
         )
-        cursor = cursor or START_CURSOR
         with sweep_connection(engine, scope) as conn:
-            while True:
-                if stop_requested is not None and stop_requested.is_set():
-                    result.status = RunStatus.CANCELLED
-                    result.backlog_remaining = True
-                    logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
-                    break
-                try:
-                    batch = reconcile_batch(conn, scope, cursor, options.batch_size, window_start)
-                except Exception as exc:  # noqa: BLE001 — recorded, reported, and re-raised by callers
-                    result.status = RunStatus.FAILED
-                    result.error = f"{type(exc).__name__}: {exc}"[:512]
-                    result.backlog_remaining = True
-                    logger.exception(
-                        "%s batch after %s failed; earlier batches stay committed", JOB_CODE, cursor
-                    )
-                    break
-                if batch.candidate_count == 0:
-                    break
-                result.batches_processed += 1
-                result.posts_reconciled += batch.candidate_count - batch.skipped_locked
-                result.drift_corrected += len(batch.corrections)
-                result.last_post_id = batch.last_candidate_id
-                room = CORRECTIONS_REPORTED - len(result.corrections)
-                result.corrections.extend(batch.corrections[: max(room, 0)])
-                logger.info(
-                    "%s batch processed: rows=%d corrected=%d skipped_locked=%d",
-                    JOB_CODE,
-                    batch.candidate_count,
-                    len(batch.corrections),
-                    batch.skipped_locked,
-                )
-                for c in batch.corrections:
-                    logger.debug("drift corrected: post %s %s→%s", c["post_id"], c["from"], c["to"])
-                if batch.candidate_count < options.batch_size:
-                    break
-                cursor = batch.last_candidate_id
-                # Checked after a batch, so even a tiny budget makes progress every run.
-                if time.monotonic() - started >= options.max_run_duration_seconds:
-                    result.backlog_remaining = True
-                    logger.warning(
-                        "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
-                        JOB_CODE,
-                        options.max_run_duration_seconds,
-                        cursor,
-                    )
-                    break
+            _sweep(
+                conn, scope, legs, window, options, started, stop_requested, lease, logger, result
+            )
 
         _finish(engine, result, run_id, started, started_at)
         logger.info(
@@ -309,6 +383,85 @@ def run_reconcile(
             result.duration_ms,
         )
         return result
+
+
+def _sweep(
+    conn: Connection,
+    scope: Scope,
+    legs: list[Leg],
+    window: Window | None,
+    options: ReconcileOptions,
+    started: float,
+    stop_requested: threading.Event | None,
+    lease: LockLease,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    result: ReconcileResult,
+) -> None:
+    for leg in legs:
+        cursor = leg.after
+        while True:
+            if lease.lost.is_set():
+                # Another runner may hold the lock now: not one more batch.
+                result.status = RunStatus.FAILED
+                result.error = f"lost the lock {LOCK_KEY}; stopped"
+                result.backlog_remaining = True
+                logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
+                return
+            if stop_requested is not None and stop_requested.is_set():
+                result.status = RunStatus.CANCELLED
+                result.backlog_remaining = True
+                logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
+                return
+            remaining = options.max_run_duration_seconds - (time.monotonic() - started)
+            piece = reconcile_slice(
+                conn,
+                scope,
+                leg,
+                cursor,
+                options.batch_size,
+                window,
+                slice_seconds=max(min(SLICE_SECONDS, remaining), 0.0),
+                corrections_kept=max(CORRECTIONS_REPORTED - len(result.corrections), 0),
+            )
+            result.batches_processed += piece.batches
+            result.posts_reconciled += piece.candidates - piece.skipped_locked
+            result.drift_corrected += piece.corrections_count
+            result.last_post_id = piece.last_id or result.last_post_id
+            result.corrections.extend(piece.corrections)
+            if piece.batches:
+                logger.info(
+                    "%s batches processed: batches=%d rows=%d corrected=%d skipped_locked=%d",
+                    JOB_CODE,
+                    piece.batches,
+                    piece.candidates,
+                    piece.corrections_count,
+                    piece.skipped_locked,
+                )
+            if piece.error is not None:
+                result.status = RunStatus.FAILED
+                result.error = piece.error[:512]
+                result.backlog_remaining = True
+                logger.error(
+                    "%s batch after %s failed (%s); earlier batches stay committed",
+                    JOB_CODE,
+                    piece.cursor,
+                    piece.error,
+                )
+                return
+            if piece.reached_end:
+                break
+            cursor = piece.cursor
+            # Checked after a slice (at least one batch), so even a tiny budget makes
+            # progress every run.
+            if time.monotonic() - started >= options.max_run_duration_seconds:
+                result.backlog_remaining = True
+                logger.warning(
+                    "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
+                    JOB_CODE,
+                    options.max_run_duration_seconds,
+                    cursor,
+                )
+                return
 
 
 def _finish(

@@ -1,104 +1,196 @@
--- Queries of news-comment-reconcile (seed 000). A batch is one statement, so one
--- transaction: the next BatchSize candidate posts by id (keyset), their Visible comment
--- counts, and — for those whose counter differs — a row lock on each one (SKIP LOCKED: a
--- post held by a live hot-path inc/dec is skipped, never waited on), the absolute
--- assignment and the checkpoint move.
+-- Queries of news-comment-reconcile (seed 000).
+--
+-- The sweep runs server-side: a procedure (created per session in pg_temp from the
+-- template below, one per scope) loops over keyset batches and COMMITs after each, so a
+-- batch is still one statement and one transaction, and the client's round trip is paid
+-- once per slice of batches instead of once per batch. A batch is the next BatchSize
+-- candidate posts by id, their Visible comment counts, and — for those whose counter
+-- differs — a row lock on each one (SKIP LOCKED: a post held by a live hot-path inc/dec is
+-- skipped, never waited on), the absolute assignment and the checkpoint move.
 --
 -- Only drifted posts are locked: a clean post needs no write, and locking every post would
 -- write every heap page of news.posts. A drifted post whose row changed after the
 -- statement's snapshot (xmin differs: a hot-path writer committed meanwhile) is skipped
 -- like a locked one, so a count taken before that write never overwrites it; the next run
 -- reconciles it.
+--
+-- Fragments below use the procedure's parameters (p_*) and variables (io_*); the only
+-- composition is of these fragments into the template (sql text, never values).
 
 -- name: full_sweep_candidates
 SELECT p.id, p.comments_count, p.xmin AS row_version
 FROM news.posts AS p
-WHERE p.id > :cursor AND p.status <> 'Archived'
+WHERE p.id > io_cursor AND p.id <= p_upper AND p.status <> 'Archived'
 ORDER BY p.id
-LIMIT :batch_size
+LIMIT p_batch_size
 
+-- The window is bounded on both sides: a backfill of a past day looks at that day's
+-- activity only, not at everything since.
 -- name: daily_window_candidates
 SELECT p.id, p.comments_count, p.xmin AS row_version
 FROM news.posts AS p
-WHERE p.id > :cursor AND p.status <> 'Archived'
+WHERE p.id > io_cursor AND p.id <= p_upper AND p.status <> 'Archived'
   AND p.id IN (
-      SELECT c.post_id FROM news.comments AS c WHERE c.updated_at >= :window_start
+      SELECT c.post_id FROM news.comments AS c
+      WHERE c.updated_at >= p_window_start AND c.updated_at < p_window_end
       UNION
-      SELECT c.post_id FROM news.comments AS c WHERE c.created_at >= :window_start
+      SELECT c.post_id FROM news.comments AS c
+      WHERE c.created_at >= p_window_start AND c.created_at < p_window_end
   )
 ORDER BY p.id
-LIMIT :batch_size
+LIMIT p_batch_size
 
 -- A FullSweep batch covers a dense id range: one index-only range scan counts it (the
 -- comments of archived posts in the range are counted too, and ignored).
 -- name: visible_in_id_range
-c.post_id > :cursor AND c.post_id <= (SELECT last_candidate_id FROM batch)
+c.post_id > io_cursor AND c.post_id <= (SELECT last_candidate_id FROM batch)
 
 -- A DailyWindow batch is sparse: probe the index per candidate instead.
 -- name: visible_in_id_list
 c.post_id = ANY(ARRAY(SELECT id FROM candidates))
 
--- name: reconcile_batch
-WITH candidates AS MATERIALIZED (
-    {candidates}
-),
-batch AS MATERIALIZED (
-    SELECT count(*) AS candidate_count,
-           (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id
-    FROM candidates
-),
-visible AS (
-    SELECT c.post_id, count(*) AS visible_count
-    FROM news.comments AS c
-    WHERE c.status = 'Visible' AND {visible_filter}
-    GROUP BY c.post_id
-),
-drifted AS MATERIALIZED (
-    SELECT k.id, k.comments_count AS old_count, coalesce(v.visible_count, 0) AS new_count,
-           k.row_version
-    FROM candidates AS k
-    LEFT JOIN visible AS v ON v.post_id = k.id
-    WHERE k.comments_count <> coalesce(v.visible_count, 0)
-),
--- Row locks and the update address posts by `id = ANY(ARRAY(...))`: the planner cannot
--- estimate how few drifted posts a batch has, and given a join it may pick a scan of the
--- whole of news.posts; an id array keeps both on primary-key lookups.
-locked AS MATERIALIZED (
-    SELECT p.id
-    FROM news.posts AS p
-    JOIN drifted AS d ON d.id = p.id
-    WHERE p.id = ANY(ARRAY(SELECT id FROM drifted)) AND p.status <> 'Archived'
-      AND p.xmin = d.row_version
-    FOR UPDATE OF p SKIP LOCKED
-),
-corrected AS (
-    UPDATE news.posts AS p
-    SET comments_count = d.new_count, updated_at = now()
-    FROM drifted AS d
-    WHERE p.id = ANY(ARRAY(SELECT id FROM locked)) AND p.id = d.id
-    RETURNING p.id, d.old_count, d.new_count
-),
-checkpoint AS (
-    -- A full batch leaves the cursor at its last candidate; a short one means the sweep
-    -- reached the end, so the next run starts from the beginning again.
-    INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
-    SELECT :checkpoint_key,
-           CASE WHEN candidate_count = :batch_size THEN last_candidate_id END,
-           now()
-    FROM batch
-    ON CONFLICT (checkpoint_key) DO UPDATE
-        SET last_id = excluded.last_id, updated_at = excluded.updated_at
+-- One call reconciles batches after io_cursor up to p_upper (inclusive) until the range
+-- is exhausted (io_reached_end) or p_slice_seconds have passed (at least one batch). At
+-- the end of the range the checkpoint becomes p_end_cursor: NULL when the pass is
+-- complete, the first id when a resumed DailyWindow pass wraps around. A failing batch
+-- is rolled back alone and reported in io_error; the batches before it stay committed.
+-- name: sweep_procedure
+CREATE OR REPLACE PROCEDURE pg_temp.{procedure}(
+    p_checkpoint_key text,
+    p_batch_size integer,
+    p_window_start timestamptz,
+    p_window_end timestamptz,
+    p_upper uuid,
+    p_end_cursor uuid,
+    p_slice_seconds double precision,
+    p_corrections_kept integer,
+    INOUT io_cursor uuid,
+    INOUT io_last_id uuid DEFAULT NULL,
+    INOUT io_batches integer DEFAULT 0,
+    INOUT io_candidates bigint DEFAULT 0,
+    INOUT io_drifted bigint DEFAULT 0,
+    INOUT io_corrected bigint DEFAULT 0,
+    INOUT io_corrections jsonb DEFAULT '[]',
+    INOUT io_reached_end boolean DEFAULT false,
+    INOUT io_error text DEFAULT NULL
 )
-SELECT
-    batch.candidate_count,
-    batch.last_candidate_id,
-    (SELECT count(*) FROM drifted) AS drifted_count,
-    (SELECT coalesce(
-        json_agg(json_build_object('post_id', id, 'from', old_count, 'to', new_count)
-                 ORDER BY id),
-        '[]'::json)
-     FROM corrected) AS corrections
-FROM batch
+LANGUAGE plpgsql AS $procedure$
+DECLARE
+    v_until timestamptz := clock_timestamp() + make_interval(secs => p_slice_seconds);
+    r record;
+BEGIN
+    LOOP
+        BEGIN
+            WITH candidates AS MATERIALIZED (
+                {candidates}
+            ),
+            batch AS MATERIALIZED (
+                SELECT count(*) AS candidate_count,
+                       (SELECT id FROM candidates ORDER BY id DESC LIMIT 1) AS last_candidate_id
+                FROM candidates
+            ),
+            visible AS (
+                SELECT c.post_id, count(*) AS visible_count
+                FROM news.comments AS c
+                WHERE c.status = 'Visible' AND {visible_filter}
+                GROUP BY c.post_id
+            ),
+            drifted AS MATERIALIZED (
+                SELECT k.id, k.comments_count AS old_count,
+                       coalesce(v.visible_count, 0) AS new_count, k.row_version
+                FROM candidates AS k
+                LEFT JOIN visible AS v ON v.post_id = k.id
+                WHERE k.comments_count <> coalesce(v.visible_count, 0)
+            ),
+            -- Row locks and the update address posts by `id = ANY(ARRAY(...))`: the
+            -- planner cannot estimate how few drifted posts a batch has, and given a join
+            -- it may pick a scan of the whole of news.posts; an id array keeps both on
+            -- primary-key lookups.
+            locked AS MATERIALIZED (
+                SELECT p.id
+                FROM news.posts AS p
+                JOIN drifted AS d ON d.id = p.id
+                WHERE p.id = ANY(ARRAY(SELECT id FROM drifted)) AND p.status <> 'Archived'
+                  AND p.xmin = d.row_version
+                FOR UPDATE OF p SKIP LOCKED
+            ),
+            corrected AS (
+                UPDATE news.posts AS p
+                SET comments_count = d.new_count, updated_at = now()
+                FROM drifted AS d
+                WHERE p.id = ANY(ARRAY(SELECT id FROM locked)) AND p.id = d.id
+                RETURNING p.id, d.old_count, d.new_count
+            ),
+            next_checkpoint AS (
+                -- A full batch leaves the cursor at its last candidate; a short one means
+                -- the range is exhausted.
+                SELECT CASE WHEN candidate_count = p_batch_size THEN last_candidate_id
+                            ELSE p_end_cursor END AS last_id
+                FROM batch
+            ),
+            checkpoint AS (
+                INSERT INTO pin.job_checkpoints AS k
+                    (checkpoint_key, last_id, window_start, window_end, updated_at)
+                SELECT p_checkpoint_key, last_id,
+                       CASE WHEN last_id IS NOT NULL THEN p_window_start END,
+                       CASE WHEN last_id IS NOT NULL THEN p_window_end END,
+                       now()
+                FROM next_checkpoint
+                ON CONFLICT (checkpoint_key) DO UPDATE
+                    SET last_id = excluded.last_id, window_start = excluded.window_start,
+                        window_end = excluded.window_end, updated_at = excluded.updated_at
+            )
+            SELECT
+                batch.candidate_count,
+                batch.last_candidate_id,
+                (SELECT count(*) FROM drifted) AS drifted_count,
+                (SELECT coalesce(
+                    jsonb_agg(jsonb_build_object('post_id', id, 'from', old_count,
+                                                 'to', new_count) ORDER BY id),
+                    '[]'::jsonb)
+                 FROM corrected) AS corrections
+            INTO r
+            FROM batch;
+        EXCEPTION WHEN OTHERS THEN
+            io_error := SQLERRM;
+            RETURN;
+        END;
+        COMMIT;
+        IF r.candidate_count = 0 THEN
+            io_reached_end := true;
+            RETURN;
+        END IF;
+        io_batches := io_batches + 1;
+        io_candidates := io_candidates + r.candidate_count;
+        io_drifted := io_drifted + r.drifted_count;
+        io_corrected := io_corrected + jsonb_array_length(r.corrections);
+        io_last_id := r.last_candidate_id;
+        IF jsonb_array_length(io_corrections) < p_corrections_kept THEN
+            io_corrections := io_corrections || (
+                SELECT coalesce(jsonb_agg(e), '[]'::jsonb)
+                FROM (SELECT e FROM jsonb_array_elements(r.corrections) AS e
+                      LIMIT p_corrections_kept - jsonb_array_length(io_corrections)) AS kept
+            );
+        END IF;
+        IF r.candidate_count < p_batch_size THEN
+            io_reached_end := true;
+            RETURN;
+        END IF;
+        io_cursor := r.last_candidate_id;
+        EXIT WHEN clock_timestamp() >= v_until;
+    END LOOP;
+END
+$procedure$
+
+-- name: call_sweep_procedure
+CALL pg_temp.{procedure}(
+    CAST(:checkpoint_key AS text), CAST(:batch_size AS integer),
+    CAST(:window_start AS timestamptz), CAST(:window_end AS timestamptz),
+    CAST(:upper AS uuid), CAST(:end_cursor AS uuid),
+    CAST(:slice_seconds AS double precision), CAST(:corrections_kept AS integer),
+    CAST(:cursor AS uuid)
+)
 
 -- name: read_checkpoint
-SELECT last_id FROM pin.job_checkpoints WHERE checkpoint_key = :checkpoint_key
+SELECT last_id, window_start, window_end
+FROM pin.job_checkpoints WHERE checkpoint_key = :checkpoint_key

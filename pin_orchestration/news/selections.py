@@ -35,6 +35,9 @@ class CallResult:
 
 
 class DetachCaller(Protocol):
+    # The longest a call can take: a claim leases its row for at least this long.
+    timeout_seconds: float
+
     def detach(self, snapshot_id: uuid.UUID, reason: str) -> CallResult: ...
 
 

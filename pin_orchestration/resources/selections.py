@@ -4,10 +4,9 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from pin_orchestration.news.selections import SelectionsClient
-from pin_orchestration.news.selections_standin import DEFAULT_PORT
-from pin_orchestration.settings import Settings
+from pin_orchestration.settings import LOCAL_SELECTIONS_PORT, Settings
 
-STANDIN_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+STANDIN_URL = f"http://127.0.0.1:{LOCAL_SELECTIONS_PORT}"
 
 
 class SelectionsResource(ConfigurableResource):

@@ -23,7 +23,7 @@ from dagster import (
 
 from pin_orchestration.assets.news_snapshot_detach import check_evaluations
 from pin_orchestration.jobs.news_snapshot_detach import news_snapshot_detach_retry
-from pin_orchestration.news.snapshot_detach import sensor_state
+from pin_orchestration.news.snapshot_detach.monitoring import sensor_state
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 

@@ -14,7 +14,7 @@ from pin_orchestration.chessboard.drain import drain_tick
 from pin_orchestration.chessboard.queue import request_project_recalc
 from pin_orchestration.chessboard.recalc import find_divergence
 from pin_orchestration.cli import main
-from pin_orchestration.definitions import defs
+from pin_orchestration.definitions import build_definitions
 from pin_orchestration.demo import seed_demo_data
 from pin_orchestration.metrics import build_registry
 from tests.chessboard.world import add_object, add_project, queue_row
@@ -89,7 +89,7 @@ def test_cli_runbook_actions(db_url: str, db_engine: Engine) -> None:
 
 
 def test_code_location_has_the_chessboard_names() -> None:
-    repo = defs.get_repository_def()
+    repo = build_definitions().get_repository_def()
     assets = {key.to_user_string() for key in repo.asset_graph.get_all_asset_keys()}
     checks = {f"{k.asset_key.to_user_string()}:{k.name}" for k in repo.asset_graph.asset_check_keys}
     assert "chessboard/project_aggregates" in assets

@@ -16,7 +16,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.demo_site import DemoSite
 from pin_orchestration.scraping.repository import Tenant, create_tenant
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import (
@@ -26,12 +25,14 @@ from pin_orchestration.scraping.store import (
     load_or_create_signing_key,
     s3_client,
 )
+from pin_orchestration.standins.scraping_target import DemoSite
 
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
 # Retry-After still holds), leases are short so renewals and expiry happen within a test.
 TEST_SETTINGS = ScrapingSettings(
     slots=8,
-    fetch_timeout_seconds=1.0,
+    # Generous for a loaded machine; tests of timeouts set their own or outlast it.
+    fetch_timeout_seconds=2.5,
     max_attempts=5,
     backoff_base_seconds=0.05,
     backoff_cap_seconds=0.2,
@@ -83,9 +84,8 @@ Worker = Callable[..., Any]
 @pytest.fixture
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
-    from pin_orchestration.scraping.fetch import Fetcher
-
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch import Fetcher
     from pin_orchestration.scraping.worker import WorkerOptions, run_worker
 
     def run(

@@ -16,8 +16,8 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.db import dagster_storage_url
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.demo_site import DemoSite
 from pin_orchestration.scraping.repository import JobRequest
+from pin_orchestration.standins.scraping_target import DemoSite
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from dagster import (
 from sqlalchemy import Engine, text
 
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS
-from pin_orchestration.definitions import defs
+from pin_orchestration.definitions import build_definitions
 from pin_orchestration.jobs.scraping import (
     WORKER_TAGS,
     scraping_requeue,
@@ -28,9 +28,9 @@ from pin_orchestration.jobs.scraping import (
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.demo_site import DemoSite
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
+from pin_orchestration.standins.scraping_target import DemoSite
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def submit(engine: Engine, tenant_id: uuid.UUID, url: str) -> uuid.UUID:
 
 
 def test_code_location_has_the_scraping_names() -> None:
-    repo = defs.get_repository_def()
+    repo = build_definitions().get_repository_def()
     assert SCRAPING_RESULTS in repo.asset_graph.get_all_asset_keys()
     assert {"scraping_worker", "scraping_requeue"} <= {j.name for j in repo.get_all_jobs()}
     sweeper = repo.get_schedule_def("scraping_stuck_sweeper")

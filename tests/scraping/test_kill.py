@@ -15,9 +15,9 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.demo_site import DemoSite
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.standins.scraping_target import DemoSite
 from tests.scraping.conftest import TEST_SETTINGS, Worker
 
 
@@ -59,7 +59,7 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         [
             sys.executable,
             "-m",
-            "pin_orchestration.scraping.cli",
+            "pin_orchestration.cli",
             "scraping",
             "work",
             "--slots",

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.demo_site import DemoSite
 from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.standins.scraping_target import DemoSite
 from tests.scraping.conftest import TEST_SETTINGS, Worker
 
 

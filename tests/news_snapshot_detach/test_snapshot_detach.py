@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import signal
 import subprocess
 import sys
@@ -18,28 +19,29 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pytest_httpserver import HTTPServer
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from werkzeug import Request, Response
 
+from pin_orchestration.jobruns import RunStatus
 from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news.selections import CallKind, CallResult, SelectionsClient
-from pin_orchestration.news.snapshot_detach import (
-    LOCK_KEY,
-    DetachOptions,
-    Reason,
+from pin_orchestration.news.snapshot_detach.outbox import (
     RequeueError,
-    RunStatus,
-    SnapshotDetachConfigError,
-    backoff_seconds,
     claim_batch,
     claim_due,
-    decide,
-    drain,
     enqueue_snapshot_detach,
     record_outcomes,
     requeue_quarantined,
-    run_detach_retry,
 )
+from pin_orchestration.news.snapshot_detach.policy import (
+    LOCK_KEY,
+    DetachOptions,
+    Reason,
+    SnapshotDetachConfigError,
+    backoff_seconds,
+    decide,
+)
+from pin_orchestration.news.snapshot_detach.worker import drain, run_detach_retry
 
 TOKEN = "m2m-test-token"
 NO_JITTER = DetachOptions(backoff_jitter_ratio=0.0)
@@ -183,7 +185,7 @@ def test_backoff_jitter_comes_from_the_injected_random_source() -> None:
         ("backoff_factor", 0.5),
         ("backoff_cap_seconds", 1),
         ("max_run_duration_seconds", -1),
-        ("lock_ttl_seconds", 60),
+        ("lock_ttl_seconds", 0),
         ("max_concurrency", 0),
     ],
 )
@@ -226,6 +228,37 @@ def test_enqueue_dedupes_per_snapshot_while_a_row_is_active(db_engine: Engine) -
         third = enqueue_snapshot_detach(conn, snapshot, post, Reason.POST_DELETED)
     assert third != first
     assert statuses(db_engine) == {"Done": 1, "Pending": 1}
+
+
+def test_enqueue_survives_the_active_row_turning_done_meanwhile(db_engine: Engine) -> None:
+    """The owner's transaction enqueues a snapshot that has an active row; a worker on
+    another connection commits that row Done right after the owner's first statement. The
+    enqueue must neither raise inside the owner's transaction nor leave it without an id."""
+    snapshot, post = uuid.uuid4(), uuid.uuid4()
+    [active] = [enqueue_id(db_engine, snapshot, post)]
+    statements: list[str] = []
+
+    def worker_marks_done(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+        if len(statements) == 1:
+            with db_engine.begin() as worker:
+                worker.execute(
+                    text("UPDATE news.snapshot_detach_outbox SET status = 'Done' WHERE id = :id"),
+                    {"id": active},
+                )
+
+    with db_engine.begin() as owner:
+        event.listen(owner, "after_cursor_execute", worker_marks_done)
+        entry_id = enqueue_snapshot_detach(owner, snapshot, post, Reason.POST_DELETED)
+        owner.execute(text("SELECT 1"))  # the owner's own work goes on in the same transaction
+    assert len(statements) == 2  # the enqueue was one statement
+    assert entry_id == active
+    assert statuses(db_engine) == {"Done": 1}
+
+
+def enqueue_id(engine: Engine, snapshot: uuid.UUID, post: uuid.UUID) -> uuid.UUID:
+    with engine.begin() as conn:
+        return enqueue_snapshot_detach(conn, snapshot, post, Reason.BLOCK_REPLACED)
 
 
 def test_enqueue_is_part_of_the_callers_transaction(db_engine: Engine) -> None:
@@ -470,6 +503,53 @@ def test_parallel_runners_detach_each_snapshot_once(
     assert statuses(db_engine) == {"Done": 400}
 
 
+def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_the_call(
+    db_engine: Engine, selections: Selections, caplog: pytest.LogCaptureFixture
+) -> None:
+    """100 rows, 8 call slots, every call hangs until its 0.2 s timeout, base backoff 1 s:
+    the whole claim takes far longer than the backoff. No row may be claimed again while
+    its call is in flight, and its next call comes a backoff after the failed call ended,
+    not after the claim."""
+    enqueue(db_engine, 100)
+    timeout, base = 0.2, 1.0
+    starts: dict[str, list[float]] = {}
+    guard = threading.Lock()
+
+    def on_call(snapshot: str) -> None:
+        with guard:
+            starts.setdefault(snapshot, []).append(time.monotonic())
+
+    selections.on_call = on_call
+    selections.hang = threading.Event()
+    options = DetachOptions(
+        batch_size=100,
+        max_concurrency=8,
+        backoff_base_seconds=base,
+        backoff_factor=1.0,
+        # Real jitter: the rows' retry order differs from their first order, so a row called
+        # late in one claim can come early in the next.
+        backoff_jitter_ratio=1.0,
+        max_run_duration_seconds=3.5,
+        max_attempts=100,
+    )
+    with caplog.at_level(logging.INFO, logger="pin_orchestration"):
+        result = run(db_engine, selections, options, timeout=timeout, rand=random.random)
+    assert result.succeeded == 0 and result.released == 0
+    retried = {s: t for s, t in starts.items() if len(t) > 1}
+    assert retried, "the run should have outlived the backoff of its first calls"
+    for snapshot, times in retried.items():
+        for earlier, later_call in zip(times, times[1:], strict=False):
+            # The earlier call hung for its whole timeout, then the backoff ran from its end.
+            assert later_call - earlier >= timeout + base - 0.05, snapshot
+    claims = [
+        int(r.getMessage().rsplit("rows=", 1)[1])
+        for r in caplog.records
+        if "batch claimed" in r.getMessage()
+    ]
+    assert max(claims) <= options.max_concurrency
+    assert sum(claims) == result.claimed == sum(len(t) for t in starts.values())
+
+
 def test_lock_held_elsewhere_skips_the_run(db_engine: Engine, selections: Selections) -> None:
     enqueue(db_engine)
     assert try_acquire_lock(db_engine, LOCK_KEY, 60, "another-pod")
@@ -511,12 +591,13 @@ def test_cancellation_between_records_is_graceful(
     called = selections.called()
     assert len(called) == 1  # one worker: the stop lands during the first call
     assert result.succeeded == len(called)
-    assert result.released == 10 - len(called)
+    # A claim takes only free call slots: nothing claimed is left uncalled.
+    assert result.claimed == len(called)
     for snapshot in snapshots:
         entry = row(db_engine, snapshot)
         if str(snapshot) in called:
             assert (entry.status, entry.attempts) == ("Done", 1)
-        else:  # claimed but never called: the attempt is given back, due as before
+        else:  # never claimed, never called: due as before
             assert (entry.status, entry.attempts) == ("Pending", 0)
             assert entry.next_attempt_at <= datetime.now(UTC)
     with db_engine.connect() as conn:
@@ -537,12 +618,12 @@ def test_outcome_never_overwrites_a_newer_claim(db_engine: Engine) -> None:
     # The first runner's call is slow; after the backoff another runner claims the row again.
     [second] = claim_batch(db_engine, NO_JITTER, now + timedelta(seconds=61), zero)
     assert (first.id, first.attempts, second.attempts) == (second.id, 1, 2)
-    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER)
+    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER, now)
     assert record_outcomes(db_engine, [late], now) == set()
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 2, None)
     assert entry.next_attempt_at == second.next_attempt_at
-    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER)
+    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER, now)
     assert record_outcomes(db_engine, [done], now) == {second.id}
     assert row(db_engine, snapshot).status == "Done"
 
@@ -552,7 +633,8 @@ _CRASH_CHILD = textwrap.dedent(
     import sys
     from pin_orchestration.db import create_db_engine
     from pin_orchestration.news.selections import SelectionsClient
-    from pin_orchestration.news.snapshot_detach import DetachOptions, drain
+    from pin_orchestration.news.snapshot_detach.policy import DetachOptions
+    from pin_orchestration.news.snapshot_detach.worker import drain
 
     engine = create_db_engine(sys.argv[1])
     with SelectionsClient(sys.argv[2], "t", timeout_seconds=30) as client:
@@ -597,10 +679,11 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     selections.hang = None
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
-    assert entry.next_attempt_at >= before + timedelta(seconds=60)
-    # The next run after the backoff finishes it.
+    # The claim's lease: the call's timeout (30 s in the child), then the backoff.
+    assert entry.next_attempt_at >= before + timedelta(seconds=30 + 60)
+    # The next run after the lease finishes it.
     assert run(db_engine, selections).claimed == 0
-    result = run(db_engine, selections, clock=later(61))
+    result = run(db_engine, selections, clock=later(30 + 61))
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts) == ("Done", 2)
@@ -608,7 +691,7 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
 
 def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engine) -> None:
     from pin_orchestration.demo import seed_snapshot_detach_outbox
-    from pin_orchestration.news.selections_standin import SelectionsStandIn
+    from pin_orchestration.standins.selections import SelectionsStandIn
 
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 14}
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 0}
@@ -664,3 +747,49 @@ def test_max_run_duration_leaves_the_rest_for_the_next_tick(
     assert result.backlog_remaining is True
     assert result.succeeded == result.claimed < 30
     assert statuses(db_engine) == {"Done": result.claimed, "Pending": 30 - result.claimed}
+
+
+def test_lock_is_renewed_while_a_run_outlasts_its_ttl(
+    db_engine: Engine, selections: Selections
+) -> None:
+    enqueue(db_engine, 30)
+    selections.on_call = lambda _s: time.sleep(0.2)  # 30 calls, 2 at a time: ~3 s of work
+    options = DetachOptions(max_concurrency=2, lock_ttl_seconds=1, backoff_jitter_ratio=0)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run(db_engine, selections, options)))
+    worker.start()
+    intruded = False
+    while worker.is_alive():
+        intruded = intruded or try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+        time.sleep(0.1)
+    worker.join()
+    assert not intruded, "a second runner took the lock while the first was working"
+    assert results[0].succeeded == 30
+
+
+def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine, selections: Selections) -> None:
+    enqueue(db_engine, 100)
+    first_call = threading.Event()
+
+    def slow(_snapshot: str) -> None:
+        first_call.set()
+        time.sleep(0.2)  # 100 calls, 2 at a time: ~10 s of work
+
+    selections.on_call = slow
+    options = DetachOptions(max_concurrency=2, lock_ttl_seconds=1, backoff_jitter_ratio=0)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run(db_engine, selections, options)))
+    worker.start()
+    assert first_call.wait(10)
+    # An operator drops the lock (`pin locks release`) and another runner takes it.
+    with db_engine.begin() as conn:
+        conn.execute(text("DELETE FROM pin.distributed_locks"))
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    lost_at = time.monotonic()
+    worker.join(30)
+    # The renewal (a third of the TTL) notices; calls in flight finish, no new claim.
+    assert time.monotonic() - lost_at < 2.0
+    result = results[0]
+    assert result.status == RunStatus.FAILED
+    assert "lock" in (result.error or "")
+    assert statuses(db_engine)["Pending"] > 50

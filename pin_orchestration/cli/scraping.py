@@ -7,17 +7,9 @@ import sys
 import uuid
 
 import click
-from sqlalchemy import Engine
 
-from pin_orchestration.db import create_db_engine, resolve_database_url
+from pin_orchestration.db import engine_from_env
 from pin_orchestration.settings import Settings, SettingsError
-
-
-def _engine() -> Engine:
-    try:
-        return create_db_engine(resolve_database_url(Settings.from_env()))
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 @click.command("api")
@@ -61,7 +53,7 @@ def tenant_create(name: str, as_json: bool) -> None:
     from pin_orchestration.scraping.repository import TenantError, create_tenant
 
     try:
-        created, key = create_tenant(_engine(), name)
+        created, key = create_tenant(engine_from_env(), name)
     except TenantError as exc:
         raise click.ClickException(str(exc)) from exc
     _print_key(created.id, created.name, key, as_json)
@@ -75,7 +67,7 @@ def tenant_rotate_key(name: str, as_json: bool) -> None:
     from pin_orchestration.scraping.repository import TenantError, rotate_tenant_key
 
     try:
-        rotated, key = rotate_tenant_key(_engine(), name)
+        rotated, key = rotate_tenant_key(engine_from_env(), name)
     except TenantError as exc:
         raise click.ClickException(str(exc)) from exc
     _print_key(rotated.id, rotated.name, key, as_json)
@@ -93,7 +85,7 @@ def tenant_list() -> None:
     """Tenants, their key prefixes and job counts."""
     from pin_orchestration.scraping.repository import list_tenants
 
-    for t in list_tenants(_engine()):
+    for t in list_tenants(engine_from_env()):
         click.echo(
             f"{t['name']}\t{t['id']}\tkey {t['api_key_prefix']}…\t{t['jobs']} job(s)\t"
             f"key rotated {t['key_rotated_at'].isoformat()}"
@@ -111,7 +103,7 @@ def scraping_failed(limit: int) -> None:
     """Failed jobs (attempts spent or a permanent error), newest first."""
     from pin_orchestration.scraping.repository import list_failed_jobs
 
-    for j in list_failed_jobs(_engine(), limit):
+    for j in list_failed_jobs(engine_from_env(), limit):
         click.echo(
             f"{j['id']}\t{j['tenant']}\t{j['attempts']} attempt(s)\t{j['last_error_class']}\t"
             f"{j['url']}\t{j['last_error']}"
@@ -128,7 +120,7 @@ def scraping_requeue(job_ids: tuple[str, ...]) -> None:
         ids = [uuid.UUID(i) for i in job_ids]
     except ValueError as exc:
         raise click.BadParameter(f"every JOB_ID must be a uuid ({exc})") from exc
-    requeued = set(requeue_failed_jobs(_engine(), ids))
+    requeued = set(requeue_failed_jobs(engine_from_env(), ids))
     for i in ids:
         click.echo(f"{i}\t{'requeued' if i in requeued else 'not failed (left as it is)'}")
     if len(requeued) != len(ids):
@@ -141,7 +133,9 @@ def scraping_sweep() -> None:
     from pin_orchestration.scraping.repository import sweep_expired_leases
     from pin_orchestration.scraping.settings import ScrapingSettings
 
-    swept = sweep_expired_leases(_engine(), max_attempts=ScrapingSettings.from_env().max_attempts)
+    swept = sweep_expired_leases(
+        engine_from_env(), max_attempts=ScrapingSettings.from_env().max_attempts
+    )
     for row in swept:
         click.echo(f"{row.id}\tattempt {row.attempts}\t→ {row.status}")
 
@@ -179,7 +173,7 @@ def scraping_work(
     try:
         with stop_requested_on_signals() as stop:
             report = run_worker(
-                _engine(),
+                engine_from_env(),
                 result_store_from(settings),
                 fetcher,
                 retry_policy_from(settings),
@@ -203,21 +197,3 @@ def scraping_work(
             }
         )
     )
-
-
-@click.group()
-def standalone() -> None:
-    """The scraping commands alone, for child processes (`python -m …`)."""
-
-
-standalone.add_command(api)
-standalone.add_command(tenant)
-standalone.add_command(scraping)
-
-if __name__ == "__main__":
-    import logging
-
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    standalone()

@@ -9,24 +9,18 @@ import uuid
 import click
 
 from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.news.snapshot_detach import (
+from pin_orchestration.db import engine_from_env
+from pin_orchestration.jobruns import RunStatus
+from pin_orchestration.locks import default_holder
+from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, quarantined_entries
+from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
+from pin_orchestration.news.snapshot_detach.policy import (
     DetachOptions,
-    RequeueError,
-    RunStatus,
     SnapshotDetachConfigError,
-    outbox_state,
-    quarantined_entries,
-    requeue_quarantined,
-    run_detach_retry,
 )
-
-_DEFAULTS = DetachOptions()
-
-
-def _engine():  # type: ignore[no-untyped-def]
-    from pin_orchestration.cli import _engine as engine
-
-    return engine()
+from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
+from pin_orchestration.options import click_options
+from pin_orchestration.resources.selections import SelectionsResource
 
 
 @click.group()
@@ -35,44 +29,22 @@ def detach() -> None:
 
 
 @detach.command("run")
-@click.option("--batch-size", type=int, default=_DEFAULTS.batch_size, show_default=True)
-@click.option("--max-concurrency", type=int, default=_DEFAULTS.max_concurrency, show_default=True)
-@click.option(
-    "--max-run-duration-seconds",
-    type=float,
-    default=_DEFAULTS.max_run_duration_seconds,
-    show_default=True,
-)
-@click.option("--max-attempts", type=int, default=_DEFAULTS.max_attempts, show_default=True)
+@click_options(DetachOptions)
 @click.option("--detach-call-timeout-seconds", type=float, default=5.0, show_default=True)
-def detach_run(
-    batch_size: int,
-    max_concurrency: int,
-    max_run_duration_seconds: float,
-    max_attempts: int,
-    detach_call_timeout_seconds: float,
-) -> None:
+def detach_run(detach_call_timeout_seconds: float, **fields: object) -> None:
     """Drain the due rows once, now, under the job's lock (PIN_SELECTIONS_URL / _TOKEN)."""
-    from pin_orchestration.locks import default_holder
-    from pin_orchestration.resources.selections import SelectionsResource
-
-    options = DetachOptions(
-        batch_size=batch_size,
-        max_concurrency=max_concurrency,
-        max_run_duration_seconds=max_run_duration_seconds,
-        max_attempts=max_attempts,
-    )
+    options = DetachOptions(**fields)  # type: ignore[arg-type]
     try:
         options.validate()
         client = SelectionsResource(
             detach_call_timeout_seconds=detach_call_timeout_seconds
-        ).get_client(pool_size=max_concurrency)
+        ).get_client(pool_size=options.max_concurrency)
     except (SnapshotDetachConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     run_id = f"cli-{uuid.uuid4()}"
     with client, stop_requested_on_signals() as stop:
         result = run_detach_retry(
-            _engine(),
+            engine_from_env(),
             client,
             options,
             run_id=run_id,
@@ -92,7 +64,9 @@ def detach_run(
 def detach_requeue(entry_id: uuid.UUID | None, snapshot_id: uuid.UUID | None) -> None:
     """Runbook: a Quarantined entry → Pending, attempts 0, due now."""
     try:
-        requeued = requeue_quarantined(_engine(), entry_id=entry_id, snapshot_id=snapshot_id)
+        requeued = requeue_quarantined(
+            engine_from_env(), entry_id=entry_id, snapshot_id=snapshot_id
+        )
     except RequeueError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"re-enqueued {requeued}")
@@ -102,7 +76,7 @@ def detach_requeue(entry_id: uuid.UUID | None, snapshot_id: uuid.UUID | None) ->
 @click.option("--limit", type=int, default=20, show_default=True)
 def detach_status(limit: int) -> None:
     """Pending / Quarantined counts and the latest Quarantined entries with their error."""
-    engine = _engine()
+    engine = engine_from_env()
     state = outbox_state(engine)
     click.echo(
         json.dumps(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job, in_process_executor
 
-from pin_orchestration.assets.news import (
+from pin_orchestration.assets.news_reconcile import (
     POST_COMMENT_COUNTS,
     no_failed_runs_in_26h,
     reconciled_within_26h,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.locks import try_acquire_lock
+from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
     LOCK_KEY,
     ReconcileConfigError,
@@ -18,7 +21,7 @@ from pin_orchestration.news.reconcile import (
     read_checkpoint,
     run_reconcile,
 )
-from tests.news.factories import add_comments, add_post, comments_count, days_ago
+from tests.news_reconcile.factories import add_comments, add_post, comments_count, days_ago
 
 FULL = ReconcileOptions(scope=Scope.FULL_SWEEP)
 
@@ -188,13 +191,17 @@ def test_expired_lock_is_taken_over(db_engine: Engine) -> None:
     assert comments_count(db_engine, post) == 0
 
 
-def test_cancellation_between_batches_keeps_committed_work(db_engine: Engine) -> None:
+def test_cancellation_between_batches_keeps_committed_work(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     posts = sorted(add_post(db_engine, comments_count=1) for _ in range(6))
     stop = threading.Event()
+    # A stop is honoured between slices; a slice of 0 s is one batch.
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)
 
     class StopAfterFirstBatch:
         def info(self, msg: str, *args: object) -> None:
-            if "batch processed" in msg:
+            if "batches processed" in msg:
                 stop.set()
 
         def __getattr__(self, name: str):
@@ -287,7 +294,7 @@ def test_failing_batch_keeps_earlier_batches_and_checkpoint(db_engine: Engine) -
         (ReconcileOptions(batch_size=0), "batch_size"),
         (ReconcileOptions(max_run_duration_seconds=0), "max_run_duration_seconds"),
         (ReconcileOptions(window_lookback_hours=-1), "window_lookback_hours"),
-        (ReconcileOptions(lock_ttl_seconds=60, max_run_duration_seconds=120), "lock_ttl_seconds"),
+        (ReconcileOptions(lock_ttl_seconds=0), "lock_ttl_seconds"),
         (ReconcileOptions(scope="Sometimes"), "scope"),  # type: ignore[arg-type]
     ],
 )
@@ -303,7 +310,59 @@ def test_invalid_config_fails_before_any_work(
 
 
 def test_full_sweep_window_lookback_is_not_required(db_engine: Engine) -> None:
-    reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, window_lookback_hours=0))
+    """FullSweep ignores the window: a lookback of 0 is valid for it and a post with no
+    recent activity is still reconciled; the same lookback is refused for DailyWindow."""
+    post = add_post(db_engine, comments_count=5)
+    add_comments(db_engine, post, 2, at=days_ago(30))
+    result = reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, window_lookback_hours=0))
+    assert (result.status, result.drift_corrected) == (RunStatus.SUCCEEDED, 1)
+    assert comments_count(db_engine, post) == 2
+    with pytest.raises(ReconcileConfigError, match="window_lookback_hours"):
+        reconcile(db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW, window_lookback_hours=0))
+
+
+def drift(engine: Engine, post: uuid.UUID, at: datetime) -> None:
+    """A comment written at `at` whose increment the hot path lost: the counter is stale."""
+    add_comments(engine, post, 1, at=at)
+
+
+def test_backfill_window_is_bounded_above_by_the_end_of_its_day(db_engine: Engine) -> None:
+    post = add_post(db_engine, comments_count=0)
+    drift(db_engine, post, days_ago(1 / 24))  # activity an hour ago, not on the backfilled day
+    result = reconcile(
+        db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW), window_anchor=days_ago(3)
+    )
+    assert result.posts_reconciled == 0
+    assert comments_count(db_engine, post) == 0
+
+
+def test_resumed_daily_window_wraps_around_with_the_cut_runs_window(db_engine: Engine) -> None:
+    """Runs 1 and 2 are cut by MaxRunDuration (one batch each), run 3 completes. Activity
+    since run 1's window started, on posts below the cursor and above it, is reconciled by
+    run 3, although run 3's own 26 h window does not reach back that far."""
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(8))
+    day1, day2, day3 = days_ago(2), days_ago(1), days_ago(0)
+    for post in posts:
+        add_comments(db_engine, post, 1, at=day1 - timedelta(hours=1))
+    cut = ReconcileOptions(scope=Scope.DAILY_WINDOW, batch_size=2, max_run_duration_seconds=1e-6)
+    first = reconcile(db_engine, cut, window_anchor=day1)
+    assert first.last_post_id == posts[1]
+    # After run 1 passed posts[0]: activity it could not see.
+    drift(db_engine, posts[0], day1 + timedelta(hours=1))
+    # Above the cursor, inside run 1's window but before run 2's and run 3's windows.
+    drift(db_engine, posts[6], day1 - timedelta(hours=10))
+    second = reconcile(db_engine, cut, window_anchor=day2)
+    assert second.last_post_id == posts[3]
+    # After run 2 passed posts[2].
+    drift(db_engine, posts[2], day2 + timedelta(hours=1))
+    third = reconcile(
+        db_engine, ReconcileOptions(scope=Scope.DAILY_WINDOW, batch_size=2), window_anchor=day3
+    )
+    assert third.backlog_remaining is False
+    assert {c["post_id"] for c in third.corrections} == {str(posts[i]) for i in (0, 2, 6)}
+    assert [comments_count(db_engine, p) for p in posts] == [2, 1, 2, 1, 1, 1, 2, 1]
+    # The circle closed: the next run starts a fresh pass with its own window.
+    assert read_checkpoint(db_engine, Scope.DAILY_WINDOW) is None
 
 
 def test_run_is_recorded_for_alerts(db_engine: Engine) -> None:
@@ -315,3 +374,59 @@ def test_run_is_recorded_for_alerts(db_engine: Engine) -> None:
     assert row.result["drift_corrected"] == 1
     assert row.result["last_post_id"] == str(post)
     assert uuid.UUID(row.result["last_post_id"]) == post
+
+
+def slow_updates(engine: Engine, seconds_per_row: float) -> None:
+    """Every update of a post takes a while: a run that outlasts a short lock TTL."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.slow() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_sleep({float(seconds_per_row)}); RETURN NEW; END $$;
+                CREATE TRIGGER slow BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.slow();
+                """
+            )
+        )
+
+
+def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
+    posts = [add_post(db_engine, comments_count=1) for _ in range(60)]
+    slow_updates(db_engine, 0.05)  # 60 drifted posts: ~3 s of work against a 1 s TTL
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
+    worker.start()
+    intruded = False
+    while worker.is_alive():
+        intruded = intruded or try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+        time.sleep(0.1)
+    worker.join()
+    assert not intruded, "a second runner took the lock while the first was working"
+    assert results[0].status == RunStatus.SUCCEEDED
+    assert all(comments_count(db_engine, p) == 0 for p in posts)
+
+
+def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
+    posts = [add_post(db_engine, comments_count=1) for _ in range(200)]
+    slow_updates(db_engine, 0.05)  # ~10 s of work
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
+    worker.start()
+    while read_checkpoint(db_engine, Scope.FULL_SWEEP) is None:
+        time.sleep(0.02)
+    # An operator drops the lock (`pin locks release`) and another runner takes it.
+    with db_engine.begin() as conn:
+        conn.execute(text("DELETE FROM pin.distributed_locks"))
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    lost_at = time.monotonic()
+    worker.join(30)
+    # The renewal (a third of the TTL) notices, and the run stops after its current slice.
+    assert time.monotonic() - lost_at < 2.0
+    result = results[0]
+    assert result.status == RunStatus.FAILED
+    assert "lock" in (result.error or "")
+    assert result.backlog_remaining is True
+    assert sum(comments_count(db_engine, p) for p in posts) > 0

@@ -13,7 +13,7 @@ from dagster import (
     schedule,
 )
 
-from pin_orchestration.jobs.news import (
+from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
 import pytest
-from dagster import DagsterInstance, Definitions, materialize
+from dagster import DagsterInstance, Definitions, build_schedule_context, materialize
 from sqlalchemy import Engine, text
 
-from pin_orchestration.assets.news import (
+from pin_orchestration.assets.news_reconcile import (
     DRIFT_CHECK,
     POST_COMMENT_COUNTS,
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
 )
-from pin_orchestration.jobs.news import news_comment_reconcile_health_job
+from pin_orchestration.definitions import build_definitions
+from pin_orchestration.jobs.news_reconcile import news_comment_reconcile_health_job
 from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news.reconcile import LOCK_KEY
 from pin_orchestration.resources.database import DatabaseResource
-from tests.news.factories import add_comments, add_post, comments_count
+from pin_orchestration.schedules.news_reconcile import news_comment_reconcile_daily
+from pin_orchestration.settings import Settings
+from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
 OP = "news__post_comment_counts"
 
@@ -147,3 +153,30 @@ def test_backfill_of_a_past_day_reconciles_that_days_activity(
 
     assert run_asset(db_url, daily, partition_key=ten_days_ago.date().isoformat()).success
     assert comments_count(db_engine, post) == 2
+
+
+MSK = ZoneInfo("Europe/Moscow")
+
+
+def test_daily_tick_reconciles_the_previous_moscow_day_in_daily_window() -> None:
+    context = build_schedule_context(
+        scheduled_execution_time=datetime(2026, 11, 30, 3, 0, tzinfo=MSK)
+    )
+    request = news_comment_reconcile_daily(context)
+    assert request.partition_key == "2026-11-29"
+    assert (
+        request.run_config["ops"]["news__post_comment_counts"]["config"]["scope"] == "DailyWindow"
+    )
+
+
+def test_full_sweep_schedule_uses_the_configured_cron() -> None:
+    settings = Settings.from_env({"PIN_NEWS_FULL_SWEEP_CRON": "0 5 * * 6"})
+    repo = build_definitions(settings).get_repository_def()
+    sweep = repo.get_schedule_def("news_comment_reconcile_full_sweep")
+    assert sweep.cron_schedule == "0 5 * * 6"
+    context = build_schedule_context(
+        scheduled_execution_time=datetime(2026, 11, 28, 5, 0, tzinfo=MSK), repository_def=repo
+    )
+    request = sweep.evaluate_tick(context).run_requests[0]
+    assert request.partition_key == "2026-11-27"
+    assert request.run_config["ops"]["news__post_comment_counts"]["config"]["scope"] == "FullSweep"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import subprocess
 import sys
@@ -12,17 +11,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 import click
-from sqlalchemy import Engine
 
-from pin_orchestration.db import create_db_engine, resolve_database_url
-from pin_orchestration.settings import Settings, SettingsError
-
-
-def _engine() -> Engine:
-    try:
-        return create_db_engine(resolve_database_url(Settings.from_env()))
-    except SettingsError as exc:
-        raise click.ClickException(str(exc)) from exc
+from pin_orchestration.db import engine_from_env
+from pin_orchestration.settings import Settings
 
 
 def _echo(data: object) -> None:
@@ -39,7 +30,7 @@ def status() -> None:
     """Queue depth, due backlog, poison rows, outbox backlog."""
     from pin_orchestration.chessboard.queue import poison_rows, query, queue_stats
 
-    with _engine().connect() as conn:
+    with engine_from_env().connect() as conn:
         stats = queue_stats(conn)
         outbox = conn.execute(query("outbox_stats")).one()
         poison = poison_rows(conn)
@@ -66,7 +57,7 @@ def force_recalc(project_ids: tuple[uuid.UUID, ...], immediately: bool) -> None:
     from pin_orchestration.chessboard.drain import force_recalc_project
     from pin_orchestration.chessboard.queue import force_recalc_now
 
-    engine = _engine()
+    engine = engine_from_env()
     for project_id in project_ids:
         if immediately:
             _echo(
@@ -84,7 +75,7 @@ def reset_poison(project_id: uuid.UUID) -> None:
     """Runbook 'reset a poison row' after fixing its cause: attempts 0, due now."""
     from pin_orchestration.chessboard.queue import reset_poison_row
 
-    if not reset_poison_row(_engine(), project_id):
+    if not reset_poison_row(engine_from_env(), project_id):
         raise click.ClickException(f"no queue row for project {project_id}")
     click.echo(f"{project_id}: attempt_count reset, due now")
 
@@ -96,7 +87,7 @@ def check_divergence(project_ids: tuple[uuid.UUID, ...]) -> None:
     divergence; fix with force-recalc)."""
     from pin_orchestration.chessboard.recalc import find_divergence
 
-    with _engine().connect() as conn:
+    with engine_from_env().connect() as conn:
         diverged = [asdict(d) for p in project_ids for d in find_divergence(conn, p)]
     _echo(diverged)
     if diverged:
@@ -118,7 +109,7 @@ def drain(batch_size: int, poison_threshold: int) -> None:
     except RecalcConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     with stop_requested_on_signals() as stop:
-        tick = drain_tick(_engine(), policy=policy, should_stop=stop.is_set)
+        tick = drain_tick(engine_from_env(), policy=policy, should_stop=stop.is_set)
     _echo(
         {
             "recalculated": tick.count("recalculated"),
@@ -145,7 +136,7 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     from pin_orchestration.locks import default_holder
 
     settings = Settings.from_env()
-    engine = _engine()
+    engine = engine_from_env()
     sink = make_sink(settings.kafka_bootstrap_servers, settings.home)
     click.echo(f"chessboard outbox publisher → {sink.describe()}")
     if once:
@@ -170,7 +161,7 @@ def start_publisher_process(env: dict[str, str]) -> Callable[[], None]:
     PIN_KAFKA_BOOTSTRAP_SERVERS is set, else the JSONL sink under PIN_HOME); returns how
     to stop it."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pin_orchestration.chessboard.cli", "publish"], env=env
+        [sys.executable, "-m", "pin_orchestration.cli", "chessboard", "publish"], env=env
     )
 
     def stop() -> None:
@@ -181,10 +172,3 @@ def start_publisher_process(env: dict[str, str]) -> Callable[[], None]:
             proc.kill()
 
     return stop
-
-
-if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    chessboard()

@@ -12,7 +12,6 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
-    Config,
     DailyPartitionsDefinition,
     Failure,
     MaterializeResult,
@@ -20,7 +19,6 @@ from dagster import (
     asset,
     asset_check,
 )
-from pydantic import Field
 
 from pin_orchestration.cancellation import stop_requested_on_signals
 from pin_orchestration.jobruns import count_runs_since, last_successful_run_at
@@ -32,9 +30,9 @@ from pin_orchestration.news.reconcile import (
     ReconcileOptions,
     ReconcileResult,
     RunStatus,
-    Scope,
     run_reconcile,
 )
+from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 
 POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
@@ -47,35 +45,9 @@ news_daily_partitions = DailyPartitionsDefinition(
 )
 
 
-class ReconcileConfig(Config):
-    scope: str = Field(
-        default=Scope.DAILY_WINDOW.value,
-        description="DailyWindow (posts with comment activity in the lookback window) "
-        "or FullSweep (every post that is not Archived)",
-    )
-    batch_size: int = Field(default=500, description="Posts per batch (> 0)")
-    max_run_duration_seconds: float = Field(
-        default=1200, description="Stop after this long; the next run resumes from the checkpoint"
-    )
-    window_lookback_hours: float = Field(
-        default=26, description="DailyWindow: comment activity at or after end-of-day minus this"
-    )
-    lock_ttl_seconds: float = Field(
-        default=1800, description="TTL of the distributed lock; must exceed the max duration"
-    )
-    drift_alert_threshold: int = Field(
-        default=100, description="Corrections in one run above this fail the drift check"
-    )
-
-    def to_options(self) -> ReconcileOptions:
-        return ReconcileOptions(
-            scope=self.scope,  # type: ignore[arg-type]  # validated by ReconcileOptions
-            batch_size=self.batch_size,
-            max_run_duration_seconds=self.max_run_duration_seconds,
-            window_lookback_hours=self.window_lookback_hours,
-            lock_ttl_seconds=self.lock_ttl_seconds,
-            drift_alert_threshold=self.drift_alert_threshold,
-        )
+ReconcileConfig = dagster_config(
+    ReconcileOptions, "ReconcileConfig", "Run config of news-comment-reconcile (seed 000)"
+)
 
 
 def _result_metadata(result: ReconcileResult) -> dict[str, object]:
@@ -116,7 +88,7 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
 def post_comment_counts(
     context: AssetExecutionContext, config: ReconcileConfig, database: DatabaseResource
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
-    options = config.to_options()
+    options: ReconcileOptions = config.to_options()  # type: ignore[attr-defined]
     try:
         options.validate()
     except ReconcileConfigError as exc:

@@ -1,20 +1,30 @@
 -- Queries of news-snapshot-detach-retry (seed 001). A row moves through two short
--- transactions per attempt: the claim (attempts + 1, next_attempt_at = backoff) and the
--- outcome (Done / Pending with last_error / Quarantined). The selections call happens
+-- transactions per attempt: the claim (attempts + 1, next_attempt_at = a lease: the call's
+-- timeout + the backoff) and the outcome (Done / Pending with last_error and the next
+-- attempt a backoff after the call ended / Quarantined). The selections call happens
 -- between them with no transaction open. The claim stamp (attempts, next_attempt_at) is
 -- the row's version: an outcome or a release applies only while the row still carries
 -- the stamp of the claim it belongs to, so it never overwrites a newer claim.
 
+-- One statement, one snapshot: the new row, or else the active row this statement
+-- conflicted with. Nothing can turn that row Done between finding and returning it (an
+-- active row turning Done before the conflict check means no conflict: the new row is
+-- inserted). No row lock is taken on an existing row, so a worker's outcome never waits
+-- for the owner's transaction. No row at all only when another transaction enqueued the
+-- same snapshot and committed during this statement (its row is newer than our snapshot).
 -- name: enqueue
-INSERT INTO news.snapshot_detach_outbox AS o
-    (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, created_at, updated_at)
-VALUES (:id, :snapshot_id, :post_id, :reason, 0, now(), 'Pending', now(), now())
-ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
-RETURNING o.id
-
--- name: active_entry_id
+WITH inserted AS (
+    INSERT INTO news.snapshot_detach_outbox AS o
+        (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, created_at,
+         updated_at)
+    VALUES (:id, :snapshot_id, :post_id, :reason, 0, now(), 'Pending', now(), now())
+    ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
+    RETURNING o.id
+)
+SELECT id FROM inserted
+UNION ALL
 SELECT id FROM news.snapshot_detach_outbox
-WHERE snapshot_id = :snapshot_id AND status <> 'Done'
+WHERE snapshot_id = :snapshot_id AND status <> 'Done' AND NOT EXISTS (SELECT FROM inserted)
 
 -- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
 -- name: lock_due
@@ -32,13 +42,16 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[])) AS c (id, attempts, next_attempt_at)
 WHERE o.id = c.id
 
+-- A failed call's row gets its next attempt counted from the end of the call (retry_at);
+-- until then the claim's lease kept it from being due.
 -- name: record_outcomes
 UPDATE news.snapshot_detach_outbox AS o
-SET status = c.status, last_error = c.last_error, updated_at = :now
+SET status = c.status, last_error = c.last_error,
+    next_attempt_at = coalesce(c.retry_at, o.next_attempt_at), updated_at = :now
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[]), CAST(:statuses AS text[]),
-            CAST(:last_errors AS text[]))
-     AS c (id, attempts, next_attempt_at, status, last_error)
+            CAST(:last_errors AS text[]), CAST(:retry_ats AS timestamptz[]))
+     AS c (id, attempts, next_attempt_at, status, last_error, retry_at)
 WHERE o.id = c.id AND o.status = 'Pending'
   AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
 RETURNING o.id
@@ -87,10 +100,14 @@ SELECT count(*) FILTER (WHERE status = 'Pending') AS pending,
 FROM news.snapshot_detach_outbox
 WHERE status <> 'Done'
 
--- Lag (created_at → Done) of every Done row, bucketed for the histogram.
+-- Lag (created_at → Done) of every Done row, bucketed for the histogram; rows deleted by
+-- pin-retention count through pin.retired_totals, so the histogram never goes down.
 -- name: done_lag_histogram
 SELECT b.upper_bound,
-       count(o.id) AS cumulative_count
+       count(o.id) + coalesce((
+           SELECT t.value FROM pin.retired_totals AS t
+           WHERE t.counter = 'news_snapshot_detach/lag_le'
+             AND t.label = CAST(b.upper_bound AS text)), 0) AS cumulative_count
 FROM unnest(CAST(:bounds AS double precision[])) AS b (upper_bound)
 LEFT JOIN news.snapshot_detach_outbox AS o
        ON o.status = 'Done'
@@ -99,16 +116,38 @@ GROUP BY b.upper_bound
 ORDER BY b.upper_bound
 
 -- name: done_lag_totals
-SELECT count(*) AS count,
-       coalesce(sum(extract(epoch FROM updated_at - created_at)), 0) AS sum_seconds
+SELECT count(*) + coalesce((SELECT value FROM pin.retired_totals
+                             WHERE counter = 'news_snapshot_detach/lag' AND label = 'count'), 0)
+           AS count,
+       coalesce(sum(extract(epoch FROM updated_at - created_at)), 0)
+           + coalesce((SELECT value FROM pin.retired_totals
+                       WHERE counter = 'news_snapshot_detach/lag' AND label = 'sum'), 0)
+           AS sum_seconds
 FROM news.snapshot_detach_outbox
 WHERE status = 'Done'
 
--- Counter totals over every recorded run of the job (pin.job_runs result).
+-- Counter totals over every recorded run of the job (pin.job_runs result), plus what
+-- runs deleted by pin-retention contributed.
 -- name: run_totals
-SELECT coalesce(sum((result ->> 'succeeded')::bigint), 0) AS succeeded,
-       coalesce(sum((result ->> 'retried')::bigint), 0) AS retried,
-       coalesce(sum((result ->> 'failed')::bigint), 0) AS failed,
-       coalesce(sum((result ->> 'quarantined')::bigint), 0) AS quarantined
-FROM pin.job_runs
-WHERE job_code = :job_code
+WITH live AS (
+    SELECT coalesce(sum((result ->> 'succeeded')::bigint), 0) AS succeeded,
+           coalesce(sum((result ->> 'retried')::bigint), 0) AS retried,
+           coalesce(sum((result ->> 'failed')::bigint), 0) AS failed,
+           coalesce(sum((result ->> 'quarantined')::bigint), 0) AS quarantined
+    FROM pin.job_runs
+    WHERE job_code = :job_code
+),
+retired AS (
+    SELECT coalesce(sum(value) FILTER (WHERE name = 'succeeded'), 0) AS succeeded,
+           coalesce(sum(value) FILTER (WHERE name = 'retried'), 0) AS retried,
+           coalesce(sum(value) FILTER (WHERE name = 'failed'), 0) AS failed,
+           coalesce(sum(value) FILTER (WHERE name = 'quarantined'), 0) AS quarantined
+    FROM pin.retired_totals,
+         LATERAL (SELECT substr(counter, length('job_runs/' || :job_code || '/') + 1)) AS n (name)
+    WHERE starts_with(counter, 'job_runs/' || :job_code || '/')
+)
+SELECT live.succeeded + retired.succeeded AS succeeded,
+       live.retried + retired.retried AS retried,
+       live.failed + retired.failed AS failed,
+       live.quarantined + retired.quarantined AS quarantined
+FROM live, retired

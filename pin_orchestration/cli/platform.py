@@ -1,0 +1,128 @@
+"""`pin up | db | demo | locks | metrics`: the platform's own commands (dev stack,
+migrations, demo data, distributed locks, the metrics endpoint)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from pin_orchestration.db import create_db_engine, engine_from_env, resolve_database_url
+from pin_orchestration.settings import Settings
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=3000, show_default=True, help="Dagster UI port")
+@click.option("--metrics-port", default=9108, show_default=True)
+@click.option("--api-port", default=8000, show_default=True, help="Scraping API port")
+@click.option("--dagster-yaml", type=click.Path(path_type=Path), default=Path("dagster.yaml"))
+@click.option("--workspace", type=click.Path(path_type=Path), default=Path("workspace.yaml"))
+@click.option("--no-demo", is_flag=True, help="Do not load demo data")
+def up(
+    host: str,
+    port: int,
+    metrics_port: int,
+    api_port: int,
+    dagster_yaml: Path,
+    workspace: Path,
+    no_demo: bool,
+) -> None:
+    """Bring the whole system up: database, migrations, demo data, Dagster UI + daemon."""
+    from pin_orchestration.devstack import run_stack
+
+    settings = Settings.from_env()
+    sys.exit(
+        run_stack(
+            settings=settings,
+            dagster_yaml=dagster_yaml.resolve(),
+            workspace_yaml=workspace.resolve(),
+            host=host,
+            port=port,
+            metrics_port=metrics_port,
+            api_port=api_port,
+            seed_demo=not no_demo,
+        )
+    )
+
+
+@click.group()
+def db() -> None:
+    """Schema migrations (alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Create or migrate every schema the project uses."""
+    from pin_orchestration.migrations import current_revision, upgrade_database
+
+    url = resolve_database_url(Settings.from_env())
+    upgrade_database(url, revision)
+    click.echo(f"database at revision {current_revision(create_db_engine(url))}")
+
+
+@click.group()
+def demo() -> None:
+    """Demo data for the embedded default."""
+
+
+@demo.command("seed")
+def demo_seed() -> None:
+    """Load demo rows (idempotent)."""
+    from pin_orchestration.demo import seed_demo_data
+
+    click.echo(json.dumps(seed_demo_data(engine_from_env())))
+
+
+@click.group()
+def locks() -> None:
+    """Distributed locks (pin.distributed_locks)."""
+
+
+@locks.command("list")
+def locks_list() -> None:
+    """Who holds which lock, and until when."""
+    from pin_orchestration.locks import list_locks
+
+    for lock in list_locks(engine_from_env()):
+        state = "EXPIRED" if lock.expired else "held"
+        click.echo(
+            f"{lock.lock_key}\t{lock.holder}\t{state}\t"
+            f"acquired {lock.acquired_at.isoformat()}\texpires {lock.expires_at.isoformat()}"
+        )
+
+
+@locks.command("release")
+@click.argument("lock_key")
+def locks_release(lock_key: str) -> None:
+    """Runbook: drop a stuck lock whoever holds it."""
+    from pin_orchestration.locks import force_release_lock
+
+    if not force_release_lock(engine_from_env(), lock_key):
+        raise click.ClickException(f"no lock {lock_key!r}")
+    click.echo(f"released {lock_key}")
+
+
+@click.group()
+def metrics() -> None:
+    """Prometheus metrics."""
+
+
+@metrics.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=9108, show_default=True)
+def metrics_serve(host: str, port: int) -> None:
+    """Serve /metrics until interrupted."""
+    import threading
+
+    from pin_orchestration.metrics import serve_metrics
+
+    server = serve_metrics(engine_from_env(), host, port)
+    click.echo(f"serving http://{host}:{port}/metrics")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()

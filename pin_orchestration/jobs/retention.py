@@ -1,0 +1,49 @@
+"""Job of pin-retention: the daily batch delete of old rows (the work is in
+`pin_orchestration.retention`)."""
+
+# No `from __future__ import annotations`: Dagster reads config/resource types from the
+# annotations at decoration time.
+
+from dagster import Failure, OpExecutionContext, in_process_executor, job, op
+
+from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.jobruns import RunStatus
+from pin_orchestration.locks import default_holder
+from pin_orchestration.options import dagster_config
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.retention import JOB_CODE, RetentionOptions, run_retention
+
+RetentionConfig = dagster_config(
+    RetentionOptions, "RetentionConfig", "Ages (days) and batching of pin-retention"
+)
+
+
+@op(name="delete_expired_rows")
+def delete_expired_rows(
+    context: OpExecutionContext, config: RetentionConfig, database: DatabaseResource
+) -> None:
+    """Delete Done detach intents, published chessboard events and job runs older than
+    their ages, in batches."""
+    options: RetentionOptions = config.to_options()  # type: ignore[attr-defined]
+    with stop_requested_on_signals(reraise=True) as stop:
+        result = run_retention(
+            database.get_engine(),
+            options,
+            run_id=context.run_id,
+            holder=default_holder(context.run_id),
+            stop_requested=stop,
+            logger=context.log,
+        )
+    if result.status == RunStatus.FAILED:
+        raise Failure(f"{JOB_CODE} failed: {result.error}", metadata=result.summary())
+
+
+@job(
+    name="pin_retention",
+    executor_def=in_process_executor,
+    tags={"pin/job": JOB_CODE},
+    description="Delete, in batches, rows older than their configured ages (Done detach "
+    "intents and published chessboard events: 30 days; job runs: 90 days).",
+)
+def pin_retention_job() -> None:
+    delete_expired_rows()

@@ -1,0 +1,182 @@
+"""The outbox row's transactions: enqueue (in the owning operation's transaction), claim,
+record outcomes, give back unstarted claims, and the runbook's requeue."""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, TextClause, text
+
+from pin_orchestration.ids import uuid7
+from pin_orchestration.news.snapshot_detach.policy import (
+    ClaimedEntry,
+    DetachOptions,
+    Outcome,
+    RandomSource,
+    Reason,
+    claim_lease_until,
+)
+from pin_orchestration.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+
+def query(name: str) -> TextClause:
+    return text(load_queries("pin_orchestration.news.snapshot_detach", "queries.sql")[name])
+
+
+# --- enqueue (the owning operations: set-blocks / delete-post) ------------------------------
+
+
+def enqueue_snapshot_detach(
+    conn: Connection, snapshot_id: uuid.UUID, post_id: uuid.UUID, reason: Reason | str
+) -> uuid.UUID:
+    """Write the detach intent in the caller's transaction; return the active row's id.
+
+    A snapshot that already has an active (not Done) row gets no second one: the existing
+    row's id is returned (ux_sdo_snapshot dedupe). One statement: it cannot fail inside the
+    caller's transaction because the active row turned Done at the wrong moment.
+    """
+    params = {
+        "id": uuid7(),
+        "snapshot_id": snapshot_id,
+        "post_id": post_id,
+        "reason": Reason(reason).value,
+    }
+    entry_id = conn.execute(query("enqueue"), params).scalar()
+    if entry_id is None:
+        # A concurrent enqueue of the same snapshot committed during the statement: a new
+        # statement's snapshot sees its row (or inserts, had it turned Done meanwhile).
+        entry_id = conn.execute(query("enqueue"), params).scalar_one()
+    return entry_id
+
+
+# --- claim / outcome / release ---------------------------------------------------------------
+
+
+def _stamp_params(entries: Sequence[ClaimedEntry]) -> dict[str, list[Any]]:
+    return {
+        "ids": [e.id for e in entries],
+        "attempts": [e.attempts for e in entries],
+        "next_attempt_ats": [e.next_attempt_at for e in entries],
+    }
+
+
+def _relaxed_commit(conn: Connection) -> None:
+    """Don't wait for the WAL flush: a claim or an outcome lost to a database crash only
+    means one more (idempotent, INV-SNP-005) detach call after the backoff."""
+    conn.execute(text("SET LOCAL synchronous_commit = off"))
+
+
+def claim_due(
+    conn: Connection,
+    options: DetachOptions,
+    now: datetime,
+    rand: RandomSource = random.random,
+    *,
+    limit: int | None = None,
+    call_timeout_seconds: float = 0.0,
+) -> list[ClaimedEntry]:
+    """Lock up to `limit` (default batch_size) due rows (SKIP LOCKED) and stamp the attempt,
+    leasing each row for its call's timeout plus the backoff; the caller commits."""
+    size = options.batch_size if limit is None else min(limit, options.batch_size)
+    rows = conn.execute(query("lock_due"), {"now": now, "batch_size": size}).all()
+    claimed = [
+        ClaimedEntry(
+            id=row.id,
+            snapshot_id=row.snapshot_id,
+            post_id=row.post_id,
+            reason=row.reason,
+            attempts=row.attempts + 1,
+            next_attempt_at=claim_lease_until(
+                now, row.attempts + 1, options, call_timeout_seconds, rand
+            ),
+            previous_attempts=row.attempts,
+            previous_next_attempt_at=row.next_attempt_at,
+        )
+        for row in rows
+    ]
+    if claimed:
+        conn.execute(query("mark_claimed"), {**_stamp_params(claimed), "now": now})
+    return claimed
+
+
+def claim_batch(
+    engine: Engine,
+    options: DetachOptions,
+    now: datetime,
+    rand: RandomSource = random.random,
+    *,
+    limit: int | None = None,
+    call_timeout_seconds: float = 0.0,
+) -> list[ClaimedEntry]:
+    """The claim as its own transaction: committed (row locks released) on return."""
+    with engine.begin() as conn:
+        _relaxed_commit(conn)
+        return claim_due(
+            conn, options, now, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
+        )
+
+
+def record_outcomes(engine: Engine, outcomes: Sequence[Outcome], now: datetime) -> set[uuid.UUID]:
+    """Write outcomes in one short transaction; return the ids actually updated.
+
+    A Pending outcome sets the next attempt (counted from the end of its call). An outcome
+    whose row no longer carries its claim's stamp (a newer claim took the row,
+    or an operator changed it) is not applied.
+    """
+    if not outcomes:
+        return set()
+    params = {
+        **_stamp_params([o.entry for o in outcomes]),
+        "statuses": [o.status.value for o in outcomes],
+        "last_errors": [o.last_error for o in outcomes],
+        "retry_ats": [o.retry_at for o in outcomes],
+        "now": now,
+    }
+    with engine.begin() as conn:
+        _relaxed_commit(conn)
+        return set(conn.execute(query("record_outcomes"), params).scalars())
+
+
+def release_claims(engine: Engine, entries: Sequence[ClaimedEntry], now: datetime) -> int:
+    """Give back claims whose call never started (stop requested); returns rows released."""
+    if not entries:
+        return 0
+    params = {
+        **_stamp_params(entries),
+        "previous_attempts": [e.previous_attempts for e in entries],
+        "previous_next_attempt_ats": [e.previous_next_attempt_at for e in entries],
+        "now": now,
+    }
+    with engine.begin() as conn:
+        return conn.execute(query("release_claims"), params).rowcount
+
+
+# --- runbook ---------------------------------------------------------------------------------
+
+
+class RequeueError(ValueError):
+    """The runbook action found nothing to re-enqueue."""
+
+
+def requeue_quarantined(
+    engine: Engine, *, entry_id: uuid.UUID | None = None, snapshot_id: uuid.UUID | None = None
+) -> uuid.UUID:
+    """DET-7 runbook: Quarantined → Pending with attempts 0, due now. Returns the row id."""
+    if (entry_id is None) == (snapshot_id is None):
+        raise RequeueError("give exactly one of entry_id / snapshot_id")
+    with engine.begin() as conn:
+        row = conn.execute(
+            query("requeue_quarantined"), {"id": entry_id, "snapshot_id": snapshot_id}
+        ).first()
+    if row is None:
+        which = f"id {entry_id}" if entry_id else f"snapshot_id {snapshot_id}"
+        raise RequeueError(f"no Quarantined snapshot-detach entry with {which}")
+    log.info("entry re-enqueued: snapshotId=%s postId=%s", row.snapshot_id, row.post_id)
+    return row.id

@@ -1,0 +1,400 @@
+"""The worker: `drain` claims due rows, calls selections on a bounded pool and records
+the outcomes; `run_detach_retry` is one run of it under the distributed lock."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine
+
+from pin_orchestration.jobruns import RunStatus, record_job_run
+from pin_orchestration.locks import renewed_lock
+from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
+from pin_orchestration.news.snapshot_detach.outbox import (
+    claim_batch,
+    record_outcomes,
+    release_claims,
+)
+from pin_orchestration.news.snapshot_detach.policy import (
+    JOB_CODE,
+    LAST_ERROR_MAX,
+    LOCK_KEY,
+    ClaimedEntry,
+    DetachOptions,
+    Outcome,
+    RandomSource,
+    Status,
+    decide,
+)
+
+# Outcomes of calls that finish close together are written in one transaction: at most
+# this long after the first of them (or once max_concurrency of them are waiting).
+OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+# A call's answer and when it ended (the backoff of a failure counts from there).
+_Attempt = tuple[CallResult, datetime]
+
+
+@dataclass(frozen=True)
+class SnapshotDetachQuarantinedEvent:
+    """Domain alert: an entry reached max_attempts and left the retry loop."""
+
+    snapshot_id: uuid.UUID
+    post_id: uuid.UUID
+    reason: str
+    attempts: int
+    last_error: str | None
+
+    def describe(self) -> str:
+        return (
+            f"SnapshotDetachQuarantinedEvent snapshotId={self.snapshot_id} postId={self.post_id} "
+            f"reason={self.reason} attempts={self.attempts} lastError={self.last_error}"
+        )
+
+
+@dataclass
+class DrainResult:
+    status: RunStatus = RunStatus.SUCCEEDED
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0  # calls that did not detach (retried + quarantined)
+    quarantined: int = 0
+    superseded: int = 0  # outcomes not applied: a newer claim owned the row
+    released: int = 0  # claimed, never called (stop requested), attempt given back
+    batches: int = 0
+    backlog_remaining: bool = False
+    duration_ms: int = 0
+    error: str | None = None
+    quarantine_events: list[SnapshotDetachQuarantinedEvent] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["quarantine_events"] = [
+            {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in asdict(e).items()}
+            for e in self.quarantine_events
+        ]
+        return data
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _never() -> bool:
+    return False
+
+
+def drain(
+    engine: Engine,
+    caller: DetachCaller,
+    options: DetachOptions,
+    *,
+    clock: Clock = _utc_now,
+    rand: RandomSource = random.random,
+    should_stop: Callable[[], bool] = _never,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> DrainResult:
+    """Claim, call and record until no row is due, the run's time is up, or a stop is asked.
+
+    Run-level lines go to `logger` (the Dagster run log); per-entry lines (detached,
+    retry, quarantined) to this module's logger, which a run shows as captured stderr —
+    a large backlog must not turn into one event-log write per row.
+
+    At most `max_concurrency` calls are in flight, and a claim takes only as many rows as
+    there are free slots, so no claimed row waits in a queue: its lease (call timeout +
+    backoff) covers the call, and a failure's next attempt counts from the end of the
+    call. No transaction is open while a call is in flight: each claim and each group of
+    outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
+    transaction, made on this thread.
+    """
+    options.validate()
+    result = DrainResult()
+    started = time.monotonic()
+    deadline = started + options.max_run_duration_seconds
+    inflight: dict[Future[_Attempt | None], ClaimedEntry] = {}
+    more_due = True
+
+    def attempt(entry: ClaimedEntry) -> _Attempt | None:
+        # Stop is honoured between records: a queued call not yet started is not made.
+        if should_stop():
+            return None
+        call = caller.detach(entry.snapshot_id, entry.reason)
+        return call, clock()
+
+    # Done calls whose outcome is not written yet: written in groups, one transaction each.
+    finished: dict[Future[_Attempt | None], ClaimedEntry] = {}
+    last_write = time.monotonic()
+
+    def settle() -> None:
+        nonlocal last_write
+        outcomes, unstarted = [], []
+        for future, entry in finished.items():
+            try:
+                done = future.result()
+            except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
+                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), clock()
+            if done is None:
+                unstarted.append(entry)
+            else:
+                call, ended_at = done
+                outcomes.append(decide(entry, call, options, ended_at, rand))
+        finished.clear()
+        last_write = time.monotonic()
+        _apply_outcomes(engine, outcomes, clock(), result)
+        _release(engine, unstarted, clock(), result)
+
+    def collect(timeout: float | None) -> None:
+        done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            finished[future] = inflight.pop(future)
+
+    with ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool:
+        try:
+            while True:
+                if should_stop():
+                    _release_unstarted(engine, inflight, clock(), result)
+                elif more_due and len(inflight) < options.max_concurrency:
+                    if time.monotonic() >= deadline:
+                        more_due = False
+                        result.backlog_remaining = True
+                        logger.warning(
+                            "%s reached max_run_duration_seconds=%s; the next tick takes the rest",
+                            JOB_CODE,
+                            options.max_run_duration_seconds,
+                        )
+                    else:
+                        # As many rows as there are free call slots: a claimed row is
+                        # called at once, so its lease (the call timeout + the backoff)
+                        # covers its whole call and nobody can claim it meanwhile.
+                        claimed = claim_batch(
+                            engine,
+                            options,
+                            clock(),
+                            rand,
+                            limit=options.max_concurrency - len(inflight),
+                            call_timeout_seconds=caller.timeout_seconds,
+                        )
+                        # Claim again until a claim comes back empty: under SKIP LOCKED
+                        # a short batch may only mean a parallel runner held some rows.
+                        more_due = bool(claimed)
+                        if claimed:
+                            result.batches += 1
+                            result.claimed += len(claimed)
+                            log.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
+                        for entry in claimed:
+                            future = pool.submit(attempt, entry)
+                            inflight[future] = entry
+                if inflight:
+                    collect(OUTCOME_WRITE_INTERVAL_SECONDS)
+                if finished and (
+                    not inflight
+                    or len(finished) >= options.max_concurrency
+                    or time.monotonic() - last_write >= OUTCOME_WRITE_INTERVAL_SECONDS
+                ):
+                    settle()
+                if not inflight and not finished and (not more_due or should_stop()):
+                    break
+            if should_stop():
+                result.status = RunStatus.CANCELLED
+        except BaseException as exc:
+            # Interrupted (run terminated, Ctrl-C) or the database failed: stop gracefully —
+            # unstarted claims are given back, calls in flight finish and are recorded.
+            result.status = RunStatus.CANCELLED if _is_interrupt(exc) else RunStatus.FAILED
+            result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
+            result.backlog_remaining = True
+            try:
+                _release_unstarted(engine, inflight, clock(), result)
+                while inflight:
+                    collect(None)
+                settle()
+            except Exception:  # noqa: BLE001 — the original error is the one to report
+                logger.exception("%s could not record outcomes while stopping", JOB_CODE)
+            raise
+        finally:
+            result.duration_ms = int((time.monotonic() - started) * 1000)
+    return result
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    return not isinstance(exc, Exception)
+
+
+def _release_unstarted(
+    engine: Engine,
+    inflight: dict[Future[_Attempt | None], ClaimedEntry],
+    now: datetime,
+    result: DrainResult,
+) -> None:
+    unstarted = [future for future in inflight if future.cancel()]
+    _release(engine, [inflight.pop(future) for future in unstarted], now, result)
+
+
+def _release(
+    engine: Engine,
+    entries: Sequence[ClaimedEntry],
+    now: datetime,
+    result: DrainResult,
+) -> None:
+    if not entries:
+        return
+    released = release_claims(engine, entries, now)
+    result.released += released
+    result.backlog_remaining = True
+    log.warning(
+        "%s stop requested: %d claimed rows not called, %d given back their attempt",
+        JOB_CODE,
+        len(entries),
+        released,
+    )
+
+
+def _apply_outcomes(
+    engine: Engine,
+    outcomes: Sequence[Outcome],
+    now: datetime,
+    result: DrainResult,
+) -> None:
+    try:
+        applied = record_outcomes(engine, outcomes, now)
+    except Exception:  # noqa: BLE001 — rows stay Pending with their backoff; the run goes on
+        log.exception(
+            "%s could not record %d outcomes; the rows stay Pending and are retried after "
+            "their backoff",
+            JOB_CODE,
+            len(outcomes),
+        )
+        return
+    for outcome in outcomes:
+        entry = outcome.entry
+        if entry.id not in applied:
+            result.superseded += 1
+            log.warning(
+                "entry outcome superseded: snapshotId=%s attempts=%d (a newer claim owns the row)",
+                entry.snapshot_id,
+                entry.attempts,
+            )
+        elif outcome.status == Status.DONE:
+            result.succeeded += 1
+            log.info(
+                "entry detached: snapshotId=%s attempts=%d code=%s",
+                entry.snapshot_id,
+                entry.attempts,
+                outcome.call.code,
+            )
+        elif outcome.status == Status.PENDING:
+            result.failed += 1
+            result.retried += 1
+            log.info(
+                "entry retry: snapshotId=%s attempts=%d errorCode=%s nextAttemptAt=%s",
+                entry.snapshot_id,
+                entry.attempts,
+                outcome.last_error,
+                entry.next_attempt_at.isoformat(),
+            )
+        else:
+            result.failed += 1
+            result.quarantined += 1
+            event = SnapshotDetachQuarantinedEvent(
+                snapshot_id=entry.snapshot_id,
+                post_id=entry.post_id,
+                reason=entry.reason,
+                attempts=entry.attempts,
+                last_error=outcome.last_error,
+            )
+            result.quarantine_events.append(event)
+            log.error("entry quarantined: %s", event.describe())
+
+
+# --- one run under the lock ------------------------------------------------------------------
+
+
+def run_detach_retry(
+    engine: Engine,
+    caller: DetachCaller,
+    options: DetachOptions,
+    *,
+    run_id: str,
+    holder: str,
+    clock: Clock = _utc_now,
+    rand: RandomSource = random.random,
+    stop_requested: threading.Event | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> DrainResult:
+    """One run of the job under `LOCK_KEY`, renewed while it works; a held lock skips the
+    run without waiting, and a lost one stops it (FAILED) before its next claim.
+
+    The run is recorded in pin.job_runs (its counts feed the metrics and the
+    "no successful run" alert).
+    """
+    options.validate()
+    started_at = datetime.now(UTC)
+    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
+            logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
+            result = DrainResult(status=RunStatus.SKIPPED)
+            _record(engine, result, run_id, started_at)
+            return result
+        logger.info("%s started: jobRunId=%s", JOB_CODE, run_id)
+
+        def should_stop() -> bool:
+            # A lost lock stops the run like a stop request: no new claim or call; calls
+            # in flight finish and are recorded (their outcomes carry the claim's stamp).
+            return lease.lost.is_set() or (stop_requested is not None and stop_requested.is_set())
+
+        try:
+            result = drain(
+                engine,
+                caller,
+                options,
+                clock=clock,
+                rand=rand,
+                should_stop=should_stop,
+                logger=logger,
+            )
+        except BaseException as exc:
+            failed = DrainResult(
+                status=RunStatus.CANCELLED if _is_interrupt(exc) else RunStatus.FAILED,
+                error=f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX],
+            )
+            _record(engine, failed, run_id, started_at)
+            raise
+        if lease.lost.is_set():
+            result.status = RunStatus.FAILED
+            result.error = f"lost the lock {LOCK_KEY}; stopped"
+            result.backlog_remaining = True
+        _record(engine, result, run_id, started_at)
+        logger.info(
+            "%s completed: status=%s succeeded=%d retried=%d quarantined=%d durationMs=%d",
+            JOB_CODE,
+            result.status.value,
+            result.succeeded,
+            result.retried,
+            result.quarantined,
+            result.duration_ms,
+        )
+        return result
+
+
+def _record(engine: Engine, result: DrainResult, run_id: str, started_at: datetime) -> None:
+    record_job_run(
+        engine,
+        job_code=JOB_CODE,
+        run_id=run_id,
+        status=result.status.value,
+        started_at=started_at,
+        result=result.summary(),
+    )

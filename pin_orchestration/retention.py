@@ -1,0 +1,198 @@
+"""pin-retention: delete, in batches, what is older than its configured age and no longer
+needed — Done snapshot-detach intents, published chessboard events, old job runs —
+keeping whatever a metric or a check still reads.
+
+A kind of row is one `RetentionKind`: a named batch-delete statement in retention.sql
+(oldest first, SKIP LOCKED, one transaction per batch, retiring what the rows contributed
+to counters into pin.retired_totals) and the option holding its age in days. Adding a
+kind is adding a statement, an option and an entry in `KINDS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from pin_orchestration.jobruns import RUN_DURATION_BUCKETS_MS, RunStatus, record_job_run
+from pin_orchestration.locks import renewed_lock
+from pin_orchestration.news.snapshot_detach.monitoring import LAG_BUCKETS_SECONDS
+from pin_orchestration.options import option
+from pin_orchestration.sql import load_queries
+
+JOB_CODE = "pin-retention"
+LOCK_KEY = "Pin:lock:job:scheduled:pin-retention"
+
+log = logging.getLogger(__name__)
+
+
+class RetentionConfigError(ValueError):
+    """The run's options are invalid; raised before any work is done."""
+
+
+@dataclass(frozen=True)
+class RetentionOptions:
+    snapshot_detach_done_days: float = option(
+        30, "Delete Done news.snapshot_detach_outbox rows this many days after they were done"
+    )
+    chessboard_published_days: float = option(
+        30, "Delete chessboard.event_outbox rows this many days after they were published"
+    )
+    job_runs_days: float = option(
+        90,
+        "Delete pin.job_runs rows this many days after they finished (the newest run "
+        "and the newest successful run of each job stay)",
+    )
+    batch_size: int = option(5000, "Rows per delete (one transaction each)")
+    max_run_duration_seconds: float = option(
+        30 * 60, "Stop after this long; the next run deletes the rest"
+    )
+    lock_ttl_seconds: float = option(
+        5 * 60, "TTL of the distributed lock, renewed every third of it while the run works"
+    )
+
+    def validate(self) -> None:
+        problems = [
+            f"{name} must be >= 2 days, so the checks' 26 h look-back keeps its rows "
+            f"(got {getattr(self, name)})"
+            for name in (k.days_option for k in KINDS)
+            if getattr(self, name) < 2
+        ]
+        for name in ("batch_size", "max_run_duration_seconds", "lock_ttl_seconds"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
+        if problems:
+            raise RetentionConfigError("invalid pin-retention config: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class RetentionKind:
+    name: str  # the query in retention.sql, and the key of its count in the result
+    days_option: str  # the RetentionOptions field with its age
+
+    def params(self) -> dict[str, Any]:
+        """Bucket bounds the statement retires histogram counts into (those the metrics
+        expose), so the statement itself stays free of Python constants."""
+        return {
+            "lag_bounds": [float(b) for b in LAG_BUCKETS_SECONDS],
+            "duration_bounds": [float(b) for b in RUN_DURATION_BUCKETS_MS],
+        }
+
+
+KINDS: tuple[RetentionKind, ...] = (
+    RetentionKind("snapshot_detach_done", "snapshot_detach_done_days"),
+    RetentionKind("chessboard_published_events", "chessboard_published_days"),
+    RetentionKind("job_runs", "job_runs_days"),
+)
+
+
+@dataclass
+class RetentionResult:
+    status: RunStatus = RunStatus.SUCCEEDED
+    deleted: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    backlog_remaining: bool = False
+    duration_ms: int = 0
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+
+def _query(name: str) -> Any:
+    return text(load_queries("pin_orchestration", "retention.sql")[name])
+
+
+def delete_batch(engine: Engine, kind: RetentionKind, cutoff: datetime, batch_size: int) -> int:
+    """Delete up to batch_size rows of `kind` older than `cutoff`; one transaction."""
+    params = {"cutoff": cutoff, "batch_size": batch_size, **kind.params()}
+    with engine.begin() as conn:
+        return int(conn.execute(_query(kind.name), params).scalar_one())
+
+
+def run_retention(
+    engine: Engine,
+    options: RetentionOptions,
+    *,
+    run_id: str,
+    holder: str,
+    now: datetime | None = None,
+    stop_requested: threading.Event | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+) -> RetentionResult:
+    """One run under the distributed lock (renewed while it works): each kind in turn,
+    batch after batch, until nothing older than its age is left, the run's time is up,
+    a stop is requested or the lock is lost."""
+    options.validate()
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    now = now or started_at
+    result = RetentionResult()
+    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
+            logger.info("%s skipped, lock held (key=%s)", JOB_CODE, LOCK_KEY)
+            result.status = RunStatus.SKIPPED
+        else:
+            try:
+                _delete_all(engine, options, now, started, stop_requested, lease.lost, result)
+            except Exception as exc:  # noqa: BLE001 — recorded, then re-raised
+                result.status = RunStatus.FAILED
+                result.error = f"{type(exc).__name__}: {exc}"[:512]
+                result.backlog_remaining = True
+                logger.exception("%s failed; the batches before stay deleted", JOB_CODE)
+            if lease.lost.is_set():
+                result.status = RunStatus.FAILED
+                result.error = f"lost the lock {LOCK_KEY}; stopped"
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        record_job_run(
+            engine,
+            job_code=JOB_CODE,
+            run_id=run_id,
+            status=result.status.value,
+            started_at=started_at,
+            result=result.summary(),
+        )
+    logger.info(
+        "%s %s: deleted=%s batches=%d backlogRemaining=%s",
+        JOB_CODE,
+        result.status.value,
+        result.deleted,
+        result.batches,
+        result.backlog_remaining,
+    )
+    return result
+
+
+def _delete_all(
+    engine: Engine,
+    options: RetentionOptions,
+    now: datetime,
+    started: float,
+    stop_requested: threading.Event | None,
+    lost: threading.Event,
+    result: RetentionResult,
+) -> None:
+    for kind in KINDS:
+        cutoff = now - timedelta(days=getattr(options, kind.days_option))
+        result.deleted[kind.name] = 0
+        while True:
+            if lost.is_set() or (stop_requested is not None and stop_requested.is_set()):
+                result.backlog_remaining = True
+                if not lost.is_set():
+                    result.status = RunStatus.CANCELLED
+                return
+            deleted = delete_batch(engine, kind, cutoff, options.batch_size)
+            result.deleted[kind.name] += deleted
+            result.batches += 1
+            if deleted < options.batch_size:
+                break
+            if time.monotonic() - started >= options.max_run_duration_seconds:
+                result.backlog_remaining = True
+                return
