@@ -35,7 +35,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.ids import uuid7
 from pin_orchestration.jobruns import RunStatus, last_successful_run_at, record_job_run
 from pin_orchestration.locks import extend_lock, held_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
@@ -166,14 +165,11 @@ def enqueue_snapshot_detach(
     """Write the detach intent in the caller's transaction; return the active row's id.
 
     A snapshot that already has an active (not Done) row gets no second one: the existing
-    row's id is returned (ux_sdo_snapshot dedupe).
+    row's id is returned (ux_sdo_snapshot dedupe). The SQL function
+    news.enqueue_snapshot_detach does the work, the same one other services call.
     """
-    reason = Reason(reason)
-    params = {"snapshot_id": snapshot_id, "post_id": post_id, "reason": reason.value}
-    created = conn.execute(_query("enqueue"), {**params, "id": uuid7()}).scalar()
-    if created is not None:
-        return created
-    return conn.execute(_query("active_entry_id"), params).scalar_one()
+    params = {"snapshot_id": snapshot_id, "post_id": post_id, "reason": Reason(reason).value}
+    return conn.execute(_query("enqueue"), params).scalar_one()
 
 
 # --- claim / outcome / release ---------------------------------------------------------------

@@ -5,16 +5,12 @@
 -- the row's version: an outcome or a release applies only while the row still carries
 -- the stamp of the claim it belongs to, so it never overwrites a newer claim.
 
+-- The SQL function other services call too (migration 0005): one active row per
+-- snapshot, safe against that row turning Done while the enqueue runs.
 -- name: enqueue
-INSERT INTO news.snapshot_detach_outbox AS o
-    (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, created_at, updated_at)
-VALUES (:id, :snapshot_id, :post_id, :reason, 0, now(), 'Pending', now(), now())
-ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
-RETURNING o.id
-
--- name: active_entry_id
-SELECT id FROM news.snapshot_detach_outbox
-WHERE snapshot_id = :snapshot_id AND status <> 'Done'
+SELECT news.enqueue_snapshot_detach(
+           CAST(:snapshot_id AS uuid), CAST(:post_id AS uuid), CAST(:reason AS text)
+       )
 
 -- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
 -- name: lock_due
