@@ -162,7 +162,7 @@ def test_raiser_has_no_other_privilege(raiser: Raiser) -> None:
         "SELECT * FROM chessboard.project_recalc_requests",
         "SELECT * FROM news.snapshot_detach_outbox",
         "DELETE FROM chessboard.project_recalc_requests",
-        # The clock-and-policy variant is for the owner's Python helper, not for raisers.
+        # The clock-and-policy variant runs with the caller's privileges: none on the queue.
         "SELECT chessboard.request_project_recalc_at(gen_random_uuid(), gen_random_uuid(), "
         "'Crud', now() + interval '1 year', 1, 1)",
     ]

@@ -13,8 +13,8 @@ the tables. EXECUTE is revoked from PUBLIC: raising is granted, not implied.
 The Python helpers (`request_project_recalc`, `enqueue_snapshot_detach`) call the same
 SQL, so the two ways to raise cannot drift. `chessboard.request_project_recalc_at` holds
 the debounce upsert with the clock and the policy as arguments: the Python helper (tests
-and benchmarks move the clock) calls it; raisers get the fixed policy (30 s, 5 min) of
-the public function and are not granted it.
+and benchmarks move the clock) calls it with its caller's privileges; raisers get the
+fixed policy (30 s, 5 min) of the public function.
 
 Revision ID: 0005
 Revises: 0003
@@ -206,11 +206,11 @@ def upgrade() -> None:
         $$
         """
     )
-    # Raising is granted per role (`pin db grant-raiser`), never to everyone.
+    # Raising is granted per role (`pin db grant-raiser`), never to everyone. The _at
+    # variant runs with its caller's privileges (SECURITY INVOKER), so leaving it to
+    # PUBLIC gives nothing: only a role that may write the queue table can use it.
     for signature in (
         "chessboard.request_project_recalc(uuid, uuid, text)",
-        "chessboard.request_project_recalc_at(uuid, uuid, text, timestamptz, "
-        "double precision, double precision)",
         "news.enqueue_snapshot_detach(uuid, uuid, text)",
     ):
         op.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
