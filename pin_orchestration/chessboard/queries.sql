@@ -12,26 +12,14 @@
 -- ---------------------------------------------------------------------------------------
 -- Debounce queue (AGG-1, AGG-2, AGG-6)
 
--- Trailing debounce: a new row is due `debounce` after now; an existing row moves its due
--- time to now + debounce, but never past first_requested_at + cap (starvation cap).
+-- Trailing debounce with the starvation cap, in the SQL function that other services call
+-- too (migration 0005): here with the caller's clock and policy.
 -- name: request_recalc
-INSERT INTO chessboard.project_recalc_requests AS r (
-    project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
-    attempt_count, created_at, updated_at
-)
-SELECT :project_id, :tenant_id, clock.now + make_interval(secs => :debounce_seconds),
-       clock.now, 1, :reason, 0, clock.now, clock.now
-FROM (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now) AS clock
-ON CONFLICT (project_id) DO UPDATE
-SET due_at = least(
-        excluded.updated_at + make_interval(secs => :debounce_seconds),
-        r.first_requested_at + make_interval(secs => :cap_seconds)
-    ),
-    requested_count = r.requested_count + 1,
-    last_reason = excluded.last_reason,
-    tenant_id = excluded.tenant_id,
-    updated_at = excluded.updated_at
-RETURNING due_at, requested_count
+SELECT chessboard.request_project_recalc_at(
+           CAST(:project_id AS uuid), CAST(:tenant_id AS uuid), CAST(:reason AS text),
+           coalesce(CAST(:now AS timestamptz), now()),
+           CAST(:debounce_seconds AS double precision), CAST(:cap_seconds AS double precision)
+       ) AS due_at
 
 -- Runbook "force recalc": make the project's row due now (insert it if absent).
 -- name: force_due_now

@@ -108,7 +108,9 @@ def request_project_recalc(
 ) -> datetime:
     """Debounce upsert (AGG-1) in the caller's transaction; returns the row's new due time.
 
-    `now` defaults to the database clock (transaction start); tests pass their own.
+    `now` defaults to the database clock (transaction start); tests pass their own. The
+    SQL function chessboard.request_project_recalc_at does the upsert; other services call
+    chessboard.request_project_recalc, the same with the default policy and clock.
     """
     row = conn.execute(
         query("request_recalc"),

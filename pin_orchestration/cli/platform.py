@@ -64,6 +64,19 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"database at revision {current_revision(create_db_engine(url))}")
 
 
+@db.command("grant-raiser")
+@click.argument("role")
+def db_grant_raiser(role: str) -> None:
+    """Let ROLE raise recalcs and detaches (EXECUTE on the SQL functions, nothing else)."""
+    from pin_orchestration.raisers import RaiserRoleError, grant_raiser
+
+    try:
+        for statement in grant_raiser(engine_from_env(), role):
+            click.echo(statement)
+    except RaiserRoleError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @click.group()
 def demo() -> None:
     """Demo data for the embedded default."""

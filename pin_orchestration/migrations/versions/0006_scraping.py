@@ -6,13 +6,13 @@ accepted job cannot be lost between accept and execution. Result bytes live in t
 results store; only their metadata is kept here (SCR-10).
 
 Revision ID: 0006
-Revises: 0004n
+Revises: 0005
 """
 
 from alembic import op
 
 revision = "0006"
-down_revision = "0004n"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

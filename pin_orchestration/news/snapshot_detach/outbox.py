@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from pin_orchestration.ids import uuid7
 from pin_orchestration.news.snapshot_detach.policy import (
     ClaimedEntry,
     DetachOptions,
@@ -39,21 +38,13 @@ def enqueue_snapshot_detach(
     """Write the detach intent in the caller's transaction; return the active row's id.
 
     A snapshot that already has an active (not Done) row gets no second one: the existing
-    row's id is returned (ux_sdo_snapshot dedupe). One statement: it cannot fail inside the
-    caller's transaction because the active row turned Done at the wrong moment.
+    row's id is returned (ux_sdo_snapshot dedupe). The SQL function
+    news.enqueue_snapshot_detach does the work — the same one other services call — and
+    cannot fail inside the caller's transaction because the active row turned Done at the
+    wrong moment.
     """
-    params = {
-        "id": uuid7(),
-        "snapshot_id": snapshot_id,
-        "post_id": post_id,
-        "reason": Reason(reason).value,
-    }
-    entry_id = conn.execute(query("enqueue"), params).scalar()
-    if entry_id is None:
-        # A concurrent enqueue of the same snapshot committed during the statement: a new
-        # statement's snapshot sees its row (or inserts, had it turned Done meanwhile).
-        entry_id = conn.execute(query("enqueue"), params).scalar_one()
-    return entry_id
+    params = {"snapshot_id": snapshot_id, "post_id": post_id, "reason": Reason(reason).value}
+    return conn.execute(query("enqueue"), params).scalar_one()
 
 
 # --- claim / outcome / release ---------------------------------------------------------------

@@ -6,25 +6,12 @@
 -- the row's version: an outcome or a release applies only while the row still carries
 -- the stamp of the claim it belongs to, so it never overwrites a newer claim.
 
--- One statement, one snapshot: the new row, or else the active row this statement
--- conflicted with. Nothing can turn that row Done between finding and returning it (an
--- active row turning Done before the conflict check means no conflict: the new row is
--- inserted). No row lock is taken on an existing row, so a worker's outcome never waits
--- for the owner's transaction. No row at all only when another transaction enqueued the
--- same snapshot and committed during this statement (its row is newer than our snapshot).
+-- The SQL function other services call too (migration 0005): one active row per
+-- snapshot, safe against that row turning Done while the enqueue runs.
 -- name: enqueue
-WITH inserted AS (
-    INSERT INTO news.snapshot_detach_outbox AS o
-        (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, created_at,
-         updated_at)
-    VALUES (:id, :snapshot_id, :post_id, :reason, 0, now(), 'Pending', now(), now())
-    ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
-    RETURNING o.id
-)
-SELECT id FROM inserted
-UNION ALL
-SELECT id FROM news.snapshot_detach_outbox
-WHERE snapshot_id = :snapshot_id AND status <> 'Done' AND NOT EXISTS (SELECT FROM inserted)
+SELECT news.enqueue_snapshot_detach(
+           CAST(:snapshot_id AS uuid), CAST(:post_id AS uuid), CAST(:reason AS text)
+       )
 
 -- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
 -- name: lock_due
