@@ -6,14 +6,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.locks import (
+    LockLost,
     extend_lock,
     force_release_lock,
     held_lock,
     list_locks,
     release_lock,
+    renewed_lock,
     try_acquire_lock,
 )
 
@@ -85,3 +88,41 @@ def test_operator_sees_holder_and_can_force_release(db_engine: Engine) -> None:
     assert lock.expires_at > lock.acquired_at
     assert force_release_lock(db_engine, KEY)
     assert list_locks(db_engine) == []
+
+
+def test_renewed_lock_outlives_its_ttl_while_the_work_runs(db_engine: Engine) -> None:
+    ttl = 1.0
+    with renewed_lock(db_engine, KEY, ttl, "worker") as lease:
+        assert lease.acquired
+        # Three TTLs of work: without renewal the lock would expire after the first.
+        deadline = time.monotonic() + 3 * ttl
+        while time.monotonic() < deadline:
+            assert not try_acquire_lock(db_engine, KEY, 60, "intruder")
+            time.sleep(0.1)
+        assert not lease.lost.is_set()
+        lease.check()
+        (lock,) = list_locks(db_engine)
+        assert lock.holder == "worker" and not lock.expired
+    assert list_locks(db_engine) == []
+
+
+def test_renewed_lock_not_acquired_runs_no_renewal(db_engine: Engine) -> None:
+    assert try_acquire_lock(db_engine, KEY, 60, "other")
+    with renewed_lock(db_engine, KEY, 60, "late") as lease:
+        assert not lease.acquired
+    assert list_locks(db_engine)[0].holder == "other"  # not released by the loser
+
+
+def test_failed_renewal_marks_the_lease_lost_and_stops_the_work(db_engine: Engine) -> None:
+    stop = threading.Event()
+    with renewed_lock(db_engine, KEY, 1.0, "worker", on_lost=stop.set) as lease:
+        assert lease.acquired
+        # An operator force-releases the lock and another process takes it.
+        assert force_release_lock(db_engine, KEY)
+        assert try_acquire_lock(db_engine, KEY, 60, "thief")
+        # The next renewal (within a third of the TTL) fails and says so at once.
+        assert stop.wait(2.0), "the work was not told to stop"
+        assert lease.lost.is_set()
+        with pytest.raises(LockLost, match=KEY):
+            lease.check()
+    assert list_locks(db_engine)[0].holder == "thief"  # the thief's lock is left alone
