@@ -138,11 +138,12 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     JSONL sink under PIN_HOME (it says which at start)."""
     from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.outbox.publisher import (
-        drain_outbox,
+        LOCK_KEY,
         make_sink,
+        publish_once,
         run_publisher,
     )
-    from pin_orchestration.locks import default_holder
+    from pin_orchestration.locks import LockLost, default_holder
 
     settings = Settings.from_env()
     engine = _engine()
@@ -150,9 +151,13 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     click.echo(f"chessboard outbox publisher → {sink.describe()}")
     if once:
         try:
-            result = drain_outbox(engine, sink)
+            result = publish_once(engine, sink, default_holder())
+        except LockLost as exc:
+            raise click.ClickException(str(exc)) from exc
         finally:
             sink.close()
+        if result is None:
+            raise click.ClickException(f"{LOCK_KEY} is held by a running publisher; not started")
         _echo(asdict(result))
         sys.exit(1 if result.failed else 0)
     with stop_requested_on_signals() as stop:

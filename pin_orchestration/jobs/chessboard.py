@@ -27,7 +27,7 @@ from pin_orchestration.assets.chessboard import (
 )
 from pin_orchestration.cancellation import stop_requested_on_signals
 from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop
-from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, drain_outbox, make_sink
+from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
 from pin_orchestration.chessboard.queue import (
     RecalcConfigError,
     RecalcPolicy,
@@ -35,7 +35,7 @@ from pin_orchestration.chessboard.queue import (
     poison_rows,
     reset_poison_row,
 )
-from pin_orchestration.locks import default_holder, held_lock
+from pin_orchestration.locks import LockLost, default_holder
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
@@ -201,17 +201,17 @@ def chessboard_reset_poison_row() -> None:
 def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> None:
     """Publish every pending outbox event once (the long-running publisher is
     `pin chessboard publish`); skipped when that publisher holds the lock."""
-    engine = database.get_engine()
-    holder = default_holder(context.run.run_id)
-    with held_lock(engine, LOCK_KEY, 120, holder) as acquired:
-        if not acquired:
-            context.log.info(f"skipped: {LOCK_KEY} held by the running publisher")
-            return
-        sink = make_sink(Settings.from_env().kafka_bootstrap_servers, Settings.from_env().home)
-        try:
-            result = drain_outbox(engine, sink)
-        finally:
-            sink.close()
+    settings = Settings.from_env()
+    sink = make_sink(settings.kafka_bootstrap_servers, settings.home)
+    try:
+        result = publish_once(database.get_engine(), sink, default_holder(context.run.run_id))
+    except LockLost as exc:
+        raise Failure(description=str(exc)) from exc
+    finally:
+        sink.close()
+    if result is None:
+        context.log.info(f"skipped: {LOCK_KEY} held by the running publisher")
+        return
     context.log.info(f"published {result.published} of {result.read} event(s) to {sink.describe()}")
     if result.failed:
         raise Failure(description=f"{result.failed} event(s) not acknowledged; they stay pending")
