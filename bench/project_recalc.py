@@ -5,7 +5,8 @@
 
 Uses a database of its own (pin_bench_chessboard on the PIN_DATABASE_URL server, created
 and migrated if missing; the generated world is reused by later runs). Phase 1 queues
-every project and drains them: per-project recalc time (claim → commit, one transaction).
+every project and drains them: per-project recalc time (claim → recalc commit → finish,
+three short transactions).
 Phase 2 streams change events (a property object's price or status changes and the
 raiser queues a recalc in the same transaction) at --rate events/s for --stream-seconds,
 while --workers drain workers run the production loop (`drain_loop`: sleep until the next
@@ -25,8 +26,9 @@ import uuid
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop, drain_tick
-from pin_orchestration.chessboard.queue import DEFAULT_POLICY, request_project_recalc
+from pin_orchestration.chessboard.drain import drain_loop, drain_tick
+from pin_orchestration.chessboard.outcomes import ProjectOutcome
+from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, request_project_recalc
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
 from pin_orchestration.migrations import upgrade_database
 
@@ -86,7 +88,7 @@ def phase_recalc(url: str) -> None:
     engine.dispose()
 
 
-def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: WakePolicy) -> None:
+def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: RecalcPolicy) -> None:
     engine = create_engine(url, pool_size=workers + 4)
     with engine.connect() as conn:
         objects = conn.execute(
@@ -109,7 +111,7 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: Wake
             recalcs.setdefault(o.project_id, []).append((committed - o.duration_seconds, committed))
 
     def worker() -> None:
-        drain_loop(engine, stop, wake=wake, on_outcome=on_outcome)
+        drain_loop(engine, stop, policy=wake, on_outcome=on_outcome)
 
     def producer() -> None:
         interval = 1 / rate
@@ -224,7 +226,7 @@ def main() -> None:
     )
     url = prepare(server, shape)
     phase_recalc(url)
-    wake = WakePolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
+    wake = RecalcPolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
     wake.validate()
     phase_stream(url, args.rate, args.stream_seconds, args.workers, wake)
 

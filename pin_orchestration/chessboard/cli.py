@@ -14,7 +14,9 @@ from dataclasses import asdict
 import click
 from sqlalchemy import Engine
 
+from pin_orchestration.chessboard.queue import DRAIN_TICK_OPTIONS, RecalcConfigError, RecalcPolicy
 from pin_orchestration.db import create_db_engine, resolve_database_url
+from pin_orchestration.options import click_options
 from pin_orchestration.settings import Settings, SettingsError
 
 
@@ -104,15 +106,13 @@ def check_divergence(project_ids: tuple[uuid.UUID, ...]) -> None:
 
 
 @chessboard.command("drain")
-@click.option("--batch-size", type=int, default=50, show_default=True)
-@click.option("--poison-threshold", type=int, default=5, show_default=True)
-def drain(batch_size: int, poison_threshold: int) -> None:
+@click_options(RecalcPolicy, DRAIN_TICK_OPTIONS)
+def drain(**options: object) -> None:
     """One drain tick from the command line (what a drain run does per tick)."""
     from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.drain import drain_tick
-    from pin_orchestration.chessboard.queue import RecalcConfigError, RecalcPolicy
 
-    policy = RecalcPolicy(batch_size=batch_size, poison_threshold=poison_threshold)
+    policy = RecalcPolicy(**options)  # type: ignore[arg-type]
     try:
         policy.validate()
     except RecalcConfigError as exc:

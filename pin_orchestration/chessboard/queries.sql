@@ -54,67 +54,102 @@ RETURNING project_id
 -- Runbook "reset a poison row": attempts back to 0, due now.
 -- name: reset_poison
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = 0, last_error = NULL,
+SET attempt_count = 0, last_error = NULL, not_before = NULL,
     due_at = coalesce(CAST(:now AS timestamptz), now()), updated_at = now()
 WHERE project_id = :project_id
 RETURNING project_id, attempt_count
 
--- One due row, oldest due first, skipping rows another worker holds and poison rows
--- (left for manual handling). `skip` holds the rows this tick already tried, so a row
--- whose recalc just failed (due_at unchanged) is retried on the next tick, not now.
+-- A drain claims the oldest claimable row by committing a lease on it (a short transaction
+-- of its own): the recalc then runs without holding the row, so a raiser's upsert never
+-- waits for it. claimable_at = greatest(due_at, not_before, claimed_until): a row leased by
+-- another drain, or backing off after a failure, is not claimable; an expired lease (a
+-- killed drain) is. Poison rows are left for manual handling. SKIP LOCKED: a row another
+-- drain is claiming right now is skipped, not waited for.
 -- name: claim_next_due
-SELECT project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
-       attempt_count
-FROM chessboard.project_recalc_requests
-WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
-  AND attempt_count < :poison_threshold
-  AND project_id <> ALL (CAST(:skip AS uuid[]))
-ORDER BY due_at
-LIMIT 1
-FOR UPDATE SKIP LOCKED
+UPDATE chessboard.project_recalc_requests AS r
+SET claimed_until = clock.now + make_interval(secs => :lease_seconds),
+    claim_token = :token
+FROM (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now) AS clock
+WHERE r.project_id = (
+    SELECT project_id
+    FROM chessboard.project_recalc_requests
+    WHERE claimable_at <= coalesce(CAST(:now AS timestamptz), now())
+      AND attempt_count < :poison_threshold
+    ORDER BY claimable_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING r.project_id, r.tenant_id, r.due_at, r.updated_at, r.requested_count,
+          r.last_reason, r.attempt_count, r.claim_token, clock.now AS claimed_at
 
--- The force-recalc path locks the project's queue row, if any, waiting for a drainer.
--- name: lock_request
-SELECT project_id, tenant_id, requested_count
+-- After the recalc committed: the request is done unless it was raised again meanwhile
+-- (the raise upsert bumps requested_count and updated_at and moves due_at) or the lease
+-- passed to another drain. `token` NULL: a forced recalc of an unclaimed row.
+-- name: finish_claim
+DELETE FROM chessboard.project_recalc_requests
+WHERE project_id = :project_id
+  AND claim_token IS NOT DISTINCT FROM CAST(:token AS uuid)
+  AND requested_count = :requested_count
+  AND updated_at = :updated_at
+  AND due_at = :due_at
+RETURNING project_id
+
+-- Raised again during the recalc: the row stays for one more recalc, due as the raises
+-- set it, counting only the requests since the claim, its starvation window opened at the
+-- claim (what the recalc already covered).
+-- name: release_claim
+UPDATE chessboard.project_recalc_requests
+SET claimed_until = NULL, claim_token = NULL,
+    requested_count = greatest(requested_count - :requested_count, 1),
+    first_requested_at = greatest(first_requested_at, :claimed_at)
+WHERE project_id = :project_id AND claim_token = :token
+RETURNING project_id
+
+-- The force-recalc path reads the project's queue row (no lock: the recalc runs without it).
+-- name: read_request
+SELECT project_id, tenant_id, due_at, updated_at, requested_count, last_reason,
+       attempt_count, claim_token, now() AS claimed_at
 FROM chessboard.project_recalc_requests
 WHERE project_id = :project_id
-FOR UPDATE
 
--- name: delete_request
-DELETE FROM chessboard.project_recalc_requests WHERE project_id = :project_id
-
--- Written after the project's transaction rolled back.
+-- Written after the recalc rolled back, if this drain still holds the lease: the row stays
+-- due (due_at unchanged) but no drain retries it before `retry_after` has passed.
 -- name: record_failure
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = attempt_count + 1, last_error = :error, updated_at = now()
-WHERE project_id = :project_id
+SET attempt_count = attempt_count + 1, last_error = :error,
+    not_before = coalesce(CAST(:now AS timestamptz), now())
+                 + make_interval(secs => :retry_after_seconds),
+    claimed_until = NULL, claim_token = NULL, updated_at = now()
+WHERE project_id = :project_id AND claim_token = :token
 RETURNING attempt_count
 
 -- What the sensor needs to decide whether to launch drain runs: cheap aggregates only.
 -- name: queue_stats
 SELECT count(*) AS depth,
        count(*) FILTER (
-           WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
+           WHERE claimable_at <= coalesce(CAST(:now AS timestamptz), now())
              AND attempt_count < :poison_threshold
        ) AS due,
        count(*) FILTER (WHERE attempt_count >= :poison_threshold) AS poison,
-       min(due_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
-       extract(epoch FROM min(due_at) FILTER (WHERE attempt_count < :poison_threshold)
+       min(claimable_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
+       extract(epoch FROM min(claimable_at) FILTER (WHERE attempt_count < :poison_threshold)
                           - coalesce(CAST(:now AS timestamptz), now())) AS next_due_in_seconds,
        coalesce(sum(requested_count), 0) AS pending_requests,
-       extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - min(due_at))
+       -- Poison rows stay due forever; they are counted by `poison`, not as backlog age.
+       extract(epoch FROM coalesce(CAST(:now AS timestamptz), now())
+                          - min(due_at) FILTER (WHERE attempt_count < :poison_threshold))
            AS oldest_due_age_seconds
 FROM chessboard.project_recalc_requests
 
--- How long until the next row a worker could claim falls due (negative: already due;
--- NULL: none queued). Poison rows and the rows the caller is backing off from (`skip`) are
--- left out like the claim leaves them out, so they never make a worker wake early.
--- Computed on the database clock, the clock the claim compares due_at with.
+-- How long until the next row a worker could claim becomes claimable (negative: already;
+-- NULL: none queued). Poison rows are left out like the claim leaves them out, so they
+-- never make a worker wake early. Computed on the database clock, the clock the claim
+-- compares claimable_at with.
 -- name: seconds_until_next_due
-SELECT extract(epoch FROM min(due_at) - coalesce(CAST(:now AS timestamptz), now())) AS seconds
+SELECT extract(epoch FROM min(claimable_at) - coalesce(CAST(:now AS timestamptz), now()))
+           AS seconds
 FROM chessboard.project_recalc_requests
 WHERE attempt_count < :poison_threshold
-  AND project_id <> ALL (CAST(:skip AS uuid[]))
 
 -- name: poison_rows
 SELECT project_id, tenant_id, attempt_count, last_error, last_reason, first_requested_at
