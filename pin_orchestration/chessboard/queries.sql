@@ -6,8 +6,9 @@
 --   live layout   = deleted_at IS NULL
 -- Empty sets give NULL prices/areas and 0 counts. Each recalc_* statement aggregates one
 -- project's slice, updates only rows whose stored values differ (IS DISTINCT FROM), bumps
--- their version and updated_at, and writes the snapshot event of each changed row to the
--- outbox — all inside the caller's per-project transaction.
+-- their version and updated_at and returns the changed ids; write_snapshot_events then
+-- writes their snapshot events to the outbox — all inside the caller's per-project
+-- transaction.
 
 -- ---------------------------------------------------------------------------------------
 -- Debounce queue (AGG-1, AGG-2, AGG-6)
@@ -189,21 +190,10 @@ changed AS (
       AND (p.price_min, p.price_max, p.property_objects_total_count,
            p.property_objects_free_count)
           IS DISTINCT FROM (t.price_min, t.price_max, t.total_count, t.free_count)
-    RETURNING p.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.project-upserted.v1', 'project', c.id, CAST(:tenant_id AS uuid),
-           c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'ProjectUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING p.id
 )
 SELECT t.price_min, t.price_max, t.total_count, t.free_count,
-       (SELECT count(*) FROM events) AS republished
+       (SELECT array_agg(id) FROM changed) AS changed_ids
 FROM truth AS t
 
 -- Building counters are updated but never published (outside the building event payload).
@@ -258,20 +248,9 @@ changed AS (
         updated_at = now()
     FROM truth AS t
     WHERE l.id = t.id AND l.property_objects_count IS DISTINCT FROM t.active_count
-    RETURNING l.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.layout-upserted.v1', 'layout', c.id, CAST(:tenant_id AS uuid),
-           c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'LayoutUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING l.id
 )
-SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT array_agg(id) FROM changed) AS changed_ids
 
 -- name: recalc_layout_groups
 WITH areas AS (
@@ -299,20 +278,37 @@ changed AS (
     WHERE g.id = t.id
       AND (g.layouts_count, g.area_min, g.area_max)
           IS DISTINCT FROM (t.layouts_count, t.area_min, t.area_max)
-    RETURNING g.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.layout-group-upserted.v1', 'layout_group', c.id,
-           CAST(:tenant_id AS uuid), c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'LayoutGroupUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING g.id
 )
-SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT array_agg(id) FROM changed) AS changed_ids
+
+-- The snapshot events of the rows a recalc changed, read back in its transaction (new
+-- version included): the one place the outbox envelope is written.
+-- name: write_snapshot_events
+WITH changed (entity, topic, event_type, id, version, snapshot) AS (
+    SELECT 'project', 'pin.chessboard.project-upserted.v1', 'ProjectUpsertedKafkaEvent',
+           p.id, p.version, to_jsonb(p)
+    FROM chessboard.projects AS p
+    WHERE p.id = ANY (CAST(:project_ids AS uuid[]))
+    UNION ALL
+    SELECT 'layout', 'pin.chessboard.layout-upserted.v1', 'LayoutUpsertedKafkaEvent',
+           l.id, l.version, to_jsonb(l)
+    FROM chessboard.layouts AS l
+    WHERE l.id = ANY (CAST(:layout_ids AS uuid[]))
+    UNION ALL
+    SELECT 'layout_group', 'pin.chessboard.layout-group-upserted.v1',
+           'LayoutGroupUpsertedKafkaEvent', g.id, g.version, to_jsonb(g)
+    FROM chessboard.layout_groups AS g
+    WHERE g.id = ANY (CAST(:layout_group_ids AS uuid[]))
+)
+INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
+SELECT c.topic, c.entity, c.id, CAST(:tenant_id AS uuid), c.version,
+       jsonb_build_object(
+           'contract_version', 1, 'event_type', c.event_type,
+           'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
+           'occurred_at', now(), 'snapshot', c.snapshot)
+FROM changed AS c
+ORDER BY CASE c.entity WHEN 'project' THEN 0 WHEN 'layout' THEN 1 ELSE 2 END, c.id
 
 -- ---------------------------------------------------------------------------------------
 -- Divergence check (runbook "расхождение денормализации"): stored values vs the truth.
