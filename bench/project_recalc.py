@@ -41,16 +41,16 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def prepare(server_url: str, shape: WorldShape) -> str:
+def prepare(server_url: str, shape: WorldShape, database: str = BENCH_DB) -> str:
     admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": BENCH_DB}
+            text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": database}
         ).scalar()
         if not exists:
-            conn.execute(text(f'CREATE DATABASE "{BENCH_DB}"'))
+            conn.execute(text(f'CREATE DATABASE "{database}"'))
     admin.dispose()
-    url = make_url(server_url).set(database=BENCH_DB).render_as_string(hide_password=False)
+    url = make_url(server_url).set(database=database).render_as_string(hide_password=False)
     upgrade_database(url)
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     started = time.monotonic()
@@ -203,6 +203,11 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: Reca
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--database",
+        default=BENCH_DB,
+        help="scratch database (another name keeps branches with other migrations apart)",
+    )
     parser.add_argument("--projects", type=int, default=2000)
     parser.add_argument("--objects", type=int, default=2000, help="property objects a project")
     parser.add_argument("--rate", type=float, default=20.0, help="change events per second")
@@ -224,7 +229,7 @@ def main() -> None:
     shape = WorldShape(
         projects=args.projects, buildings=10, groups=10, layouts_per_group=5, objects=args.objects
     )
-    url = prepare(server, shape)
+    url = prepare(server, shape, args.database)
     phase_recalc(url)
     wake = RecalcPolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
     wake.validate()

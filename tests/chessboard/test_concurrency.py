@@ -190,7 +190,7 @@ def test_raiser_holding_a_layout_neither_waits_for_nor_deadlocks_with_the_drain(
     assert_one_more_recalc_covers_the_raise(db_engine, p, edit_committed_after_the_recalc=False)
 
 
-def test_raiser_that_raises_first_does_not_wait_for_the_drain_either(db_engine: Engine) -> None:
+def test_request_during_recalc_does_not_wait_and_gets_one_more_recalc(db_engine: Engine) -> None:
     p, _, lay = stale_project(db_engine)
     enqueue(db_engine, p, at=db_now(db_engine) - timedelta(minutes=1))
     install_gate(db_engine, "layout_groups")  # the drain pauses after updating layouts
