@@ -12,7 +12,10 @@ short steps so that a raiser never waits for a recalc nor deadlocks with one:
    and then edits a layout, takes no lock the drain holds while it waits for the raiser.
 3. finish: the row is deleted only if it was not raised again meanwhile (requested_count,
    updated_at and due_at as the claim read them) and the lease is still ours; a request
-   raised during the recalc keeps the row, unleased, for one more recalc.
+   raised during the recalc keeps the row, unleased, for one more recalc. The finish is
+   the recalc transaction's last statement when the row is free (`SKIP LOCKED`: never a
+   wait while the project's locks are held); when a raiser's transaction holds the row it
+   runs after the commit, in a transaction of its own that may wait for the raiser.
 
 A failing project rolls back alone; its row stays (due_at unchanged) with attempt_count
 + 1, last_error and not_before = now + `tick_seconds`, so no drain — this one or another
@@ -90,11 +93,8 @@ def claim_next_due(
     return None if row is None else Claim(**row._mapping)
 
 
-def finish_claim(engine: Engine, claim: Claim) -> bool:
-    """After the recalc committed: delete the request, unless it was raised again meanwhile
-    (then release the lease: the row stays for one more recalc) or the lease passed to
-    another drain (then leave the row alone). True when the request was deleted."""
-    params = {
+def _finish_params(claim: Claim) -> dict[str, object]:
+    return {
         "project_id": claim.project_id,
         "token": claim.claim_token,
         "requested_count": claim.requested_count,
@@ -102,6 +102,14 @@ def finish_claim(engine: Engine, claim: Claim) -> bool:
         "due_at": claim.due_at,
         "claimed_at": claim.claimed_at,
     }
+
+
+def finish_claim(engine: Engine, claim: Claim) -> bool:
+    """After the recalc committed: delete the request, unless it was raised again meanwhile
+    (then release the lease: the row stays for one more recalc) or the lease passed to
+    another drain (then leave the row alone). True when the request was deleted. Waits
+    for a raiser holding the row; the drain holds no other lock then."""
+    params = _finish_params(claim)
     with engine.begin() as conn:
         if conn.execute(query("finish_claim"), params).first() is not None:
             return True
@@ -125,9 +133,14 @@ def process_next_due(
     try:
         with engine.begin() as conn:
             recalc = recalc_project(conn, claim.project_id, claim.tenant_id)
+            # Usually the row is free: finished in the recalc's own commit.
+            finished = conn.execute(query("finish_claim_in_recalc"), _finish_params(claim)).one()
     except Exception as exc:
         return _record_failure(engine, claim, exc, started, policy, now)
-    requeued = not finish_claim(engine, claim)
+    if finished.deleted or finished.released:
+        requeued = bool(finished.released)
+    else:  # a raiser held the row at the end of the recalc (or the lease was lost)
+        requeued = not finish_claim(engine, claim)
 
     outcome = ProjectOutcome(
         project_id=claim.project_id,

@@ -66,11 +66,18 @@ RETURNING project_id, attempt_count
 -- another drain, or backing off after a failure, is not claimable; an expired lease (a
 -- killed drain) is. Poison rows are left for manual handling. SKIP LOCKED: a row another
 -- drain is claiming right now is skipped, not waited for.
+--
+-- The claim commits without waiting for the WAL flush (set_config: no extra round trip):
+-- a crash can lose it only with everything logged after it, and a lost lease costs at most
+-- a redundant recalc, never a lost request.
 -- name: claim_next_due
 UPDATE chessboard.project_recalc_requests AS r
 SET claimed_until = clock.now + make_interval(secs => :lease_seconds),
     claim_token = :token
-FROM (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now) AS clock
+FROM (
+    SELECT coalesce(CAST(:now AS timestamptz), now()) AS now,
+           set_config('synchronous_commit', 'off', true) AS commit_mode
+) AS clock
 WHERE r.project_id = (
     SELECT project_id
     FROM chessboard.project_recalc_requests
@@ -83,11 +90,47 @@ WHERE r.project_id = (
 RETURNING r.project_id, r.tenant_id, r.due_at, r.updated_at, r.requested_count,
           r.last_reason, r.attempt_count, r.claim_token, clock.now AS claimed_at
 
--- After the recalc committed: the request is done unless it was raised again meanwhile
--- (the raise upsert bumps requested_count and updated_at and moves due_at) or the lease
--- passed to another drain. `token` NULL: a forced recalc of an unclaimed row.
+-- The end of the recalc's transaction: the request is done unless it was raised again
+-- meanwhile (the raise upsert bumps requested_count and updated_at and moves due_at) —
+-- then the row stays, unleased, for one more recalc (as release_claim). SKIP LOCKED: a
+-- raiser's transaction holding the row is never waited for while the recalc holds its
+-- project's locks (that wait is what deadlocked); `handled` false sends the drain to
+-- finish_claim after the commit.
+-- name: finish_claim_in_recalc
+WITH mine AS (
+    SELECT project_id,
+           (requested_count, updated_at, due_at)
+               = (:requested_count, CAST(:updated_at AS timestamptz),
+                  CAST(:due_at AS timestamptz)) AS served
+    FROM chessboard.project_recalc_requests
+    WHERE project_id = :project_id AND claim_token = :token
+    FOR UPDATE SKIP LOCKED
+),
+done AS (
+    DELETE FROM chessboard.project_recalc_requests AS r
+    USING mine
+    WHERE r.project_id = mine.project_id AND mine.served
+    RETURNING r.project_id
+),
+released AS (
+    UPDATE chessboard.project_recalc_requests AS r
+    SET claimed_until = NULL, claim_token = NULL,
+        requested_count = greatest(r.requested_count - :requested_count, 1),
+        first_requested_at = greatest(r.first_requested_at, :claimed_at)
+    FROM mine
+    WHERE r.project_id = mine.project_id AND NOT mine.served
+    RETURNING r.project_id
+)
+SELECT EXISTS (SELECT FROM done) AS deleted, EXISTS (SELECT FROM released) AS released
+
+-- After the recalc committed, when the row was held at its end (or for a forced recalc):
+-- the same decision, waiting for the raiser's commit — the drain holds no other lock now.
+-- The lease passed to another drain: the row is left alone. `token` NULL: a forced
+-- recalc of an unclaimed row. Committed without waiting for the flush: a lost delete
+-- costs one redundant recalc.
 -- name: finish_claim
 DELETE FROM chessboard.project_recalc_requests
+USING (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
 WHERE project_id = :project_id
   AND claim_token IS NOT DISTINCT FROM CAST(:token AS uuid)
   AND requested_count = :requested_count
