@@ -5,7 +5,8 @@
 
 Uses a database of its own (pin_bench_chessboard on the PIN_DATABASE_URL server, created
 and migrated if missing; the generated world is reused by later runs). Phase 1 queues
-every project and drains them: per-project recalc time (claim → commit, one transaction).
+every project and drains them: per-project recalc time (claim → recalc commit → finish,
+three short transactions).
 Phase 2 streams change events (a property object's price or status changes and the
 raiser queues a recalc in the same transaction) at --rate events/s for --stream-seconds,
 while --workers drain workers run the production loop (`drain_loop`: sleep until the next
@@ -25,8 +26,9 @@ import uuid
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop, drain_tick
-from pin_orchestration.chessboard.queue import DEFAULT_POLICY, request_project_recalc
+from pin_orchestration.chessboard.drain import drain_loop, drain_tick
+from pin_orchestration.chessboard.outcomes import ProjectOutcome
+from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, request_project_recalc
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
 from pin_orchestration.migrations import upgrade_database
 
@@ -39,16 +41,16 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def prepare(server_url: str, shape: WorldShape) -> str:
+def prepare(server_url: str, shape: WorldShape, database: str = BENCH_DB) -> str:
     admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": BENCH_DB}
+            text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": database}
         ).scalar()
         if not exists:
-            conn.execute(text(f'CREATE DATABASE "{BENCH_DB}"'))
+            conn.execute(text(f'CREATE DATABASE "{database}"'))
     admin.dispose()
-    url = make_url(server_url).set(database=BENCH_DB).render_as_string(hide_password=False)
+    url = make_url(server_url).set(database=database).render_as_string(hide_password=False)
     upgrade_database(url)
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     started = time.monotonic()
@@ -86,7 +88,7 @@ def phase_recalc(url: str) -> None:
     engine.dispose()
 
 
-def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: WakePolicy) -> None:
+def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: RecalcPolicy) -> None:
     engine = create_engine(url, pool_size=workers + 4)
     with engine.connect() as conn:
         objects = conn.execute(
@@ -109,7 +111,7 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: Wake
             recalcs.setdefault(o.project_id, []).append((committed - o.duration_seconds, committed))
 
     def worker() -> None:
-        drain_loop(engine, stop, wake=wake, on_outcome=on_outcome)
+        drain_loop(engine, stop, policy=wake, on_outcome=on_outcome)
 
     def producer() -> None:
         interval = 1 / rate
@@ -201,6 +203,11 @@ def phase_stream(url: str, rate: float, seconds: float, workers: int, wake: Wake
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--database",
+        default=BENCH_DB,
+        help="scratch database (another name keeps branches with other migrations apart)",
+    )
     parser.add_argument("--projects", type=int, default=2000)
     parser.add_argument("--objects", type=int, default=2000, help="property objects a project")
     parser.add_argument("--rate", type=float, default=20.0, help="change events per second")
@@ -222,9 +229,9 @@ def main() -> None:
     shape = WorldShape(
         projects=args.projects, buildings=10, groups=10, layouts_per_group=5, objects=args.objects
     )
-    url = prepare(server, shape)
+    url = prepare(server, shape, args.database)
     phase_recalc(url)
-    wake = WakePolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
+    wake = RecalcPolicy(tick_seconds=args.tick_seconds, floor_seconds=args.floor_seconds)
     wake.validate()
     phase_stream(url, args.rate, args.stream_seconds, args.workers, wake)
 

@@ -200,13 +200,3 @@ def renewed_lock(
         renewer.join()
         release_lock(engine, key, holder)  # a lock that passed to another holder stays theirs
 
-
-@contextmanager
-def held_lock(engine: Engine, key: str, ttl_seconds: float, holder: str) -> Iterator[bool]:
-    """Yield whether the lock was acquired; release it on exit if it was."""
-    acquired = try_acquire_lock(engine, key, ttl_seconds, holder)
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            release_lock(engine, key, holder)

@@ -13,7 +13,6 @@ from pin_orchestration.locks import (
     LockLost,
     extend_lock,
     force_release_lock,
-    held_lock,
     list_locks,
     release_lock,
     renewed_lock,
@@ -69,12 +68,12 @@ def test_extend_keeps_the_lock_and_fails_once_lost(db_engine: Engine) -> None:
     assert not extend_lock(db_engine, KEY, 120, "a")
 
 
-def test_held_lock_releases_on_exit_even_on_error(db_engine: Engine) -> None:
+def test_renewed_lock_releases_on_exit_even_on_error(db_engine: Engine) -> None:
     try:
-        with held_lock(db_engine, KEY, 60, "a") as acquired:
-            assert acquired
-            with held_lock(db_engine, KEY, 60, "b") as second:
-                assert not second
+        with renewed_lock(db_engine, KEY, 60, "a") as lease:
+            assert lease.acquired
+            with renewed_lock(db_engine, KEY, 60, "b") as second:
+                assert not second.acquired
             raise RuntimeError("job failed")
     except RuntimeError:
         pass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,10 +20,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
-
-if TYPE_CHECKING:
-    from pin_orchestration.chessboard.drain import ProjectOutcome
 
 # Buckets of chessboard_recalc_process_duration_seconds (SLO: p99 < 2 s per project).
 DURATION_BUCKETS: Sequence[float] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
@@ -101,7 +98,7 @@ class ChessboardRecalcCollector(Collector):
         )
         yield GaugeMetricFamily(
             "chessboard_recalc_oldest_due_age_seconds",
-            "How long the oldest due row has been due (0 when none)",
+            "How long the oldest due row has been due, poison rows left out (0 when none)",
             value=stats.oldest_due_age_seconds or 0.0,
         )
         yield GaugeMetricFamily(

@@ -6,8 +6,9 @@
 --   live layout   = deleted_at IS NULL
 -- Empty sets give NULL prices/areas and 0 counts. Each recalc_* statement aggregates one
 -- project's slice, updates only rows whose stored values differ (IS DISTINCT FROM), bumps
--- their version and updated_at, and writes the snapshot event of each changed row to the
--- outbox — all inside the caller's per-project transaction.
+-- their version and updated_at and returns the changed ids; write_snapshot_events then
+-- writes their snapshot events to the outbox — all inside the caller's per-project
+-- transaction.
 
 -- ---------------------------------------------------------------------------------------
 -- Debounce queue (AGG-1, AGG-2, AGG-6)
@@ -42,67 +43,145 @@ RETURNING project_id
 -- Runbook "reset a poison row": attempts back to 0, due now.
 -- name: reset_poison
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = 0, last_error = NULL,
+SET attempt_count = 0, last_error = NULL, not_before = NULL,
     due_at = coalesce(CAST(:now AS timestamptz), now()), updated_at = now()
 WHERE project_id = :project_id
 RETURNING project_id, attempt_count
 
--- One due row, oldest due first, skipping rows another worker holds and poison rows
--- (left for manual handling). `skip` holds the rows this tick already tried, so a row
--- whose recalc just failed (due_at unchanged) is retried on the next tick, not now.
+-- A drain claims the oldest claimable row by committing a lease on it (a short transaction
+-- of its own): the recalc then runs without holding the row, so a raiser's upsert never
+-- waits for it. claimable_at = greatest(due_at, not_before, claimed_until): a row leased by
+-- another drain, or backing off after a failure, is not claimable; an expired lease (a
+-- killed drain) is. Poison rows are left for manual handling. SKIP LOCKED: a row another
+-- drain is claiming right now is skipped, not waited for.
+--
+-- The claim commits without waiting for the WAL flush (set_config: no extra round trip):
+-- a crash can lose it only with everything logged after it, and a lost lease costs at most
+-- a redundant recalc, never a lost request.
 -- name: claim_next_due
-SELECT project_id, tenant_id, due_at, first_requested_at, requested_count, last_reason,
-       attempt_count
-FROM chessboard.project_recalc_requests
-WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
-  AND attempt_count < :poison_threshold
-  AND project_id <> ALL (CAST(:skip AS uuid[]))
-ORDER BY due_at
-LIMIT 1
-FOR UPDATE SKIP LOCKED
+UPDATE chessboard.project_recalc_requests AS r
+SET claimed_until = clock.now + make_interval(secs => :lease_seconds),
+    claim_token = :token
+FROM (
+    SELECT coalesce(CAST(:now AS timestamptz), now()) AS now,
+           set_config('synchronous_commit', 'off', true) AS commit_mode
+) AS clock
+WHERE r.project_id = (
+    SELECT project_id
+    FROM chessboard.project_recalc_requests
+    WHERE claimable_at <= coalesce(CAST(:now AS timestamptz), now())
+      AND attempt_count < :poison_threshold
+    ORDER BY claimable_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING r.project_id, r.tenant_id, r.due_at, r.updated_at, r.requested_count,
+          r.last_reason, r.attempt_count, r.claim_token, clock.now AS claimed_at
 
--- The force-recalc path locks the project's queue row, if any, waiting for a drainer.
--- name: lock_request
-SELECT project_id, tenant_id, requested_count
+-- The end of the recalc's transaction: the request is done unless it was raised again
+-- meanwhile (the raise upsert bumps requested_count and updated_at and moves due_at) —
+-- then the row stays, unleased, for one more recalc (as release_claim). SKIP LOCKED: a
+-- raiser's transaction holding the row is never waited for while the recalc holds its
+-- project's locks (that wait is what deadlocked); `handled` false sends the drain to
+-- finish_claim after the commit.
+-- name: finish_claim_in_recalc
+WITH mine AS (
+    SELECT project_id,
+           (requested_count, updated_at, due_at)
+               = (:requested_count, CAST(:updated_at AS timestamptz),
+                  CAST(:due_at AS timestamptz)) AS served
+    FROM chessboard.project_recalc_requests
+    WHERE project_id = :project_id AND claim_token = :token
+    FOR UPDATE SKIP LOCKED
+),
+done AS (
+    DELETE FROM chessboard.project_recalc_requests AS r
+    USING mine
+    WHERE r.project_id = mine.project_id AND mine.served
+    RETURNING r.project_id
+),
+released AS (
+    UPDATE chessboard.project_recalc_requests AS r
+    SET claimed_until = NULL, claim_token = NULL,
+        requested_count = greatest(r.requested_count - :requested_count, 1),
+        first_requested_at = greatest(r.first_requested_at, :claimed_at)
+    FROM mine
+    WHERE r.project_id = mine.project_id AND NOT mine.served
+    RETURNING r.project_id
+)
+SELECT EXISTS (SELECT FROM done) AS deleted, EXISTS (SELECT FROM released) AS released
+
+-- After the recalc committed, when the row was held at its end (or for a forced recalc):
+-- the same decision, waiting for the raiser's commit — the drain holds no other lock now.
+-- The lease passed to another drain: the row is left alone. `token` NULL: a forced
+-- recalc of an unclaimed row. Committed without waiting for the flush: a lost delete
+-- costs one redundant recalc.
+-- name: finish_claim
+DELETE FROM chessboard.project_recalc_requests
+USING (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+WHERE project_id = :project_id
+  AND claim_token IS NOT DISTINCT FROM CAST(:token AS uuid)
+  AND requested_count = :requested_count
+  AND updated_at = :updated_at
+  AND due_at = :due_at
+RETURNING project_id
+
+-- Raised again during the recalc: the row stays for one more recalc, due as the raises
+-- set it, counting only the requests since the claim, its starvation window opened at the
+-- claim (what the recalc already covered).
+-- name: release_claim
+UPDATE chessboard.project_recalc_requests
+SET claimed_until = NULL, claim_token = NULL,
+    requested_count = greatest(requested_count - :requested_count, 1),
+    first_requested_at = greatest(first_requested_at, :claimed_at)
+WHERE project_id = :project_id AND claim_token = :token
+RETURNING project_id
+
+-- The force-recalc path reads the project's queue row (no lock: the recalc runs without it).
+-- name: read_request
+SELECT project_id, tenant_id, due_at, updated_at, requested_count, last_reason,
+       attempt_count, claim_token, now() AS claimed_at
 FROM chessboard.project_recalc_requests
 WHERE project_id = :project_id
-FOR UPDATE
 
--- name: delete_request
-DELETE FROM chessboard.project_recalc_requests WHERE project_id = :project_id
-
--- Written after the project's transaction rolled back.
+-- Written after the recalc rolled back, if this drain still holds the lease: the row stays
+-- due (due_at unchanged) but no drain retries it before `retry_after` has passed.
 -- name: record_failure
 UPDATE chessboard.project_recalc_requests
-SET attempt_count = attempt_count + 1, last_error = :error, updated_at = now()
-WHERE project_id = :project_id
+SET attempt_count = attempt_count + 1, last_error = :error,
+    not_before = coalesce(CAST(:now AS timestamptz), now())
+                 + make_interval(secs => :retry_after_seconds),
+    claimed_until = NULL, claim_token = NULL, updated_at = now()
+WHERE project_id = :project_id AND claim_token = :token
 RETURNING attempt_count
 
 -- What the sensor needs to decide whether to launch drain runs: cheap aggregates only.
 -- name: queue_stats
 SELECT count(*) AS depth,
        count(*) FILTER (
-           WHERE due_at <= coalesce(CAST(:now AS timestamptz), now())
+           WHERE claimable_at <= coalesce(CAST(:now AS timestamptz), now())
              AND attempt_count < :poison_threshold
        ) AS due,
        count(*) FILTER (WHERE attempt_count >= :poison_threshold) AS poison,
-       min(due_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
-       extract(epoch FROM min(due_at) FILTER (WHERE attempt_count < :poison_threshold)
+       min(claimable_at) FILTER (WHERE attempt_count < :poison_threshold) AS next_due_at,
+       extract(epoch FROM min(claimable_at) FILTER (WHERE attempt_count < :poison_threshold)
                           - coalesce(CAST(:now AS timestamptz), now())) AS next_due_in_seconds,
        coalesce(sum(requested_count), 0) AS pending_requests,
-       extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - min(due_at))
+       -- Poison rows stay due forever; they are counted by `poison`, not as backlog age.
+       extract(epoch FROM coalesce(CAST(:now AS timestamptz), now())
+                          - min(due_at) FILTER (WHERE attempt_count < :poison_threshold))
            AS oldest_due_age_seconds
 FROM chessboard.project_recalc_requests
 
--- How long until the next row a worker could claim falls due (negative: already due;
--- NULL: none queued). Poison rows and the rows the caller is backing off from (`skip`) are
--- left out like the claim leaves them out, so they never make a worker wake early.
--- Computed on the database clock, the clock the claim compares due_at with.
+-- How long until the next row a worker could claim becomes claimable (negative: already;
+-- NULL: none queued). Poison rows are left out like the claim leaves them out, so they
+-- never make a worker wake early. Computed on the database clock, the clock the claim
+-- compares claimable_at with.
 -- name: seconds_until_next_due
-SELECT extract(epoch FROM min(due_at) - coalesce(CAST(:now AS timestamptz), now())) AS seconds
+SELECT extract(epoch FROM min(claimable_at) - coalesce(CAST(:now AS timestamptz), now()))
+           AS seconds
 FROM chessboard.project_recalc_requests
 WHERE attempt_count < :poison_threshold
-  AND project_id <> ALL (CAST(:skip AS uuid[]))
 
 -- name: poison_rows
 SELECT project_id, tenant_id, attempt_count, last_error, last_reason, first_requested_at
@@ -142,21 +221,10 @@ changed AS (
       AND (p.price_min, p.price_max, p.property_objects_total_count,
            p.property_objects_free_count)
           IS DISTINCT FROM (t.price_min, t.price_max, t.total_count, t.free_count)
-    RETURNING p.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.project-upserted.v1', 'project', c.id, CAST(:tenant_id AS uuid),
-           c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'ProjectUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING p.id
 )
 SELECT t.price_min, t.price_max, t.total_count, t.free_count,
-       (SELECT count(*) FROM events) AS republished
+       (SELECT array_agg(id) FROM changed) AS changed_ids
 FROM truth AS t
 
 -- Building counters are updated but never published (outside the building event payload).
@@ -211,20 +279,9 @@ changed AS (
         updated_at = now()
     FROM truth AS t
     WHERE l.id = t.id AND l.property_objects_count IS DISTINCT FROM t.active_count
-    RETURNING l.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.layout-upserted.v1', 'layout', c.id, CAST(:tenant_id AS uuid),
-           c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'LayoutUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING l.id
 )
-SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT array_agg(id) FROM changed) AS changed_ids
 
 -- name: recalc_layout_groups
 WITH areas AS (
@@ -252,20 +309,37 @@ changed AS (
     WHERE g.id = t.id
       AND (g.layouts_count, g.area_min, g.area_max)
           IS DISTINCT FROM (t.layouts_count, t.area_min, t.area_max)
-    RETURNING g.*
-),
-events AS (
-    INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
-    SELECT 'pin.chessboard.layout-group-upserted.v1', 'layout_group', c.id,
-           CAST(:tenant_id AS uuid), c.version,
-           jsonb_build_object(
-               'contract_version', 1, 'event_type', 'LayoutGroupUpsertedKafkaEvent',
-               'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
-               'occurred_at', now(), 'snapshot', to_jsonb(c))
-    FROM changed AS c
-    RETURNING entity_id
+    RETURNING g.id
 )
-SELECT (SELECT count(*) FROM truth) AS rows, (SELECT count(*) FROM events) AS republished
+SELECT (SELECT count(*) FROM truth) AS rows, (SELECT array_agg(id) FROM changed) AS changed_ids
+
+-- The snapshot events of the rows a recalc changed, read back in its transaction (new
+-- version included): the one place the outbox envelope is written.
+-- name: write_snapshot_events
+WITH changed (entity, topic, event_type, id, version, snapshot) AS (
+    SELECT 'project', 'pin.chessboard.project-upserted.v1', 'ProjectUpsertedKafkaEvent',
+           p.id, p.version, to_jsonb(p)
+    FROM chessboard.projects AS p
+    WHERE p.id = ANY (CAST(:project_ids AS uuid[]))
+    UNION ALL
+    SELECT 'layout', 'pin.chessboard.layout-upserted.v1', 'LayoutUpsertedKafkaEvent',
+           l.id, l.version, to_jsonb(l)
+    FROM chessboard.layouts AS l
+    WHERE l.id = ANY (CAST(:layout_ids AS uuid[]))
+    UNION ALL
+    SELECT 'layout_group', 'pin.chessboard.layout-group-upserted.v1',
+           'LayoutGroupUpsertedKafkaEvent', g.id, g.version, to_jsonb(g)
+    FROM chessboard.layout_groups AS g
+    WHERE g.id = ANY (CAST(:layout_group_ids AS uuid[]))
+)
+INSERT INTO chessboard.event_outbox (topic, entity, entity_id, tenant_id, version, payload)
+SELECT c.topic, c.entity, c.id, CAST(:tenant_id AS uuid), c.version,
+       jsonb_build_object(
+           'contract_version', 1, 'event_type', c.event_type,
+           'id', c.id, 'tenant_id', CAST(:tenant_id AS uuid), 'version', c.version,
+           'occurred_at', now(), 'snapshot', c.snapshot)
+FROM changed AS c
+ORDER BY CASE c.entity WHEN 'project' THEN 0 WHEN 'layout' THEN 1 ELSE 2 END, c.id
 
 -- ---------------------------------------------------------------------------------------
 -- Divergence check (runbook "расхождение денормализации"): stored values vs the truth.

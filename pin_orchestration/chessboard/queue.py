@@ -9,13 +9,14 @@ by `debounce` again (trailing), but never past `first_requested_at + starvation_
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration.options import option
 from pin_orchestration.sql import load_queries
 
 # Tenant recorded for a forced recalc of a project whose row has no tenant_id.
@@ -47,31 +48,68 @@ class RecalcConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RecalcPolicy:
-    """The seed's thresholds, all configurable: debounce 30 s, cap 5 min, batch 50, poison 5."""
+    """The chessboard recalc options, declared once: the seed's thresholds (debounce 30 s,
+    cap 5 min, batch 50, poison 5, the 5 s tick) and the drain's own. The drain run's
+    Dagster config and `pin chessboard drain`'s options are derived from these fields."""
 
-    debounce_seconds: float = 30.0
-    starvation_cap_seconds: float = 300.0
-    batch_size: int = 50
-    poison_threshold: int = 5
+    debounce_seconds: float = option(30.0, "A request is due this long after the last one")
+    starvation_cap_seconds: float = option(
+        300.0, "…but never later than this after the first request of its window"
+    )
+    batch_size: int = option(50, "Due rows per tick (seed: 50)")
+    poison_threshold: int = option(5, "Failed attempts after which a row is poison (seed: 5)")
+    tick_seconds: float = option(
+        5.0,
+        "Longest sleep between drain passes, and the least time before any drain retries a "
+        "failed row (seed: the 5 s tick)",
+    )
+    floor_seconds: float = option(
+        0.05, "Shortest sleep between passes, so a row held by another drain is no spin"
+    )
+    claim_lease_seconds: float = option(
+        60.0,
+        "A claimed row is reserved for its drain this long; after that (a killed drain) "
+        "another drain takes it. Keep it well above a recalc's duration (p99 < 2 s)",
+    )
+    max_run_duration_seconds: float = option(
+        240.0,
+        "Keep draining, waking as rows fall due, for at most this long; the run ends earlier "
+        "when nothing is queued that falls due before then",
+    )
 
     def validate(self) -> None:
-        problems = [
-            f"{name} must be > 0 (got {value})"
-            for name, value in (
-                ("debounce_seconds", self.debounce_seconds),
-                ("starvation_cap_seconds", self.starvation_cap_seconds),
-                ("batch_size", self.batch_size),
-                ("poison_threshold", self.poison_threshold),
-            )
-            if value <= 0
+        rules: list[tuple[str, bool, str]] = [
+            *((name, getattr(self, name) > 0, "must be > 0") for name in _POSITIVE),
+            (
+                "starvation_cap_seconds",
+                self.starvation_cap_seconds >= self.debounce_seconds,
+                f"must be >= debounce_seconds ({self.debounce_seconds})",
+            ),
+            (
+                "floor_seconds",
+                self.floor_seconds <= self.tick_seconds,
+                f"must be <= tick_seconds ({self.tick_seconds})",
+            ),
         ]
-        if self.starvation_cap_seconds < self.debounce_seconds:
-            problems.append(
-                f"starvation_cap_seconds ({self.starvation_cap_seconds}) must be >= "
-                f"debounce_seconds ({self.debounce_seconds})"
-            )
+        problems = [
+            f"{name} {rule} (got {getattr(self, name)!r})" for name, ok, rule in rules if not ok
+        ]
         if problems:
             raise RecalcConfigError("invalid recalc policy: " + "; ".join(problems))
+
+
+_POSITIVE = [f.name for f in fields(RecalcPolicy)]
+# What a drain run (Dagster config) and `pin chessboard drain` let an operator set: the
+# debounce belongs to the raisers, the run duration to runs that loop.
+DRAIN_RUN_OPTIONS = (
+    "batch_size",
+    "poison_threshold",
+    "max_run_duration_seconds",
+    "tick_seconds",
+    "floor_seconds",
+    "claim_lease_seconds",
+)
+DRAIN_TICK_OPTIONS = ("batch_size", "poison_threshold", "tick_seconds", "claim_lease_seconds")
 
 
 DEFAULT_POLICY = RecalcPolicy()

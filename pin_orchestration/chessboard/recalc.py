@@ -3,9 +3,10 @@ the caller owns.
 
 A missing or archived project is a no-op. Otherwise four set-based statements (project,
 buildings, layouts, layout groups — chessboard/queries.sql) each aggregate the project's
-slice of the source of truth, update only the rows whose stored values differ (version + 1,
-updated_at = now()) and write the snapshot events of the changed project / layouts /
-layout groups to chessboard.event_outbox. Buildings get their counters but no event.
+slice of the source of truth and update only the rows whose stored values differ (version
++ 1, updated_at = now()); one more writes the snapshot events of the changed project /
+layouts / layout groups to chessboard.event_outbox. Buildings get their counters but no
+event.
 """
 
 from __future__ import annotations
@@ -69,11 +70,26 @@ def recalc_project(
     if project.status == ARCHIVED or project.deleted_at is not None:
         return RecalcResult(project_id, skipped=True, skip_reason="archived")
 
-    params = {"project_id": project_id, "tenant_id": tenant_id or project.tenant_id}
+    params = {"project_id": project_id}
     totals = conn.execute(query("recalc_project"), params).one()
     buildings = conn.execute(query("recalc_buildings"), params).one()
     layouts = conn.execute(query("recalc_layouts"), params).one()
     groups = conn.execute(query("recalc_layout_groups"), params).one()
+    changed = {
+        "project": totals.changed_ids or [],
+        "layout": layouts.changed_ids or [],
+        "layout_group": groups.changed_ids or [],
+    }
+    if any(changed.values()):
+        conn.execute(
+            query("write_snapshot_events"),
+            {
+                "tenant_id": tenant_id or project.tenant_id,
+                "project_ids": changed["project"],
+                "layout_ids": changed["layout"],
+                "layout_group_ids": changed["layout_group"],
+            },
+        )
     return RecalcResult(
         project_id,
         price_min=totals.price_min,
@@ -84,11 +100,7 @@ def recalc_project(
         buildings_changed=buildings.changed,
         layouts=layouts.rows,
         layout_groups=groups.rows,
-        republished={
-            "project": totals.republished,
-            "layout": layouts.republished,
-            "layout_group": groups.republished,
-        },
+        republished={entity: len(ids) for entity, ids in changed.items()},
     )
 
 

@@ -12,7 +12,9 @@ from dataclasses import asdict
 
 import click
 
+from pin_orchestration.chessboard.queue import DRAIN_TICK_OPTIONS, RecalcConfigError, RecalcPolicy
 from pin_orchestration.db import engine_from_env
+from pin_orchestration.options import click_options
 from pin_orchestration.settings import Settings
 
 
@@ -95,15 +97,13 @@ def check_divergence(project_ids: tuple[uuid.UUID, ...]) -> None:
 
 
 @chessboard.command("drain")
-@click.option("--batch-size", type=int, default=50, show_default=True)
-@click.option("--poison-threshold", type=int, default=5, show_default=True)
-def drain(batch_size: int, poison_threshold: int) -> None:
+@click_options(RecalcPolicy, DRAIN_TICK_OPTIONS)
+def drain(**options: object) -> None:
     """One drain tick from the command line (what a drain run does per tick)."""
     from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.drain import drain_tick
-    from pin_orchestration.chessboard.queue import RecalcConfigError, RecalcPolicy
 
-    policy = RecalcPolicy(batch_size=batch_size, poison_threshold=poison_threshold)
+    policy = RecalcPolicy(**options)  # type: ignore[arg-type]
     try:
         policy.validate()
     except RecalcConfigError as exc:
@@ -129,11 +129,12 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     JSONL sink under PIN_HOME (it says which at start)."""
     from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.outbox.publisher import (
-        drain_outbox,
+        LOCK_KEY,
         make_sink,
+        publish_once,
         run_publisher,
     )
-    from pin_orchestration.locks import default_holder
+    from pin_orchestration.locks import LockLost, default_holder
 
     settings = Settings.from_env()
     engine = engine_from_env()
@@ -141,9 +142,13 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
     click.echo(f"chessboard outbox publisher → {sink.describe()}")
     if once:
         try:
-            result = drain_outbox(engine, sink)
+            result = publish_once(engine, sink, default_holder())
+        except LockLost as exc:
+            raise click.ClickException(str(exc)) from exc
         finally:
             sink.close()
+        if result is None:
+            raise click.ClickException(f"{LOCK_KEY} is held by a running publisher; not started")
         _echo(asdict(result))
         sys.exit(1 if result.failed else 0)
     with stop_requested_on_signals() as stop:

@@ -26,16 +26,19 @@ from pin_orchestration.assets.chessboard import (
     recalc_metadata,
 )
 from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.chessboard.drain import ProjectOutcome, WakePolicy, drain_loop
-from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, drain_outbox, make_sink
+from pin_orchestration.chessboard.drain import drain_loop
+from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
+from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.chessboard.queue import (
+    DRAIN_RUN_OPTIONS,
     RecalcConfigError,
     RecalcPolicy,
     force_recalc_now,
     poison_rows,
     reset_poison_row,
 )
-from pin_orchestration.locks import default_holder, held_lock
+from pin_orchestration.locks import LockLost, default_holder
+from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
@@ -44,22 +47,8 @@ DRAIN_JOB = "chessboard_project_recalc_drain"
 DRAIN_TAGS = {"pin/drain": "chessboard-project-recalc"}
 
 
-class DrainConfig(Config):
-    batch_size: int = Field(default=50, description="Due rows per tick (seed: 50)")
-    poison_threshold: int = Field(
-        default=5, description="Failed attempts after which a row is poison (seed: 5)"
-    )
-    max_run_duration_seconds: float = Field(
-        default=240,
-        description="Keep draining, waking as rows fall due, for at most this long; the run "
-        "ends earlier when nothing is queued that falls due before then",
-    )
-    tick_seconds: float = Field(
-        default=5.0, description="Longest sleep between passes (seed: the 5 s tick)"
-    )
-    floor_seconds: float = Field(
-        default=0.05, description="Shortest sleep between passes, so a held row is no spin"
-    )
+# The drain run's config: the drain fields of RecalcPolicy, their defaults and help.
+DrainConfig = dagster_config(RecalcPolicy, "DrainConfig", names=DRAIN_RUN_OPTIONS)
 
 
 @op(
@@ -71,15 +60,13 @@ class DrainConfig(Config):
 def drain_project_recalc_queue(
     context: OpExecutionContext, config: DrainConfig, database: DatabaseResource
 ) -> None:
-    policy = RecalcPolicy(batch_size=config.batch_size, poison_threshold=config.poison_threshold)
-    wake = WakePolicy(tick_seconds=config.tick_seconds, floor_seconds=config.floor_seconds)
+    policy = RecalcPolicy(**config.model_dump())
     try:
         policy.validate()
-        wake.validate()
     except RecalcConfigError as exc:
         raise Failure(description=str(exc)) from exc
     engine = database.get_engine()
-    deadline = time.monotonic() + config.max_run_duration_seconds
+    deadline = time.monotonic() + policy.max_run_duration_seconds
     totals = {"recalculated": 0, "skipped": 0, "failed": 0}
 
     def report(outcome: ProjectOutcome) -> None:
@@ -115,7 +102,6 @@ def drain_project_recalc_queue(
             engine,
             stop,
             policy=policy,
-            wake=wake,
             deadline=deadline,
             exit_when_idle=True,
             on_outcome=report,
@@ -201,17 +187,17 @@ def chessboard_reset_poison_row() -> None:
 def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> None:
     """Publish every pending outbox event once (the long-running publisher is
     `pin chessboard publish`); skipped when that publisher holds the lock."""
-    engine = database.get_engine()
-    holder = default_holder(context.run.run_id)
-    with held_lock(engine, LOCK_KEY, 120, holder) as acquired:
-        if not acquired:
-            context.log.info(f"skipped: {LOCK_KEY} held by the running publisher")
-            return
-        sink = make_sink(Settings.from_env().kafka_bootstrap_servers, Settings.from_env().home)
-        try:
-            result = drain_outbox(engine, sink)
-        finally:
-            sink.close()
+    settings = Settings.from_env()
+    sink = make_sink(settings.kafka_bootstrap_servers, settings.home)
+    try:
+        result = publish_once(database.get_engine(), sink, default_holder(context.run.run_id))
+    except LockLost as exc:
+        raise Failure(description=str(exc)) from exc
+    finally:
+        sink.close()
+    if result is None:
+        context.log.info(f"skipped: {LOCK_KEY} held by the running publisher")
+        return
     context.log.info(f"published {result.published} of {result.read} event(s) to {sink.describe()}")
     if result.failed:
         raise Failure(description=f"{result.failed} event(s) not acknowledged; they stay pending")

@@ -12,7 +12,6 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.drain import (
     LoopResult,
-    WakePolicy,
     drain_loop,
     seconds_until_next_due,
     wake_delay,
@@ -20,7 +19,7 @@ from pin_orchestration.chessboard.drain import (
 from pin_orchestration.chessboard.queue import RecalcConfigError, RecalcPolicy
 from tests.chessboard.world import T0, add_object, add_project, enqueue, queue_row
 
-WAKE = WakePolicy(tick_seconds=5.0, floor_seconds=0.05)
+WAKE = RecalcPolicy(tick_seconds=5.0, floor_seconds=0.05)
 
 
 class FakeClock:
@@ -43,11 +42,11 @@ class FakeClock:
         self.t += seconds
         return self.stop.is_set()
 
-    def run(self, engine: Engine, **kwargs) -> LoopResult:
+    def run(self, engine: Engine, policy: RecalcPolicy = WAKE, **kwargs) -> LoopResult:
         return drain_loop(
             engine,
             self.stop,
-            wake=WAKE,
+            policy=policy,
             clock=self.monotonic,
             db_now=self.db_now,
             wait=self.wait,
@@ -72,17 +71,17 @@ def test_wake_delay_is_until_due_within_floor_and_tick(
     assert wake_delay(until_due, WAKE) == expected
 
 
-def test_wake_policy_is_validated() -> None:
-    with pytest.raises(RecalcConfigError, match="floor_seconds"):
-        WakePolicy(tick_seconds=1, floor_seconds=0).validate()
-    with pytest.raises(RecalcConfigError, match="floor_seconds"):
-        WakePolicy(tick_seconds=1, floor_seconds=2).validate()
+def test_wake_bounds_are_validated() -> None:
+    with pytest.raises(RecalcConfigError, match="floor_seconds must be > 0"):
+        RecalcPolicy(tick_seconds=1, floor_seconds=0).validate()
+    with pytest.raises(RecalcConfigError, match="floor_seconds must be <= tick_seconds"):
+        RecalcPolicy(tick_seconds=1, floor_seconds=2).validate()
 
 
-def test_seconds_until_next_due_leaves_out_poison_and_excluded_rows(db_engine: Engine) -> None:
-    poison, later, excluded = project(db_engine), project(db_engine), project(db_engine)
+def test_seconds_until_next_due_leaves_out_poison_and_backing_off_rows(db_engine: Engine) -> None:
+    poison, later, backing_off = project(db_engine), project(db_engine), project(db_engine)
     enqueue(db_engine, poison, at=T0 - timedelta(minutes=5))
-    enqueue(db_engine, excluded, at=T0 - timedelta(minutes=1))
+    enqueue(db_engine, backing_off, at=T0 - timedelta(minutes=1))
     enqueue(db_engine, later, at=T0)  # due at T0 + 30 s
     with db_engine.begin() as conn:
         conn.execute(
@@ -92,8 +91,17 @@ def test_seconds_until_next_due_leaves_out_poison_and_excluded_rows(db_engine: E
             ),
             {"p": poison},
         )
-        assert seconds_until_next_due(conn, now=T0, exclude=[excluded]) == 30.0
-        assert seconds_until_next_due(conn, now=T0) == -30.0  # `excluded` is overdue
+        assert seconds_until_next_due(conn, now=T0) == -30.0  # `backing_off` is overdue
+        # A failed row's not-before counts, not its (unchanged) due_at.
+        conn.execute(
+            text(
+                "UPDATE chessboard.project_recalc_requests "
+                "SET not_before = CAST(:t AS timestamptz) + interval '40 seconds' "
+                "WHERE project_id = :p"
+            ),
+            {"p": backing_off, "t": T0},
+        )
+        assert seconds_until_next_due(conn, now=T0) == 30.0
         conn.execute(
             text("DELETE FROM chessboard.project_recalc_requests WHERE project_id <> :p"),
             {"p": poison},
@@ -187,7 +195,7 @@ def test_stop_cuts_the_sleep_short(db_engine: Engine) -> None:
 
     worker = threading.Thread(
         target=lambda: results.append(
-            drain_loop(db_engine, stop, wake=WakePolicy(tick_seconds=3600), wait=wait)
+            drain_loop(db_engine, stop, policy=RecalcPolicy(tick_seconds=3600), wait=wait)
         )
     )
     worker.start()

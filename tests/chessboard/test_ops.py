@@ -107,3 +107,40 @@ def test_code_location_has_the_chessboard_names() -> None:
     sensors = {s.name: s for s in repo.sensor_defs}
     assert sensors["chessboard_project_recalc_sensor"].default_status.value == "RUNNING"
     assert sensors["chessboard_project_recalc_sensor"].minimum_interval_seconds == 5
+
+
+def _gauge(engine: Engine, name: str) -> float:
+    body = generate_latest(build_registry(engine)).decode()
+    (value,) = [line.split()[-1] for line in body.splitlines() if line.startswith(name + " ")]
+    return float(value)
+
+
+def test_an_empty_tick_still_marks_the_worker_alive(db_engine: Engine) -> None:
+    assert _gauge(db_engine, "chessboard_recalc_last_tick_timestamp_seconds") == 0.0
+    before = datetime.now(UTC).timestamp()
+
+    assert drain_tick(db_engine).outcomes == []  # nothing queued: an idle, live worker
+
+    assert _gauge(db_engine, "chessboard_recalc_last_tick_timestamp_seconds") >= before - 1
+
+
+def test_oldest_due_age_leaves_out_poison_rows(db_engine: Engine) -> None:
+    with db_engine.begin() as conn:
+        poison, fresh = add_project(conn), add_project(conn)
+        day_ago = datetime.now(UTC) - timedelta(days=1)
+        request_project_recalc(conn, poison, uuid.uuid4(), "Crud", now=day_ago)
+        conn.execute(text("UPDATE chessboard.project_recalc_requests SET attempt_count = 5"))
+    # Only the poison row is due (for a day): the backlog has no age.
+    assert _gauge(db_engine, "chessboard_recalc_oldest_due_age_seconds") == 0.0
+    assert _gauge(db_engine, "chessboard_recalc_poison_rows") == 1.0
+
+    with db_engine.begin() as conn:
+        request_project_recalc(conn, fresh, uuid.uuid4(), "Crud", now=datetime.now(UTC))
+        conn.execute(
+            text(
+                "UPDATE chessboard.project_recalc_requests "
+                "SET due_at = now() - interval '90 seconds' WHERE project_id = :p"
+            ),
+            {"p": fresh},
+        )
+    assert 89 <= _gauge(db_engine, "chessboard_recalc_oldest_due_age_seconds") < 200

@@ -19,13 +19,18 @@ from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.drain import drain_tick
 from pin_orchestration.chessboard.outbox.publisher import (
+    LOCK_KEY,
     JsonlSink,
     KafkaSink,
+    drain_outbox,
     kafka_producer_config,
     make_sink,
+    publish_once,
     publish_pending,
+    run_publisher,
 )
 from pin_orchestration.chessboard.queue import request_project_recalc
+from pin_orchestration.locks import force_release_lock, list_locks, try_acquire_lock
 from tests.chessboard.world import add_layout, add_layout_group, add_object, add_project, outbox
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -187,10 +192,10 @@ class _BootstrapProxy:
 
     def stop(self) -> None:
         self._stop.set()
+        for t in self._threads:  # the accept loop wakes every 0.2 s and sees the stop
+            t.join(2)
         if hasattr(self, "_server"):
             self._server.close()
-        for t in self._threads:
-            t.join(2)
 
 
 def test_broker_outage_leaves_rows_unpublished_until_recovery(
@@ -246,3 +251,212 @@ def test_without_kafka_events_go_to_a_local_sink_that_says_so(
     assert sorted((x["topic"], x["key"], x["version"]) for x in lines) == sorted(
         (e["topic"], str(e["entity_id"]), e["version"]) for e in events
     )
+
+
+class _LogSeen(logging.Handler):
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+class RecordingSink:
+    """A sink that appends to a JSONL file like the embedded default, remembers when it was
+    called, and can be made to take `send_seconds` per round (a slow broker)."""
+
+    def __init__(self, path, send_seconds: float = 0.0) -> None:
+        self.inner = JsonlSink(path)
+        self.send_seconds = send_seconds
+        self.sends: list[tuple[float, float, int]] = []  # (started, finished, events)
+        self.sending = threading.Event()
+        self.closed = False
+
+    def describe(self) -> str:
+        return "recording sink"
+
+    def send(self, events):
+        started = time.monotonic()
+        self.sending.set()
+        # The slow broker itself: the scenario under test, not a wait for another thread.
+        threading.Event().wait(self.send_seconds)
+        delivery = self.inner.send(events)
+        self.sends.append((started, time.monotonic(), len(events)))
+        return delivery
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_publish_longer_than_the_lock_ttl_keeps_a_second_publisher_out(
+    db_engine: Engine, tmp_path
+) -> None:
+    recalc_a_project_with_events(db_engine)
+    first = RecordingSink(tmp_path / "first.jsonl", send_seconds=6.0)
+    second = RecordingSink(tmp_path / "second.jsonl")
+    stop_first, stop_second = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def publisher(sink, stop, holder) -> None:
+        try:
+            run_publisher(
+                db_engine,
+                sink,
+                stop=stop,
+                holder=holder,
+                lock_ttl_seconds=2.0,
+                poll_interval_seconds=0.1,
+            )
+        except BaseException as exc:  # reported below, never counted as a pass
+            errors.append(exc)
+
+    a = threading.Thread(target=publisher, args=(first, stop_first, "first"))
+    a.start()
+    assert first.sending.wait(10), "the first publisher never started its round"
+    b = threading.Thread(target=publisher, args=(second, stop_second, "second"))
+    b.start()
+    # Three TTLs of one round: the second publisher polls the lock all along.
+    while not first.sends:
+        assert a.is_alive()
+        assert not second.sending.is_set(), "a second publisher started during the publish"
+        assert publish_once(db_engine, second, "third", lock_ttl_seconds=2.0) is None
+        time.sleep(0.2)
+    stop_first.set()
+    a.join(10)
+    stop_second.set()
+    b.join(10)
+
+    assert errors == []
+    (started, finished, count) = first.sends[0]
+    assert finished - started >= 6.0 and count == 3
+    assert second.sends == []  # nothing left for it: every event went out once
+    with db_engine.connect() as conn:
+        assert all(e["published_at"] is not None for e in outbox(conn))
+    assert first.closed and second.closed
+
+
+def test_publisher_stops_publishing_once_its_lock_is_lost(db_engine: Engine, tmp_path) -> None:
+    sink = RecordingSink(tmp_path / "events.jsonl")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_publisher(
+                db_engine,
+                sink,
+                stop=stop,
+                holder="first",
+                lock_ttl_seconds=0.9,
+                poll_interval_seconds=0.05,
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    lost = _LogSeen("lost by first")
+    logging.getLogger("pin_orchestration.locks").addHandler(lost)
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (locks := list_locks(db_engine)):
+            assert time.monotonic() < deadline, "the publisher never took its lock"
+            time.sleep(0.02)
+        assert locks[0].holder == "first"
+        # The lock passes to someone else (an operator's release, then another process).
+        assert force_release_lock(db_engine, LOCK_KEY)
+        assert try_acquire_lock(db_engine, LOCK_KEY, 60, "other")
+        assert lost.seen.wait(5), "the failed renewal was not noticed"
+        events = recalc_a_project_with_events(db_engine)
+        # Ten poll intervals in which a publisher still at work would have sent them.
+        threading.Event().wait(0.5)
+    finally:
+        stop.set()
+        t.join(10)
+        logging.getLogger("pin_orchestration.locks").removeHandler(lost)
+
+    assert errors == []
+    assert events and sink.sends == []
+    assert list_locks(db_engine)[0].holder == "other"
+
+
+def test_drain_outbox_publishes_every_round_until_empty(db_engine: Engine, tmp_path) -> None:
+    for _ in range(3):
+        recalc_a_project_with_events(db_engine)  # 3 events each
+    sink = RecordingSink(tmp_path / "events.jsonl")
+
+    result = drain_outbox(db_engine, sink, batch_size=4)
+
+    assert (result.read, result.published, result.failed) == (9, 9, 0)
+    assert [count for _, _, count in sink.sends] == [4, 4, 1]
+    lines = [json.loads(x) for x in sink.inner.path.read_text().splitlines()]
+    with db_engine.connect() as conn:
+        rows = outbox(conn)
+    assert [x["key"] for x in lines] == [str(r["entity_id"]) for r in rows]  # id order
+    assert all(r["published_at"] is not None for r in rows)
+
+
+def test_drain_outbox_stops_at_a_failed_round_and_on_request(
+    db_engine: Engine, mock_broker: str, tmp_path
+) -> None:
+    for _ in range(2):
+        recalc_a_project_with_events(db_engine)
+    proxy = _BootstrapProxy(mock_broker)  # never started: the broker is unreachable
+    sink = KafkaSink(proxy.address, message_timeout_ms=1_000, extra_config=FAST_RECONNECT)
+    try:
+        down = drain_outbox(db_engine, sink, batch_size=2)
+    finally:
+        sink.close()
+        proxy.stop()
+    assert (down.read, down.published, down.failed) == (2, 0, 2)  # one round, then stop
+
+    calls = RecordingSink(tmp_path / "events.jsonl")
+    rounds = iter([False, True])
+    stopped = drain_outbox(db_engine, calls, batch_size=2, should_stop=lambda: next(rounds))
+    assert stopped.published == 2 and len(calls.sends) == 1
+
+
+def test_run_publisher_delivers_to_kafka_and_releases_its_lock(
+    db_engine: Engine, mock_broker: str
+) -> None:
+    events = recalc_a_project_with_events(db_engine)
+    sink = KafkaSink(mock_broker, message_timeout_ms=10_000)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_publisher(db_engine, sink, stop=stop, holder="pub", poll_interval_seconds=0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    received = consume_all(mock_broker, TOPICS, expected=3)
+    stop.set()
+    t.join(15)
+
+    assert errors == [] and not t.is_alive()
+    assert sorted((m.topic(), m.key().decode()) for m in received) == sorted(
+        (e["topic"], str(e["entity_id"])) for e in events
+    )
+    with db_engine.connect() as conn:
+        assert all(e["published_at"] is not None for e in outbox(conn))
+    assert list_locks(db_engine) == []
+
+
+def test_publish_once_skips_while_the_publisher_holds_the_lock(db_engine: Engine, tmp_path) -> None:
+    recalc_a_project_with_events(db_engine)
+    sink = RecordingSink(tmp_path / "events.jsonl")
+    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "running-publisher")
+    assert publish_once(db_engine, sink, "once") is None
+    assert sink.sends == []
+    assert force_release_lock(db_engine, LOCK_KEY)
+
+    result = publish_once(db_engine, sink, "once")
+
+    assert result is not None and result.published == 3
+    assert list_locks(db_engine) == []

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.chessboard.drain import POISON_ALERT, drain_tick, process_next_due
+from pin_orchestration.chessboard.drain import POISON_ALERT, drain_tick
 from pin_orchestration.chessboard.queue import (
     RecalcConfigError,
     RecalcPolicy,
@@ -318,9 +318,11 @@ def test_partial_failure_rolls_back_only_that_project(
         request = queue_row(conn, bad)
         assert request["attempt_count"] == 1
         assert "disk on fire" in request["last_error"]
-        assert request["due_at"] == T0 + timedelta(seconds=30)  # due_at not moved
+        assert request["due_at"] == T0 + timedelta(seconds=30)  # due_at not moved…
+        assert request["not_before"] == DUE + timedelta(seconds=5)  # …retried a tick later
         assert row(conn, "layout_groups", g)["layouts_count"] == 0  # rolled back
         assert {e["entity_id"] for e in outbox(conn)} == {a, c}
+    assert drain_tick(db_engine, now=DUE + timedelta(seconds=4)).outcomes == []
 
     # Retried on each later tick; the fifth failure raises the poison alert and the row
     # stays for manual handling, no longer claimed.
@@ -337,71 +339,6 @@ def test_partial_failure_rolls_back_only_that_project(
     assert reset_poison_row(db_engine, bad, now=DUE)
     tick = drain_tick(db_engine, now=DUE + timedelta(minutes=1))
     assert [(o.project_id, o.result) for o in tick.outcomes] == [(bad, "recalculated")]
-
-
-def test_two_workers_on_one_due_row_recalculate_it_once(db_engine: Engine) -> None:
-    with db_engine.begin() as conn:
-        p = add_project(conn)
-        add_object(conn, p, status="Free", price="1")
-        # Keep the winner's transaction open a moment so the two claims truly overlap.
-        conn.execute(
-            text("""
-            CREATE FUNCTION public.test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$
-        """)
-        )
-        conn.execute(
-            text("""
-            CREATE TRIGGER slow_recalc BEFORE UPDATE ON chessboard.projects
-            FOR EACH ROW EXECUTE FUNCTION public.test_slow()
-        """)
-        )
-    enqueue(db_engine, p)
-    barrier = threading.Barrier(2)
-    results: list = [None, None]
-
-    def worker(i: int) -> None:
-        barrier.wait()
-        results[i] = process_next_due(db_engine, now=DUE)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-
-    done = [r for r in results if r is not None]
-    assert [r.result for r in done] == ["recalculated"]
-    assert results.count(None) == 1  # the other skipped the held row, without waiting
-    with db_engine.connect() as conn:
-        assert [(e["entity"], e["version"]) for e in outbox(conn)] == [("project", 2)]
-        assert row(conn, "projects", p)["version"] == 2
-
-
-def test_request_during_recalc_waits_and_opens_a_new_window(db_engine: Engine) -> None:
-    with db_engine.begin() as conn:
-        p = add_project(conn)
-    enqueue(db_engine, p)
-    with db_engine.connect() as holder:
-        tx = holder.begin()
-        holder.execute(
-            text(
-                "SELECT 1 FROM chessboard.project_recalc_requests WHERE project_id = :p FOR UPDATE"
-            ),
-            {"p": p},
-        )
-        raiser = threading.Thread(target=enqueue, args=(db_engine, p, DUE))
-        raiser.start()
-        raiser.join(0.5)
-        assert raiser.is_alive()  # the raiser waits for the drainer's commit
-        holder.execute(
-            text("DELETE FROM chessboard.project_recalc_requests WHERE project_id = :p"), {"p": p}
-        )
-        tx.commit()
-        raiser.join(5)
-    with db_engine.connect() as conn:
-        request = queue_row(conn, p)
-    assert request["requested_count"] == 1 and request["first_requested_at"] == DUE
 
 
 def test_deleted_or_archived_project_is_dropped_without_events(db_engine: Engine) -> None:

@@ -8,8 +8,10 @@ acknowledged it (delivery report without error). A broker outage leaves rows unp
 with publish_attempts/last_error; they go out on a later round. Duplicates after a crash
 are harmless: consumers upsert by id and ignore versions they have already seen.
 
-One publisher at a time (ordering per key): the loop holds the distributed lock
-`Pin:lock:job:chessboard-outbox-publisher` and renews it every round.
+One publisher at a time (ordering per key): every publisher (the long-running loop and
+the one-shot job / `--once`) holds the distributed lock
+`Pin:lock:job:chessboard-outbox-publisher`, renewed in the background while it publishes
+(`locks.renewed_lock`); a publisher whose renewal fails starts no further round.
 
 Without Kafka configured (no PIN_KAFKA_BOOTSTRAP_SERVERS) the embedded default writes the
 same messages to a local JSONL sink under the PIN home, and says so at start.
@@ -32,9 +34,12 @@ from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.queue import query
-from pin_orchestration.locks import extend_lock, release_lock, try_acquire_lock
+from pin_orchestration.locks import LockLease, renewed_lock
 
 LOCK_KEY = "Pin:lock:job:chessboard-outbox-publisher"
+# Renewed every third of it while a publisher works, so it only bounds how long a crashed
+# publisher keeps the others out.
+DEFAULT_LOCK_TTL_SECONDS = 60.0
 LOCAL_SINK_FILENAME = "chessboard-events.jsonl"
 LAST_ERROR_MAX = 1024
 
@@ -228,16 +233,46 @@ def publish_pending(engine: Engine, sink: EventSink, *, batch_size: int = 500) -
 
 
 def drain_outbox(
-    engine: Engine, sink: EventSink, *, batch_size: int = 500, max_rounds: int = 1_000
+    engine: Engine,
+    sink: EventSink,
+    *,
+    batch_size: int = 500,
+    max_rounds: int = 1_000,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> PublishRound:
-    """Publish until the outbox is empty, a round fails, or `max_rounds` (one-shot use)."""
+    """Publish until the outbox is empty, a round fails, `max_rounds`, or `should_stop()`
+    (checked before each round; one-shot use)."""
     read = published = failed = 0
     for _ in range(max_rounds):
+        if should_stop():
+            break
         r = publish_pending(engine, sink, batch_size=batch_size)
         read, published, failed = read + r.read, published + r.published, failed + r.failed
         if r.read < batch_size or r.failed:
             break
     return PublishRound(read, published, failed)
+
+
+def publish_once(
+    engine: Engine,
+    sink: EventSink,
+    holder: str,
+    *,
+    lock_ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
+    batch_size: int = 500,
+) -> PublishRound | None:
+    """Drain the outbox once under the publisher's lock (`pin chessboard publish --once`,
+    job chessboard_publish_outbox); None when another publisher holds the lock.
+
+    Raises LockLost when the lock was lost midway: the rounds already acknowledged stay
+    marked, nothing more is sent.
+    """
+    with renewed_lock(engine, LOCK_KEY, lock_ttl_seconds, holder) as lease:
+        if not lease.acquired:
+            return None
+        result = drain_outbox(engine, sink, batch_size=batch_size, should_stop=lease.lost.is_set)
+        lease.check()
+    return result
 
 
 def run_publisher(
@@ -247,34 +282,44 @@ def run_publisher(
     stop: threading.Event,
     holder: str,
     poll_interval_seconds: float = 1.0,
-    lock_ttl_seconds: float = 60.0,
+    lock_ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
     batch_size: int = 500,
 ) -> None:
     """The long-running publisher: standby until it holds the lock, then publish rounds
-    until `stop` is set. Rounds that find nothing sleep `poll_interval_seconds`."""
-    holding = False
+    until `stop` is set. Rounds that find nothing sleep `poll_interval_seconds`. The lock
+    is renewed while a round runs, however long; if a renewal fails no further round
+    starts and the publisher goes back to standby."""
     try:
         while not stop.is_set():
-            if holding:
-                holding = extend_lock(engine, LOCK_KEY, lock_ttl_seconds, holder)
-            if not holding:
-                holding = try_acquire_lock(engine, LOCK_KEY, lock_ttl_seconds, holder)
-                if holding:
+            with renewed_lock(engine, LOCK_KEY, lock_ttl_seconds, holder) as lease:
+                if lease.acquired:
                     log.info("chessboard outbox publisher %s took the lock", holder)
-            if not holding:
-                stop.wait(poll_interval_seconds)
-                continue
-            started = time.monotonic()
-            r = publish_pending(engine, sink, batch_size=batch_size)
-            if r.published:
-                log.info(
-                    "chessboard outbox: published %d events in %.0f ms",
-                    r.published,
-                    (time.monotonic() - started) * 1000,
-                )
-            if r.read < batch_size or r.failed:
-                stop.wait(poll_interval_seconds)
+                    _publish_while_held(
+                        engine, sink, lease, stop, poll_interval_seconds, batch_size
+                    )
+            stop.wait(poll_interval_seconds)
     finally:
-        if holding:
-            release_lock(engine, LOCK_KEY, holder)
         sink.close()
+
+
+def _publish_while_held(
+    engine: Engine,
+    sink: EventSink,
+    lease: LockLease,
+    stop: threading.Event,
+    poll_interval_seconds: float,
+    batch_size: int,
+) -> None:
+    while not stop.is_set() and not lease.lost.is_set():
+        started = time.monotonic()
+        r = publish_pending(engine, sink, batch_size=batch_size)
+        if r.published:
+            log.info(
+                "chessboard outbox: published %d events in %.0f ms",
+                r.published,
+                (time.monotonic() - started) * 1000,
+            )
+        if r.read < batch_size or r.failed:
+            stop.wait(poll_interval_seconds)
+    if lease.lost.is_set():
+        log.warning("chessboard outbox publisher %s lost the lock: back to standby", lease.holder)

@@ -17,13 +17,13 @@ and benchmarks move the clock) calls it with its caller's privileges; raisers ge
 fixed policy (30 s, 5 min) of the public function.
 
 Revision ID: 0005
-Revises: 0004n
+Revises: 0004c
 """
 
 from alembic import op
 
 revision = "0005"
-down_revision = "0004n"
+down_revision = "0004c"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,315 @@
+"""The drain against other drains and against raisers, on separate connections of the real
+PostgreSQL: the claim, the lease, re-raises during a recalc, retries of a failed row."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, text
+
+from pin_orchestration.chessboard.drain import (
+    ProjectOutcome,
+    claim_next_due,
+    drain_loop,
+    finish_claim,
+    process_next_due,
+)
+from pin_orchestration.chessboard.queue import RecalcPolicy, request_project_recalc
+from pin_orchestration.chessboard.recalc import find_divergence
+from tests.chessboard.world import (
+    T0,
+    add_layout,
+    add_layout_group,
+    add_object,
+    add_project,
+    enqueue,
+    outbox,
+    queue_row,
+    row,
+)
+
+DUE = T0 + timedelta(seconds=31)
+GATE = 4242
+
+
+def db_now(engine: Engine) -> datetime:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT now()")).scalar_one()
+
+
+def install_gate(engine: Engine, table: str) -> None:
+    """Updates of `table` wait while the test holds advisory lock GATE: a drain can be
+    paused inside its recalc, at a known point, holding the locks it took so far."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"""
+            CREATE FUNCTION public.test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_advisory_lock_shared({GATE});
+                PERFORM pg_advisory_unlock_shared({GATE});
+                RETURN NEW;
+            END $$
+        """)
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER gate BEFORE UPDATE ON chessboard.{table} "
+                "FOR EACH ROW EXECUTE FUNCTION public.test_gate()"
+            )
+        )
+
+
+@contextmanager
+def gate_closed(engine: Engine) -> Iterator[None]:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE})
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE})
+            conn.commit()
+
+
+def wait_until_blocked(engine: Engine, wait_event: str, count: int = 1) -> None:
+    """Until `count` other sessions wait on a heavyweight lock of kind `wait_event`
+    ('advisory', 'transactionid', …): the condition the test proceeds on, not a delay."""
+    deadline = time.monotonic() + 15
+    with engine.connect() as conn:
+        while True:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND wait_event = :e"
+                ),
+                {"e": wait_event},
+            ).scalar_one()
+            conn.rollback()
+            if waiting >= count:
+                return
+            assert time.monotonic() < deadline, f"nobody waits on a {wait_event} lock"
+            time.sleep(0.01)
+
+
+class Worker(threading.Thread):
+    """Runs `work` on its own thread (and connection); an exception is kept, never lost."""
+
+    def __init__(self, work: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as exc:
+            self.error = exc
+
+    def outcome(self, timeout: float = 30) -> object:
+        self.join(timeout)
+        assert not self.is_alive(), "the worker is still blocked"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def stale_project(engine: Engine) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    """A project whose stored counters are stale (the recalc updates the project, its
+    layout and its group); returns (project, layout group, layout)."""
+    with engine.begin() as conn:
+        p = add_project(conn, property_objects_total_count=9)
+        g = add_layout_group(conn, p)
+        lay = add_layout(conn, p, g, "40")
+        add_object(conn, p, status="Free", price="10", layout_id=lay)
+    return p, g, lay
+
+
+def test_two_workers_on_one_due_row_recalculate_it_once(db_engine: Engine) -> None:
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+
+    # Another worker is mid-claim on the row: a claim skips it at once, it does not queue.
+    with db_engine.connect() as other:
+        other.execute(
+            text("SELECT 1 FROM chessboard.project_recalc_requests FOR UPDATE"),
+        )
+        skipping = Worker(lambda: process_next_due(db_engine, now=DUE))
+        skipping.start()
+        assert skipping.outcome(timeout=3) is None
+        other.rollback()
+
+    # A worker is inside the project's recalc; a second one takes nothing and returns.
+    install_gate(db_engine, "projects")
+    with gate_closed(db_engine):
+        first = Worker(lambda: process_next_due(db_engine, now=DUE))
+        first.start()
+        wait_until_blocked(db_engine, "advisory")
+        second = Worker(lambda: process_next_due(db_engine, now=DUE))
+        second.start()
+        assert second.outcome(timeout=3) is None
+    done = first.outcome()
+
+    assert isinstance(done, ProjectOutcome) and done.result == "recalculated"
+    with db_engine.connect() as conn:
+        assert [(e["entity"], e["version"]) for e in outbox(conn) if e["entity"] == "project"] == [
+            ("project", 2)
+        ]
+        assert row(conn, "projects", p)["version"] == 2
+        assert queue_row(conn, p) is None
+
+
+def test_raiser_holding_a_layout_neither_waits_for_nor_deadlocks_with_the_drain(
+    db_engine: Engine,
+) -> None:
+    p, _, lay = stale_project(db_engine)
+    enqueue(db_engine, p, at=db_now(db_engine) - timedelta(minutes=1))
+    with db_engine.connect() as raiser:
+        # The raiser's transaction: a layout edit, then the recalc request for it.
+        raiser.execute(
+            text("UPDATE chessboard.layouts SET total_area = 55 WHERE id = :l"), {"l": lay}
+        )
+        drain = Worker(lambda: process_next_due(db_engine))
+        drain.start()
+        wait_until_blocked(db_engine, "transactionid")  # the drain waits for that layout
+        started = time.perf_counter()
+        request_project_recalc(raiser, p, p, "LayoutChanged")
+        raise_seconds = time.perf_counter() - started
+        raiser.commit()
+    outcome = drain.outcome()
+
+    assert raise_seconds < 0.2
+    assert isinstance(outcome, ProjectOutcome) and outcome.result == "recalculated"
+    assert outcome.requeued
+    # The drain read the layout after the raiser committed: already counted, yet the
+    # request still gets its own recalc.
+    assert_one_more_recalc_covers_the_raise(db_engine, p, edit_committed_after_the_recalc=False)
+
+
+def test_request_during_recalc_does_not_wait_and_gets_one_more_recalc(db_engine: Engine) -> None:
+    p, _, lay = stale_project(db_engine)
+    enqueue(db_engine, p, at=db_now(db_engine) - timedelta(minutes=1))
+    install_gate(db_engine, "layout_groups")  # the drain pauses after updating layouts
+    timings: list[float] = []
+    raised = threading.Event()
+
+    def raise_then_edit() -> None:
+        with db_engine.connect() as raiser:
+            started = time.perf_counter()
+            request_project_recalc(raiser, p, p, "LayoutChanged")
+            timings.append(time.perf_counter() - started)
+            raised.set()
+            # Its own edit of a layout the drain holds waits for the recalc's commit: the
+            # mutation's lock, not the request.
+            raiser.execute(
+                text("UPDATE chessboard.layouts SET total_area = 55 WHERE id = :l"), {"l": lay}
+            )
+            raiser.commit()
+
+    with gate_closed(db_engine):
+        drain = Worker(lambda: process_next_due(db_engine))
+        drain.start()
+        wait_until_blocked(db_engine, "advisory")
+        raiser = Worker(raise_then_edit)
+        raiser.start()
+        # The request returns while the drain is still paused inside the recalc.
+        assert raised.wait(5), "the raiser waits for the running recalc"
+        wait_until_blocked(db_engine, "transactionid")
+    raiser.outcome()
+    outcome = drain.outcome()
+
+    assert timings[0] < 0.2
+    assert isinstance(outcome, ProjectOutcome) and outcome.result == "recalculated"
+    assert outcome.requeued
+    assert_one_more_recalc_covers_the_raise(db_engine, p, edit_committed_after_the_recalc=True)
+
+
+def assert_one_more_recalc_covers_the_raise(
+    engine: Engine, project_id: uuid.UUID, *, edit_committed_after_the_recalc: bool
+) -> None:
+    """The request raised during the recalc stayed queued, as one request due a debounce
+    later, and its recalc brings the stored aggregates to the raiser's data."""
+    with engine.connect() as conn:
+        request = queue_row(conn, project_id)
+        assert request is not None, "the request raised during the recalc was lost"
+        assert request["requested_count"] == 1 and request["attempt_count"] == 0
+        assert request["claim_token"] is None and request["claimed_until"] is None
+        assert (find_divergence(conn, project_id) != []) == edit_committed_after_the_recalc
+    again = process_next_due(engine, now=request["due_at"])
+    assert again is not None and again.result == "recalculated"
+    with engine.connect() as conn:
+        assert queue_row(conn, project_id) is None
+        assert find_divergence(conn, project_id) == []
+
+
+def test_a_killed_drain_leaves_a_lease_another_drain_takes_when_it_expires(
+    db_engine: Engine,
+) -> None:
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    policy = RecalcPolicy(claim_lease_seconds=60)
+    killed = claim_next_due(db_engine, now=DUE, policy=policy)  # …and never finished
+    assert killed is not None and killed.project_id == p
+
+    assert process_next_due(db_engine, now=DUE + timedelta(seconds=59), policy=policy) is None
+    taken = process_next_due(db_engine, now=DUE + timedelta(seconds=61), policy=policy)
+
+    assert taken is not None and taken.result == "recalculated"
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p) is None
+    # The killed drain's late finish (a zombie) must not drop a newer request.
+    enqueue(db_engine, p, at=DUE + timedelta(minutes=1))
+    assert not finish_claim(db_engine, killed)
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p) is not None
+
+
+def test_two_workers_retry_a_failing_row_no_sooner_than_a_tick_apart(
+    db_engine: Engine, failing_project
+) -> None:
+    with db_engine.begin() as conn:
+        bad = failing_project(conn)
+    enqueue(db_engine, bad, at=db_now(db_engine) - timedelta(minutes=1))
+    tick = 0.4
+    policy = RecalcPolicy(tick_seconds=tick, floor_seconds=0.01, poison_threshold=5)
+    stop = threading.Event()
+    failures: list[tuple[float, int, str]] = []
+    lock = threading.Lock()
+
+    def record(worker: str) -> Callable[[ProjectOutcome], None]:
+        def on_outcome(o: ProjectOutcome) -> None:
+            with lock:
+                failures.append((time.monotonic(), o.attempt_count, worker))
+            if o.poisoned:
+                stop.set()
+
+        return on_outcome
+
+    workers = [
+        Worker(
+            lambda name=name: drain_loop(
+                db_engine,
+                stop,
+                policy=policy,
+                deadline=time.monotonic() + 20,
+                on_outcome=record(name),
+            )
+        )
+        for name in ("a", "b")
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.outcome()
+
+    assert [attempt for _, attempt, _ in failures] == [1, 2, 3, 4, 5]
+    gaps = [b[0] - a[0] for a, b in zip(failures, failures[1:], strict=False)]
+    assert min(gaps) >= 0.9 * tick, gaps
+    assert failures[-1][0] - failures[0][0] >= 4 * 0.9 * tick
+    with db_engine.connect() as conn:
+        request = queue_row(conn, bad)
+    assert request["attempt_count"] == 5
