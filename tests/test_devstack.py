@@ -97,8 +97,13 @@ def drifted_posts(db_url: str) -> int:
 def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
     db_url: str, tmp_path: Path
 ) -> None:
-    port, metrics_port = free_port(), free_port()
-    env = {**os.environ, "PIN_DATABASE_URL": db_url, "PIN_HOME": str(tmp_path / "home")}
+    port, metrics_port, api_port = free_port(), free_port(), free_port()
+    env = {
+        **os.environ,
+        "PIN_DATABASE_URL": db_url,
+        "PIN_HOME": str(tmp_path / "home"),
+        "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",  # what ./scripts/run sets
+    }
     env.pop("PIN_DAGSTER_PG_URL", None)
     stack = subprocess.Popen(
         [
@@ -110,6 +115,8 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             str(port),
             "--metrics-port",
             str(metrics_port),
+            "--api-port",
+            str(api_port),
             "--dagster-yaml",
             str(ROOT / "dagster.yaml"),
             "--workspace",
@@ -183,6 +190,34 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             ).scalar_one()
         assert stored == 1
 
+        # Scraping as a new user tries it: the demo jobs go through on their own (sensor →
+        # worker run → store), then a job of our own with the printed key, its result
+        # downloaded through the signed URL.
+        api = f"http://127.0.0.1:{api_port}"
+        key = (tmp_path / "home" / "demo-api-key").read_text().strip()
+        wait_until(lambda: demo_jobs_settled(db_url), 180, "the demo scraping jobs")
+        assert demo_job_statuses(db_url) == {"succeeded": 2, "failed": 1}
+        headers = {"Authorization": f"Bearer {key}"}
+        page = next(u for u in demo_job_urls(db_url) if "/page/" in u)
+        receipt = requests.post(
+            f"{api}/jobs",
+            json={"url": page.replace("welcome", "mine")},
+            headers=headers,
+            timeout=10,
+        )
+        assert receipt.status_code == 202, receipt.text
+        job_url = f"{api}{receipt.json()['links']['self']}"
+        wait_until(
+            lambda: (
+                requests.get(job_url, headers=headers, timeout=10).json()["status"] == "succeeded"
+            ),
+            120,
+            "our scraping job",
+        )
+        link = requests.get(f"{job_url}/result", headers=headers, timeout=10).json()
+        body = requests.get(link["url"], timeout=10)
+        assert body.status_code == 200 and b"demo page /page/mine" in body.content
+
         children = psutil.Process(stack.pid).children(recursive=True)
         assert children, "dagster dev should be running under pin up"
     finally:
@@ -190,3 +225,20 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
         stack.wait(timeout=120)
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], f"left running after pin up stopped: {[p.pid for p in alive]}"
+
+
+def demo_job_statuses(db_url: str) -> dict[str, int]:
+    with create_db_engine(db_url).connect() as conn:
+        return dict(
+            conn.execute(text("SELECT status, count(*) FROM scraping.jobs GROUP BY status")).all()
+        )
+
+
+def demo_jobs_settled(db_url: str) -> bool:
+    statuses = demo_job_statuses(db_url)
+    return sum(statuses.values()) >= 3 and not ({"queued", "running"} & set(statuses))
+
+
+def demo_job_urls(db_url: str) -> list[str]:
+    with create_db_engine(db_url).connect() as conn:
+        return list(conn.execute(text("SELECT url FROM scraping.jobs")).scalars())

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -26,6 +27,12 @@ from pin_orchestration.scraping.store import (
     s3_client,
 )
 from pin_orchestration.standins.scraping_target import DemoSite
+
+# Starlette opens result files with anyio.open_file, which anyio imports lazily on first
+# use — inside a worker thread, where pytest's assertion rewriter then parses the module
+# and CPython 3.11 can fail with "AST constructor recursion depth mismatch" (gh-106905).
+# Import it here, on the main thread.
+anyio.open_file  # noqa: B018
 
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
 # Retry-After still holds), leases are short so renewals and expiry happen within a test.
