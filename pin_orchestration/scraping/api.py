@@ -12,20 +12,23 @@ hands out a signed, expiring URL of the results store.
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
+    TERMINAL,
     IdempotencyKeyReused,
     JobRequest,
     Tenant,
@@ -203,15 +206,43 @@ def create_app(
     engine_provider: Callable[[], Engine],
     store: ResultStore,
     settings: ScrapingSettings | None = None,
+    *,
+    listen_for_invalidations: bool = True,
 ) -> FastAPI:
+    """The API. With `settings.redis_url`, `GET /jobs/{id}` is served through the read
+    cache, invalidated by a listener thread running for the app's lifetime
+    (`listen_for_invalidations=False` leaves only the TTLs, for tests of that bound)."""
     settings = settings or ScrapingSettings.from_env()
+    job_cache = (
+        JobCache.from_url(
+            settings.redis_url, retention_seconds=settings.result_retention_days * 86400
+        )
+        if settings.redis_url
+        else None
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        listener = None
+        if job_cache is not None and listen_for_invalidations:
+            url = engine_provider().url.set(drivername="postgresql")
+            listener = InvalidationListener(url.render_as_string(hide_password=False), job_cache)
+            listener.start()
+        try:
+            yield
+        finally:
+            if listener is not None:
+                listener.stop()
+
     app = FastAPI(
         title="pin-orchestration scraping API",
         version="1",
         description="Submit URLs to fetch, poll their status, download results through "
         "signed URLs. Auth: `Authorization: Bearer <tenant API key>`. An Idempotency-Key "
         f"is remembered for {IDEMPOTENCY_KEY_TTL_SECONDS // 3600} h.",
+        lifespan=lifespan,
     )
+    app.state.job_cache = job_cache
     bearer = HTTPBearer(auto_error=False)
 
     def tenant(
@@ -295,12 +326,25 @@ def create_app(
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
-    def read_job(job_id: JobId, caller: Caller) -> JobView:
+    def read_job(job_id: JobId, caller: Caller) -> Response:
+        # The cached body is the exact JSON a miss answers with (SCR-14); lists and the
+        # other endpoints always read PostgreSQL.
+        if job_cache is not None and (cached := job_cache.get(caller.id, job_id)) is not None:
+            return Response(cached, media_type="application/json")
         with engine_provider().connect() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
-        return job_view(row)
+        body = job_view(row).model_dump_json().encode()
+        if job_cache is not None:
+            job_cache.put(
+                caller.id,
+                job_id,
+                body,
+                terminal=row["status"] in TERMINAL,
+                created_at=row["created_at"],
+            )
+        return Response(body, media_type="application/json")
 
     @router.get("/jobs", response_model=JobList)
     def list_jobs(
