@@ -147,11 +147,13 @@ class SnapshotDetachCollector(Collector):
 
 def collectors(engine: Engine) -> Iterable[Collector]:
     from pin_orchestration.chessboard.metrics import ChessboardRecalcCollector
+    from pin_orchestration.scraping.metrics import ScrapingCollector
 
     return [
         ReconcileCollector(engine),
         SnapshotDetachCollector(engine),
         ChessboardRecalcCollector(engine),
+        ScrapingCollector(engine),
     ]
 
 

@@ -411,6 +411,21 @@ def create_app(
 
     app.include_router(router)
 
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """The scraping metrics (the same as `pin metrics serve`'s) and this process's
+        read-cache counters. Operators' data (tenant names, target hosts): expose this
+        path on the internal network only."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ScrapingCollector(engine_provider()))
+        if job_cache is not None:
+            registry.register(JobCacheCollector(job_cache))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         with engine_provider().connect() as conn:
