@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +61,9 @@ class Load:
     get_rate: float
     duration: float
     seed: int
+    # Baseline: the same arrivals, each a GET of an unknown path (404 from the same uvicorn
+    # and Starlette stack, no database): the machine's and the HTTP stack's floor.
+    floor: bool = False
 
 
 async def _request(
@@ -68,10 +71,23 @@ async def _request(
     port: int,
     raw: bytes,
 ) -> tuple[int, bytes]:
+    """One request on an idle keep-alive connection (a new one if none). A reused
+    connection the server closed meanwhile (uvicorn's keep-alive timeout) is retried once
+    on a new connection, as HTTP clients do."""
+    reused = bool(idle)
     conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
     reader, writer = conn
-    writer.write(raw)
-    head = await reader.readuntil(b"\r\n\r\n")
+    try:
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+        writer.close()
+        if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+            raise
+        conn = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = conn
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
     length = 0
@@ -99,17 +115,23 @@ async def _run_load(load: Load) -> dict[str, list[float] | int]:
     recent: deque[tuple[float, str, str]] = deque()  # (accepted at, job id, key)
     latencies: dict[str, list[float]] = {"post": [], "get": []}
     errors = {"post": 0, "get": 0}
+    reasons: Counter[str] = Counter()
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(kind: str, scheduled: float) -> None:
         try:
-            if kind == "post":
+            if load.floor:
+                status, _ = await _request(idle, load.port, _raw("GET", "/nope", load.keys[0]))
+                ok = status == 404
+            elif kind == "post":
                 key = rng.choice(load.keys)
                 body = json.dumps({"url": f"https://t{rng.randrange(50)}.example/{rng.random()}"})
                 status, answer = await _request(
                     idle, load.port, _raw("POST", "/jobs", key, body.encode())
                 )
                 ok = status == 202
+                if not ok:
+                    reasons[f"{kind} {status}"] += 1
                 if ok:
                     recent.append((loop.time(), json.loads(answer)["id"], key))
             else:
@@ -121,7 +143,10 @@ async def _run_load(load: Load) -> dict[str, list[float] | int]:
                 _, job_id, key = recent[rng.randrange(len(recent))]
                 status, _ = await _request(idle, load.port, _raw("GET", f"/jobs/{job_id}", key))
                 ok = status == 200
-        except (OSError, asyncio.IncompleteReadError, ValueError):
+            if not ok:
+                reasons[f"{kind} {status}"] += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            reasons[f"{kind} {type(exc).__name__}"] += 1
             ok = False
         if ok:
             latencies[kind].append((loop.time() - scheduled) * 1000)
@@ -148,7 +173,12 @@ async def _run_load(load: Load) -> dict[str, list[float] | int]:
     await asyncio.gather(*tasks)
     for _, writer in idle:
         writer.close()
-    return {**latencies, "post_errors": errors["post"], "get_errors": errors["get"]}
+    return {
+        **latencies,
+        "post_errors": errors["post"],
+        "get_errors": errors["get"],
+        "reasons": dict(reasons),
+    }
 
 
 def _load_process(load: Load, out: multiprocessing.Queue) -> None:
@@ -293,12 +323,15 @@ def phase(
     post_rate: float,
     duration: float,
     home: Path,
+    floor: bool = False,
 ) -> dict[str, float]:
     api = Api(db_url, redis_url, home, {})
     finisher = Finisher(db_url)
     try:
         cpu_before = api.cpu_seconds()
-        result = run_load(Load(api.port, keys, post_rate, args.get_rate, duration, args.seed))
+        result = run_load(
+            Load(api.port, keys, post_rate, args.get_rate, duration, args.seed, floor=floor)
+        )
         cpu = api.cpu_seconds() - cpu_before
         cache = api.metrics() if redis_url else {}
     finally:
@@ -328,6 +361,8 @@ def phase(
         + (f" | cache hit ratio {figures['cache_hit_ratio']:.2f}" if redis_url else ""),
         flush=True,
     )
+    if result["reasons"]:
+        print(f"{'':<22} errors: {result['reasons']}", flush=True)
     return figures
 
 
@@ -350,6 +385,17 @@ def main() -> None:
     try:
         print(
             f"seed peak: {args.post_rate:g} POST/s + {args.get_rate:g} GET/s, {args.duration:g} s"
+        )
+        phase(
+            "floor (404, no DB)",
+            db_url,
+            None,
+            keys,
+            args,
+            args.post_rate,
+            args.duration,
+            home,
+            floor=True,
         )
         peak = {
             "PostgreSQL only": phase(

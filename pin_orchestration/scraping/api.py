@@ -11,18 +11,21 @@ hands out a signed, expiring URL of the results store.
 
 import json
 import math
+import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
@@ -197,6 +200,42 @@ class CancelAnswer(BaseModel):
     cancel_requested: bool
 
 
+# How long an API key stays known to an API process after a lookup: a rotated key keeps
+# working at most this long (documented in README, `pin tenant rotate-key`).
+API_KEY_CACHE_SECONDS = 10.0
+
+
+class ApiKeyCache:
+    """API key → tenant for a few seconds, in this process. Only keys that matched are
+    kept (an unknown key always asks PostgreSQL), keyed by the key's sha256, at most
+    `max_entries` of them."""
+
+    def __init__(self, ttl_seconds: float, max_entries: int = 10_000) -> None:
+        self._ttl = ttl_seconds
+        self._max_entries = max_entries
+        self._entries: dict[bytes, tuple[Tenant, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, api_key: str) -> Tenant | None:
+        if self._ttl <= 0:
+            return None
+        entry = self._entries.get(repository.api_key_digest(api_key))
+        if entry is None or entry[1] < time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, api_key: str, tenant: Tenant) -> None:
+        if self._ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            self._entries[repository.api_key_digest(api_key)] = (
+                tenant,
+                time.monotonic() + self._ttl,
+            )
+
+
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
@@ -208,6 +247,7 @@ def create_app(
     settings: ScrapingSettings | None = None,
     *,
     listen_for_invalidations: bool = True,
+    api_key_cache_seconds: float = API_KEY_CACHE_SECONDS,
 ) -> FastAPI:
     """The API. With `settings.redis_url`, `GET /jobs/{id}` is served through the read
     cache, invalidated by a listener thread running for the app's lifetime
@@ -244,18 +284,33 @@ def create_app(
     )
     app.state.job_cache = job_cache
     bearer = HTTPBearer(auto_error=False)
+    known_keys = ApiKeyCache(api_key_cache_seconds)
 
-    def tenant(
+    @contextmanager
+    def reading() -> Iterator[Connection]:
+        # Reads need no transaction: autocommit spares the BEGIN/ROLLBACK round trip.
+        with engine_provider().connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def look_up_key(api_key: str) -> Tenant | None:
+        with reading() as conn:
+            return repository.tenant_for_api_key(conn, api_key)
+
+    # async: a key seen in the last seconds is answered on the event loop, without a
+    # thread hop or a query; only a miss goes to PostgreSQL (in the thread pool).
+    async def tenant(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Tenant:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise HTTPException(
                 401, "Authorization: Bearer <API key> required", {"WWW-Authenticate": "Bearer"}
             )
-        with engine_provider().connect() as conn:
-            found = repository.tenant_for_api_key(conn, credentials.credentials)
+        found = known_keys.get(credentials.credentials)
         if found is None:
-            raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+            found = await run_in_threadpool(look_up_key, credentials.credentials)
+            if found is None:
+                raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+            known_keys.put(credentials.credentials, found)
         return found
 
     Caller = Annotated[Tenant, Depends(tenant)]
@@ -331,7 +386,7 @@ def create_app(
         # other endpoints always read PostgreSQL.
         if job_cache is not None and (cached := job_cache.get(caller.id, job_id)) is not None:
             return Response(cached, media_type="application/json")
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
@@ -358,7 +413,7 @@ def create_app(
             uuid.UUID | None, Query(description="next_cursor of the previous page")
         ] = None,
     ) -> JobList:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             rows = repository.list_jobs(
                 conn, caller.id, status=status, limit=limit + 1, before_id=cursor
             )
@@ -373,7 +428,7 @@ def create_app(
         summary="A signed, expiring URL of the stored result (409 until succeeded)",
     )
     def result_link(job_id: JobId, caller: Caller) -> ResultLink:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
@@ -403,7 +458,7 @@ def create_app(
 
     @router.get("/jobs/{job_id}/attempts", response_model=AttemptList, responses=NOT_FOUND)
     def attempts(job_id: JobId, caller: Caller) -> AttemptList:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             if repository.get_job(conn, caller.id, job_id) is None:
                 raise HTTPException(404, "no such job")
             rows = repository.list_attempts(conn, job_id)
