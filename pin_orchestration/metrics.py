@@ -140,11 +140,13 @@ class ReconcileCollector(Collector):
 
 def collectors(engine: Engine) -> Iterable[Collector]:
     from pin_orchestration.chessboard.metrics import ChessboardRecalcCollector
+    from pin_orchestration.scraping.metrics import ScrapingCollector
 
     return [
         ReconcileCollector(engine),
         SnapshotDetachCollector(engine),
         ChessboardRecalcCollector(engine),
+        ScrapingCollector(engine),
     ]
 
 

@@ -11,21 +11,27 @@ hands out a signed, expiring URL of the results store.
 
 import json
 import math
+import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query
-from fastapi.responses import JSONResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
+    TERMINAL,
     IdempotencyKeyReused,
     JobRequest,
     Tenant,
@@ -194,6 +200,42 @@ class CancelAnswer(BaseModel):
     cancel_requested: bool
 
 
+# How long an API key stays known to an API process after a lookup: a rotated key keeps
+# working at most this long (documented in README, `pin tenant rotate-key`).
+API_KEY_CACHE_SECONDS = 10.0
+
+
+class ApiKeyCache:
+    """API key → tenant for a few seconds, in this process. Only keys that matched are
+    kept (an unknown key always asks PostgreSQL), keyed by the key's sha256, at most
+    `max_entries` of them."""
+
+    def __init__(self, ttl_seconds: float, max_entries: int = 10_000) -> None:
+        self._ttl = ttl_seconds
+        self._max_entries = max_entries
+        self._entries: dict[bytes, tuple[Tenant, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, api_key: str) -> Tenant | None:
+        if self._ttl <= 0:
+            return None
+        entry = self._entries.get(repository.api_key_digest(api_key))
+        if entry is None or entry[1] < time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, api_key: str, tenant: Tenant) -> None:
+        if self._ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            self._entries[repository.api_key_digest(api_key)] = (
+                tenant,
+                time.monotonic() + self._ttl,
+            )
+
+
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
@@ -203,28 +245,72 @@ def create_app(
     engine_provider: Callable[[], Engine],
     store: ResultStore,
     settings: ScrapingSettings | None = None,
+    *,
+    listen_for_invalidations: bool = True,
+    api_key_cache_seconds: float = API_KEY_CACHE_SECONDS,
 ) -> FastAPI:
+    """The API. With `settings.redis_url`, `GET /jobs/{id}` is served through the read
+    cache, invalidated by a listener thread running for the app's lifetime
+    (`listen_for_invalidations=False` leaves only the TTLs, for tests of that bound)."""
     settings = settings or ScrapingSettings.from_env()
+    job_cache = (
+        JobCache.from_url(
+            settings.redis_url, retention_seconds=settings.result_retention_days * 86400
+        )
+        if settings.redis_url
+        else None
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        listener = None
+        if job_cache is not None and listen_for_invalidations:
+            url = engine_provider().url.set(drivername="postgresql")
+            listener = InvalidationListener(url.render_as_string(hide_password=False), job_cache)
+            listener.start()
+        try:
+            yield
+        finally:
+            if listener is not None:
+                listener.stop()
+
     app = FastAPI(
         title="pin-orchestration scraping API",
         version="1",
         description="Submit URLs to fetch, poll their status, download results through "
         "signed URLs. Auth: `Authorization: Bearer <tenant API key>`. An Idempotency-Key "
         f"is remembered for {IDEMPOTENCY_KEY_TTL_SECONDS // 3600} h.",
+        lifespan=lifespan,
     )
+    app.state.job_cache = job_cache
     bearer = HTTPBearer(auto_error=False)
+    known_keys = ApiKeyCache(api_key_cache_seconds)
 
-    def tenant(
+    @contextmanager
+    def reading() -> Iterator[Connection]:
+        # Reads need no transaction: autocommit spares the BEGIN/ROLLBACK round trip.
+        with engine_provider().connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def look_up_key(api_key: str) -> Tenant | None:
+        with reading() as conn:
+            return repository.tenant_for_api_key(conn, api_key)
+
+    # async: a key seen in the last seconds is answered on the event loop, without a
+    # thread hop or a query; only a miss goes to PostgreSQL (in the thread pool).
+    async def tenant(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Tenant:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise HTTPException(
                 401, "Authorization: Bearer <API key> required", {"WWW-Authenticate": "Bearer"}
             )
-        with engine_provider().connect() as conn:
-            found = repository.tenant_for_api_key(conn, credentials.credentials)
+        found = known_keys.get(credentials.credentials)
         if found is None:
-            raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+            found = await run_in_threadpool(look_up_key, credentials.credentials)
+            if found is None:
+                raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+            known_keys.put(credentials.credentials, found)
         return found
 
     Caller = Annotated[Tenant, Depends(tenant)]
@@ -295,12 +381,25 @@ def create_app(
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
-    def read_job(job_id: JobId, caller: Caller) -> JobView:
-        with engine_provider().connect() as conn:
+    def read_job(job_id: JobId, caller: Caller) -> Response:
+        # The cached body is the exact JSON a miss answers with (SCR-14); lists and the
+        # other endpoints always read PostgreSQL.
+        if job_cache is not None and (cached := job_cache.get(caller.id, job_id)) is not None:
+            return Response(cached, media_type="application/json")
+        with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
-        return job_view(row)
+        body = job_view(row).model_dump_json().encode()
+        if job_cache is not None:
+            job_cache.put(
+                caller.id,
+                job_id,
+                body,
+                terminal=row["status"] in TERMINAL,
+                created_at=row["created_at"],
+            )
+        return Response(body, media_type="application/json")
 
     @router.get("/jobs", response_model=JobList)
     def list_jobs(
@@ -314,7 +413,7 @@ def create_app(
             uuid.UUID | None, Query(description="next_cursor of the previous page")
         ] = None,
     ) -> JobList:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             rows = repository.list_jobs(
                 conn, caller.id, status=status, limit=limit + 1, before_id=cursor
             )
@@ -329,7 +428,7 @@ def create_app(
         summary="A signed, expiring URL of the stored result (409 until succeeded)",
     )
     def result_link(job_id: JobId, caller: Caller) -> ResultLink:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
@@ -359,13 +458,28 @@ def create_app(
 
     @router.get("/jobs/{job_id}/attempts", response_model=AttemptList, responses=NOT_FOUND)
     def attempts(job_id: JobId, caller: Caller) -> AttemptList:
-        with engine_provider().connect() as conn:
+        with reading() as conn:
             if repository.get_job(conn, caller.id, job_id) is None:
                 raise HTTPException(404, "no such job")
             rows = repository.list_attempts(conn, job_id)
         return AttemptList(items=[AttemptView(**r) for r in rows])
 
     app.include_router(router)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """The scraping metrics (the same as `pin metrics serve`'s) and this process's
+        read-cache counters. Operators' data (tenant names, target hosts): expose this
+        path on the internal network only."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ScrapingCollector(engine_provider()))
+        if job_cache is not None:
+            registry.register(JobCacheCollector(job_cache))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

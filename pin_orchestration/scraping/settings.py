@@ -35,6 +35,10 @@ class ScrapingSettings:
     result_url_ttl_seconds: float = 900.0
     # Where clients reach the API; the local results store signs URLs under it.
     api_public_url: str = "http://127.0.0.1:8000"
+    # The API's read cache of GET /jobs/{id}; None: every read goes to PostgreSQL.
+    redis_url: str | None = None
+    # How long results are kept; a finished job stays in the read cache at most this long.
+    result_retention_days: float = 30.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -116,6 +120,18 @@ class ScrapingSettings:
                 d.api_public_url,
                 "the http(s):// base URL clients use to reach the API",
             ).rstrip("/"),
+            redis_url=read(
+                "PIN_REDIS_URL",
+                _redis_url,
+                None,
+                "a redis://HOST:PORT/DB, rediss:// or unix:// URL",
+            ),
+            result_retention_days=read(
+                "PIN_RESULT_RETENTION_DAYS",
+                _positive_float,
+                d.result_retention_days,
+                "days > 0 (fractions allowed)",
+            ),
         )
 
 
@@ -131,6 +147,12 @@ def _positive_float(raw: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
     return value
+
+
+def _redis_url(raw: str) -> str:
+    if not raw.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must start with redis://, rediss:// or unix://")
+    return raw
 
 
 def _http_url(raw: str) -> str:

@@ -3,6 +3,7 @@ target site on loopback, and a worker run with test-sized timings."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import uuid
@@ -165,3 +166,51 @@ def s3_store(s3_endpoint: str) -> S3ResultStore:
     bucket = f"results-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     return S3ResultStore(client, bucket)
+
+
+def free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis of the session's own (`redis-server` on a free loopback port, nothing kept
+    on disk) when the binary is installed — .ci/run installs it — else the machine's."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        # A database number of this session's own: the cache's flush drops job:* keys.
+        yield f"redis://127.0.0.1:6379/{os.getpid() % 15 + 1}"
+        return
+    port = free_loopback_port()
+    server = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError(f"redis-server did not start on port {port}") from None
+            time.sleep(0.02)
+    client.close()
+    try:
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -239,3 +239,28 @@ def test_attempts_tell_three_timeouts_then_a_401(
         (4, "failed", "http_401", 401),
     ]
     assert all(a["duration_ms"] is not None and a["finished_at"] for a in items)
+
+
+def test_a_rotated_key_stops_working_within_the_key_cache_bound(
+    db_engine: Engine, local_store, make_tenant
+) -> None:
+    """API processes remember a matched key for api_key_cache_seconds: rotation revokes
+    the old key within that bound, and the new key works at once."""
+    import time
+
+    from pin_orchestration.scraping.api import create_app
+    from pin_orchestration.scraping.repository import rotate_tenant_key
+    from tests.scraping.conftest import TEST_SETTINGS
+
+    _, old_key = make_tenant("shop")
+    app = create_app(lambda: db_engine, local_store, TEST_SETTINGS, api_key_cache_seconds=0.5)
+    with TestClient(app) as client:
+        assert client.get("/jobs", headers=auth(old_key)).status_code == 200
+        _, new_key = rotate_tenant_key(db_engine, "shop")
+        rotated = time.monotonic()
+        assert client.get("/jobs", headers=auth(new_key)).status_code == 200
+        while client.get("/jobs", headers=auth(old_key)).status_code == 200:
+            assert time.monotonic() - rotated < 0.5 + 0.2, "old key still accepted"
+            time.sleep(0.02)
+        assert client.get("/jobs", headers=auth(old_key)).status_code == 401
+        assert client.get("/jobs", headers=auth(new_key)).status_code == 200

@@ -17,6 +17,7 @@ def test_defaults_are_the_issues() -> None:
     assert (s.backoff_base_seconds, s.backoff_cap_seconds, s.lease_seconds) == (2.0, 600.0, 60.0)
     assert s.allowed_cidrs == () and s.max_result_bytes == 50 * 1024 * 1024
     assert s.s3_bucket is None and s.result_url_ttl_seconds == 900.0
+    assert s.redis_url is None and s.result_retention_days == 30.0
 
 
 def test_durations_accept_fractions_and_cidrs_a_list() -> None:
@@ -46,6 +47,8 @@ def test_durations_accept_fractions_and_cidrs_a_list() -> None:
         ("PIN_SCRAPING_MAX_RESULT_BYTES", "1e9"),
         ("PIN_S3_ENDPOINT_URL", "minio:9000"),
         ("PIN_RESULT_URL_TTL_SECONDS", "forever"),
+        ("PIN_REDIS_URL", "127.0.0.1:6379"),
+        ("PIN_RESULT_RETENTION_DAYS", "0"),
     ],
 )
 def test_a_bad_value_names_the_variable(name: str, value: str) -> None:

@@ -1,0 +1,383 @@
+"""The read cache of GET /jobs/{id} (SCR-14, seed step 19) against real PostgreSQL and a
+real Redis: what is cached and for whom, how stale it can be, and that Redis failing
+never fails a request."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.cache import SHORT_TTL_SECONDS, JobCache, job_key
+from pin_orchestration.scraping.store import LocalResultStore
+from tests.scraping.conftest import TEST_SETTINGS, auth, free_loopback_port
+
+AppFactory = Callable[..., FastAPI]
+
+
+@pytest.fixture
+def cached_app(db_engine: Engine, local_store: LocalResultStore, redis_url: str) -> AppFactory:
+    def make(url: str = redis_url, *, listen: bool = True) -> FastAPI:
+        settings = dataclasses.replace(TEST_SETTINGS, redis_url=url)
+        return create_app(lambda: db_engine, local_store, settings, listen_for_invalidations=listen)
+
+    return make
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def cache_of(app: object) -> JobCache:
+    return app.state.job_cache
+
+
+@contextmanager
+def live(app: FastAPI) -> Iterator[TestClient]:
+    """A client of the app once its listener has connected and flushed (long TTLs on)."""
+    with TestClient(app) as client:
+        cache = cache_of(app)
+        assert cache.invalidation_live.wait(10), "listener never connected"
+        deadline = time.monotonic() + 10
+        while cache.flush_pending:
+            assert time.monotonic() < deadline, "listener never flushed the cache"
+            time.sleep(0.01)
+        yield client
+
+
+def submit(client: TestClient, key: str, url: str = "https://example.com/a") -> str:
+    answer = client.post("/jobs", json={"url": url}, headers=auth(key))
+    assert answer.status_code == 202, answer.text
+    return answer.json()["id"]
+
+
+def wait_for_invalidations(cache: JobCache, count: int, timeout: float = 5.0) -> float:
+    """Seconds until the listener has applied `count` finish events."""
+    start = time.monotonic()
+    while cache.stats().invalidations < count:
+        assert time.monotonic() - start < timeout, cache.stats()
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def finish(db_engine: Engine, job_id: str, status: str = "failed") -> None:
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = :status, finished_at = now(), "
+                "last_error = 'target said no' WHERE id = :id"
+            ),
+            {"id": job_id, "status": status},
+        )
+
+
+def test_a_job_read_is_cached_under_its_tenant_and_lists_are_not(
+    cached_app: AppFactory, make_tenant, db_engine: Engine, redis_client: redis.Redis
+) -> None:
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        job_id = submit(client, key)
+        first = client.get(f"/jobs/{job_id}", headers=auth(key))
+        # A change no event announces (not a status change into or out of terminal).
+        with db_engine.begin() as conn:
+            conn.execute(
+                text("UPDATE scraping.jobs SET attempts = 3 WHERE id = :id"), {"id": job_id}
+            )
+        second = client.get(f"/jobs/{job_id}", headers=auth(key))
+        listed = client.get("/jobs", headers=auth(key)).json()["items"]
+
+        assert first.status_code == second.status_code == 200
+        assert second.content == first.content  # served from the cache: attempts still 0
+        assert second.json()["attempts"] == 0
+        assert [(j["id"], j["attempts"]) for j in listed] == [(job_id, 3)]  # the list is fresh
+        assert redis_client.exists(job_key(tenant.id, uuid.UUID(job_id)))
+        assert [k.decode() for k in redis_client.scan_iter(f"job:{tenant.id}:*")] == [
+            job_key(tenant.id, uuid.UUID(job_id))
+        ]
+        stats = cache_of(client.app).stats()  # type: ignore[arg-type]
+        assert (stats.hits, stats.misses) == (1, 1)
+        # Not terminal: the short TTL.
+        ttl = cache_of(client.app).ttl_seconds(tenant.id, uuid.UUID(job_id))  # type: ignore[arg-type]
+        assert ttl is not None and 0 < ttl <= SHORT_TTL_SECONDS
+
+
+def test_a_tenant_never_reads_another_tenants_cached_job(
+    cached_app: AppFactory, make_tenant, redis_client: redis.Redis
+) -> None:
+    shop, shop_key = make_tenant("shop")
+    crawler, crawler_key = make_tenant("crawler")
+    with live(cached_app()) as client:
+        job_id = submit(client, shop_key)
+        assert client.get(f"/jobs/{job_id}", headers=auth(shop_key)).status_code == 200
+        assert client.get(f"/jobs/{job_id}", headers=auth(shop_key)).status_code == 200  # hit
+        for _ in range(2):
+            answer = client.get(f"/jobs/{job_id}", headers=auth(crawler_key))
+            assert answer.status_code == 404, answer.text
+        assert not redis_client.exists(job_key(crawler.id, uuid.UUID(job_id)))
+        assert redis_client.exists(job_key(shop.id, uuid.UUID(job_id)))
+        stats = cache_of(client.app).stats()  # type: ignore[arg-type]
+        assert (stats.hits, stats.misses) == (1, 3)
+
+
+def test_without_the_event_a_finished_job_reads_finished_within_the_short_ttl(
+    cached_app: AppFactory, make_tenant, db_engine: Engine
+) -> None:
+    _, key = make_tenant("shop")
+    with TestClient(cached_app(listen=False)) as client:
+        job_id = submit(client, key)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        cached_at = time.monotonic()
+        finish(db_engine, job_id)
+        finished_at = time.monotonic()
+        # Nobody invalidates: the cached copy is what the client reads at first...
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        while (status := client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"]) == (
+            "queued"
+        ):
+            assert time.monotonic() - finished_at < SHORT_TTL_SECONDS + 1, "stale too long"
+            time.sleep(0.05)
+        fresh_after = time.monotonic() - cached_at
+    assert status == "failed"
+    # ...and never longer than the short TTL after it was cached.
+    assert fresh_after <= SHORT_TTL_SECONDS + 0.2
+
+
+def test_the_finish_event_invalidates_at_once(cached_app: AppFactory, make_tenant) -> None:
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        cache = cache_of(client.app)
+        job_id = submit(client, key)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        assert cache.stats().hits == 1
+
+        # The API's own cancel is a writer that knows nothing of the cache.
+        cancelled_at = time.monotonic()
+        assert client.post(f"/jobs/{job_id}/cancel", headers=auth(key)).status_code == 200
+        wait_for_invalidations(cache, 1)
+        view = client.get(f"/jobs/{job_id}", headers=auth(key)).json()
+        read_after = time.monotonic() - cancelled_at
+
+    assert view["status"] == "cancelled"
+    assert read_after < SHORT_TTL_SECONDS / 2  # the event, not the TTL, made it fresh
+    # For the short TTL after the event the key holds a tombstone no fill may replace.
+    ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
+    assert ttl is not None and ttl <= SHORT_TTL_SECONDS
+    assert cache.stats().hits == 1
+
+
+def test_a_terminal_job_stays_cached_until_retention(cached_app: AppFactory, make_tenant) -> None:
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        cache = cache_of(client.app)
+        job_id = submit(client, key)
+        assert client.post(f"/jobs/{job_id}/cancel", headers=auth(key)).status_code == 200
+        wait_for_invalidations(cache, 1)
+        # The tombstone's short TTL has passed.
+        cache._redis.delete(job_key(tenant.id, uuid.UUID(job_id)))
+        first = client.get(f"/jobs/{job_id}", headers=auth(key))
+        second = client.get(f"/jobs/{job_id}", headers=auth(key))
+    assert first.json()["status"] == "cancelled" and second.content == first.content
+    assert cache.stats().hits == 1
+    # Until the results fall out of retention (30 days from acceptance by default).
+    ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
+    assert ttl is not None and 29.9 * 86400 < ttl <= 30 * 86400
+
+
+def test_a_worker_finish_and_a_runbook_requeue_both_invalidate(
+    cached_app: AppFactory, make_tenant, db_engine: Engine, site, work
+) -> None:
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        cache = cache_of(client.app)
+        job_id = submit(client, key, f"{site.url}/status/404")
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        work()
+        wait_for_invalidations(cache, 1)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
+        # The tombstone's short TTL has passed: the terminal copy is cached for long.
+        cache._redis.delete(job_key(tenant.id, uuid.UUID(job_id)))
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
+        hits = cache.stats().hits
+        assert hits == 1
+
+        # failed → queued again (runbook): the long-lived terminal copy must go.
+        assert repository.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
+        wait_for_invalidations(cache, 2)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+        assert cache.stats().hits == hits
+
+
+def test_a_fill_that_read_the_row_before_the_event_cannot_overwrite_it(
+    redis_url: str,
+) -> None:
+    """The cache-aside race of seed step 19: read 'running', the job finishes and its event
+    is applied, then the stale fill arrives. It must not land."""
+    cache = JobCache.from_url(redis_url, retention_seconds=86400)
+    tenant_id, job_id = uuid.uuid4(), uuid.uuid4()
+    now = datetime.now(UTC)
+    cache.invalidate(tenant_id, job_id)
+    assert not cache.put(tenant_id, job_id, b'{"status":"running"}', terminal=False, created_at=now)
+    assert cache.get(tenant_id, job_id) is None
+    # A fill with nothing in the way lands.
+    other = uuid.uuid4()
+    assert cache.put(tenant_id, other, b'{"status":"running"}', terminal=False, created_at=now)
+    assert cache.get(tenant_id, other) == b'{"status":"running"}'
+
+
+def test_copies_left_from_before_the_listener_connected_are_not_served(
+    cached_app: AppFactory, make_tenant, redis_client: redis.Redis
+) -> None:
+    tenant, key = make_tenant("shop")
+    with TestClient(cached_app(listen=False)) as client:
+        job_id = submit(client, key)
+    # A copy some earlier process left, claiming a status the job never had.
+    stale = b'{"status": "succeeded"}'
+    redis_client.set(job_key(tenant.id, uuid.UUID(job_id)), stale, ex=86400)
+    with live(cached_app()) as client:
+        view = client.get(f"/jobs/{job_id}", headers=auth(key))
+    assert view.json()["status"] == "queued" and view.content != stale
+
+
+# --- Redis failing ----------------------------------------------------------------------
+
+
+def exercise_every_read(client: TestClient, key: str) -> list[float]:
+    """POST, GET (twice), list, attempts: all must answer; returns each call's seconds."""
+    timings = []
+    job_id = None
+    for method, path in [
+        ("POST", "/jobs"),
+        ("GET", "/jobs/{id}"),
+        ("GET", "/jobs/{id}"),
+        ("GET", "/jobs"),
+        ("GET", "/jobs/{id}/attempts"),
+    ]:
+        start = time.monotonic()
+        if method == "POST":
+            answer = client.post("/jobs", json={"url": "https://example.com/"}, headers=auth(key))
+            job_id = answer.json()["id"]
+        else:
+            answer = client.get(path.format(id=job_id), headers=auth(key))
+        timings.append(time.monotonic() - start)
+        assert answer.status_code in (200, 202), (path, answer.text)
+    return timings
+
+
+def test_a_redis_that_refuses_connections_fails_no_request(
+    cached_app: AppFactory, make_tenant
+) -> None:
+    _, key = make_tenant("shop")
+    closed = f"redis://127.0.0.1:{free_loopback_port()}/0"
+    with TestClient(cached_app(closed)) as client:
+        for _ in range(3):
+            exercise_every_read(client, key)
+        stats = cache_of(client.app).stats()  # type: ignore[arg-type]
+    assert stats.hits == 0 and stats.misses == 6 and stats.errors >= 1
+
+
+@contextmanager
+def black_hole() -> Iterator[str]:
+    """A port that accepts connections and never answers (a hung Redis)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    try:
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    finally:
+        server.close()
+
+
+def test_a_hung_redis_costs_one_short_timeout_not_one_per_request(
+    cached_app: AppFactory, make_tenant
+) -> None:
+    _, key = make_tenant("shop")
+    with black_hole() as url, TestClient(cached_app(url, listen=False)) as client:
+        timings = [t for _ in range(5) for t in exercise_every_read(client, key)]
+        stats = cache_of(client.app).stats()  # type: ignore[arg-type]
+    assert max(timings) < 1.0, timings
+    # The breaker skips Redis after the first timeout (for a second): ~1 error, not 10.
+    assert 1 <= stats.errors <= 3, stats
+    assert stats.misses == 10
+
+
+class Forwarder:
+    """A loopback TCP forwarder in front of Redis that can be killed: Redis "dies" with the
+    API's pooled connections open."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.server]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def kill(self) -> None:
+        for s in self.sockets:
+            with suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_redis_dying_mid_traffic_fails_no_request(
+    cached_app: AppFactory, make_tenant, redis_url: str
+) -> None:
+    _, key = make_tenant("shop")
+    target = urlsplit(redis_url)
+    forwarder = Forwarder(target.port or 6379)
+    url = target._replace(netloc=f"127.0.0.1:{forwarder.port}").geturl()
+    with live(cached_app(url)) as client:
+        job_id = submit(client, key)
+        for _ in range(3):
+            assert client.get(f"/jobs/{job_id}", headers=auth(key)).status_code == 200
+        assert cache_of(client.app).stats().hits == 2  # type: ignore[arg-type]
+
+        forwarder.kill()
+        for _ in range(3):
+            exercise_every_read(client, key)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["id"] == job_id
+        stats = cache_of(client.app).stats()  # type: ignore[arg-type]
+    assert stats.errors >= 1 and stats.hits == 2
