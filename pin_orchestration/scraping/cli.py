@@ -171,6 +171,8 @@ def scraping_work(
             lease_seconds=settings.lease_seconds,
             idle_exit_seconds=idle_exit_seconds,
             max_run_duration_seconds=max_run_duration_seconds,
+            domain_rps=settings.domain_rps,
+            domain_concurrency=settings.domain_concurrency,
         )
         options.validate()
     except (SettingsError, WorkerConfigError) as exc:

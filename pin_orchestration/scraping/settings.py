@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pin_orchestration.scraping.fetch import parse_allowed_cidrs
+from pin_orchestration.scraping.repository import DomainDefaults
 from pin_orchestration.settings import SettingsError
 
 T = TypeVar("T")
@@ -29,12 +30,19 @@ class ScrapingSettings:
     allowed_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     max_result_bytes: int = 50 * 1024 * 1024
     max_worker_runs: int = 2
+    # Politeness per target host, shared by every worker (README explains the defaults).
+    domain_rps: float = 2.0
+    domain_concurrency: int = 4
     s3_bucket: str | None = None
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     result_url_ttl_seconds: float = 900.0
     # Where clients reach the API; the local results store signs URLs under it.
     api_public_url: str = "http://127.0.0.1:8000"
+
+    @property
+    def domain_defaults(self) -> DomainDefaults:
+        return DomainDefaults(rps=self.domain_rps, concurrency=self.domain_concurrency)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -97,6 +105,18 @@ class ScrapingSettings:
                 "PIN_SCRAPING_MAX_WORKER_RUNS",
                 _positive_int,
                 d.max_worker_runs,
+                "an integer > 0",
+            ),
+            domain_rps=read(
+                "PIN_SCRAPING_DOMAIN_RPS",
+                _positive_float,
+                d.domain_rps,
+                "requests per second > 0 (fractions allowed)",
+            ),
+            domain_concurrency=read(
+                "PIN_SCRAPING_DOMAIN_CONCURRENCY",
+                _positive_int,
+                d.domain_concurrency,
                 "an integer > 0",
             ),
             s3_bucket=env.get("PIN_S3_BUCKET") or None,

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.demo_site import DemoSite
-from pin_orchestration.scraping.repository import Tenant, create_tenant
+from pin_orchestration.scraping.repository import DomainDefaults, Tenant, create_tenant
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import (
     LocalResultStore,
@@ -26,6 +26,9 @@ from pin_orchestration.scraping.store import (
     load_or_create_signing_key,
     s3_client,
 )
+
+# Politeness limits that never bind: for tests about something else.
+UNLIMITED = DomainDefaults(rps=10_000.0, concurrency=10_000)
 
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
 # Retry-After still holds), leases are short so renewals and expiry happen within a test.
@@ -38,6 +41,9 @@ TEST_SETTINGS = ScrapingSettings(
     lease_seconds=1.5,
     max_result_bytes=64 * 1024,
     api_public_url="http://testserver",
+    # Politeness limits out of the way; the scheduling tests set their own.
+    domain_rps=UNLIMITED.rps,
+    domain_concurrency=UNLIMITED.concurrency,
 )
 
 
@@ -83,9 +89,8 @@ Worker = Callable[..., Any]
 @pytest.fixture
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
-    from pin_orchestration.scraping.fetch import Fetcher
-
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch import Fetcher
     from pin_orchestration.scraping.worker import WorkerOptions, run_worker
 
     def run(
@@ -110,6 +115,8 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
                     idle_exit_seconds=idle_exit_seconds,
                     max_run_duration_seconds=60,
                     poll_seconds=0.05,
+                    domain_rps=settings.domain_rps,
+                    domain_concurrency=settings.domain_concurrency,
                 ),
                 stop=stop,
                 rng=random.Random(7),
