@@ -109,6 +109,24 @@ def test_sensor_skips_an_empty_queue_and_launches_a_worker_run_when_due(
     assert len({r.run_key for r in result.run_requests}) == 2
 
 
+def test_sensor_launches_no_run_for_due_jobs_that_no_worker_could_claim(
+    instance, resources, db_engine: Engine, make_tenant, scraping_env
+) -> None:
+    tenant, _ = make_tenant("shop")
+    for i in range(9):
+        submit(db_engine, tenant.id, f"http://127.0.0.1:9/{i}")
+    with db_engine.begin() as conn:  # the target answered 429, Retry-After: 60
+        conn.execute(
+            text(
+                "INSERT INTO scraping.domains (domain, blocked_until) "
+                "VALUES ('127.0.0.1', now() + interval '60 seconds')"
+            )
+        )
+    result = scraping_jobs_sensor(build_sensor_context(instance=instance, resources=resources))
+    assert isinstance(result, SkipReason)
+    assert "9 due, none claimable" in str(result.skip_message)
+
+
 def test_a_worker_run_drains_jobs_and_materializes_the_day(
     instance, resources, db_engine: Engine, make_tenant, scraping_env
 ) -> None:
