@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pin_orchestration.scraping.fetch import parse_allowed_cidrs
-from pin_orchestration.scraping.repository import DomainDefaults
+from pin_orchestration.scraping.repository import (
+    MAX_DOMAIN_RPS,
+    MIN_DOMAIN_RPS,
+    DomainDefaults,
+)
 from pin_orchestration.settings import SettingsError
 
 T = TypeVar("T")
@@ -109,9 +113,9 @@ class ScrapingSettings:
             ),
             domain_rps=read(
                 "PIN_SCRAPING_DOMAIN_RPS",
-                _positive_float,
+                _domain_rps,
                 d.domain_rps,
-                "requests per second > 0 (fractions allowed)",
+                f"requests per second between {MIN_DOMAIN_RPS:g} and {MAX_DOMAIN_RPS:g}",
             ),
             domain_concurrency=read(
                 "PIN_SCRAPING_DOMAIN_CONCURRENCY",
@@ -150,6 +154,13 @@ def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
+    return value
+
+
+def _domain_rps(raw: str) -> float:
+    value = float(raw)
+    if not MIN_DOMAIN_RPS <= value <= MAX_DOMAIN_RPS:
+        raise ValueError("out of range")
     return value
 
 

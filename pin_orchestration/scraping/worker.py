@@ -41,6 +41,10 @@ from pin_orchestration.scraping.store import ResultStore, result_key
 log = logging.getLogger(__name__)
 
 
+# The longest a worker with free slots waits before asking for due jobs again.
+MAX_POLL_SECONDS = 1.0
+
+
 class ClaimFn(Protocol):
     def __call__(
         self,
@@ -185,6 +189,7 @@ def run_worker(
     renewer.start()
     started = time.monotonic()
     idle_since: float | None = None
+    empty_claims = 0
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
@@ -218,8 +223,12 @@ def run_worker(
                     idle_since = None
                 if on_round is not None:
                     on_round(report)
-                # A full pool waits for a slot; a pool with room looks again soon.
-                wake.wait(options.poll_seconds)
+                # A full pool waits for a slot; a pool with room looks again soon — later
+                # and later while claims come back empty (every due job's domain is at its
+                # limit: asking again at once only holds the claim lock), but at once when a
+                # job of ours finishes, since that frees a connection of its domain.
+                empty_claims = empty_claims + 1 if free > 0 and not claimed else 0
+                wake.wait(min(options.poll_seconds * 2 ** min(empty_claims, 10), MAX_POLL_SECONDS))
                 wake.clear()
             if stop.is_set():
                 with flights_lock:

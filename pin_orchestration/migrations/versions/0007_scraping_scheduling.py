@@ -25,48 +25,6 @@ depends_on = None
 # The claim. Serialised by one transaction-level advisory lock (see the plan below).
 CLAIM_LOCK_KEY = 7_274_720_907
 
-DOMAIN_ROOM = """
-CREATE FUNCTION scraping.domain_room(
-    p_domain text,
-    p_at timestamptz,
-    p_used integer,
-    p_default_rps double precision,
-    p_default_concurrency integer
-) RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $fn$
--- Can `p_domain` take one more request at `p_at`, `p_used` tokens having been spent on it
--- by the calling claim already? Not while a 429/Retry-After pause holds, not with its
--- concurrency reached (running jobs, counted from the jobs themselves so nothing can
--- drift), not with less than one token in its bucket. The bucket holds max(1, rps) tokens
--- (one second's burst) and refills at rps; a domain without a row has a full bucket.
-DECLARE
-    d scraping.domains;
-    v_rps double precision;
-    v_capacity double precision;
-    v_tokens double precision;
-    v_running integer;
-BEGIN
-    SELECT * INTO d FROM scraping.domains WHERE domain = p_domain;
-    IF d.blocked_until > p_at THEN
-        RETURN false;
-    END IF;
-    v_rps := coalesce(d.rps, p_default_rps);
-    v_capacity := greatest(1.0, v_rps);
-    v_tokens := CASE
-        WHEN d.tokens IS NULL THEN v_capacity
-        ELSE least(v_capacity,
-                   d.tokens + v_rps * greatest(0.0, extract(epoch FROM p_at - d.tokens_at)))
-    END;
-    IF v_tokens - p_used < 1 THEN
-        RETURN false;
-    END IF;
-    SELECT count(*) INTO v_running
-    FROM scraping.jobs WHERE status = 'running' AND domain = p_domain;
-    RETURN v_running < coalesce(d.concurrency, p_default_concurrency);
-END
-$fn$
-"""
-
 CLAIM_JOBS = f"""
 CREATE FUNCTION scraping.claim_jobs(
     p_worker text,
@@ -79,7 +37,7 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 -- Claim up to p_limit due jobs for worker p_worker: each gets a lease, its attempt counter
 -- and an attempt row. Every pick goes priority -> tenant -> domain with room -> oldest due:
 --
--- 1. Priority class: start-time fair queuing over the classes with weights 6:3:1. A class's
+-- 1. Priority class: start-time fair queuing over the classes with shares 6:3:1. A class's
 --    start tag is max(its finish tag, the class clock); the smallest start tag wins (ties:
 --    the higher class), then its finish tag grows by 60/share (10, 20, 60). With all three
 --    backlogged every window of ten picks is exactly 6 high, 3 normal, 1 low; a class with
@@ -89,56 +47,78 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 --    (pick_classes.tenant_clock is the class's tenant clock). A tenant idle for a while
 --    comes back at the clock, i.e. first in line: served at the next pick of its class.
 -- 3. Job of that tenant: its oldest due jobs in (next_attempt_at, id) order, skipping those
---    whose domain has no room (scraping.domain_room); at most 256 looked at. When all 256
---    sit on domains without room (a crawler's backlog on one busy site), the tenant's
---    distinct domains are walked instead (a skip scan) and the first domain with room
---    gives its oldest due job. A tenant with nothing claimable is passed over for this call.
+--    whose domain has no room; at most 256 looked at. When all 256 sit on domains without
+--    room (a crawler's backlog on one busy site), the tenant's distinct domains are walked
+--    instead (a skip scan) and the first domain with room gives its oldest due job. A
+--    tenant with nothing claimable is passed over for the rest of this call.
+-- A domain has room while no 429/Retry-After pause holds (blocked_until), its running jobs
+-- (counted from the jobs themselves, so nothing can drift) are below its concurrency, and
+-- its token bucket holds a token: max(1, rps) tokens (one second's burst), refilled at
+-- rps; a domain without a row has a full bucket.
 --
--- Plan (EXPLAIN of the statements below at 1M queued jobs: bench/scraping_pick.py):
--- - active tenants of a class: a recursive skip scan over ix_jobs_pick (priority,
+-- Plan (EXPLAIN ANALYZE at 1M queued jobs: bench/scraping_pick.py, bench/README.md):
+-- - the scheduler's state is read once per call into local arrays and written back once
+--   at the end; a pick itself touches no state table. Domains: one query over the running
+--   jobs (ix_jobs_running_domain, a few hundred rows) and the domains rows that are paused,
+--   spent within 100 s or overridden (ix_domains_blocked, ix_domains_tokens_at,
+--   ix_domains_overrides); every other domain is untouched (full bucket, no connection);
+-- - active tenants of a class: a recursive skip scan over ix_jobs_pick_domain (priority,
 --   tenant_id, ...) WHERE status = 'queued', one index probe per tenant, once per call;
--- - the head of a tenant: an index range scan of ix_jobs_pick in due order, LIMIT 256,
---   the domain read from the index (INCLUDE);
--- - the deep walk: a skip scan over ix_jobs_pick_domain (priority, tenant_id, domain, ...);
--- - domain room: a primary-key probe of scraping.domains and a count over
---   ix_jobs_running_domain (domain) WHERE status = 'running' (only running jobs: small);
--- - the chosen job is locked with FOR UPDATE SKIP LOCKED (cancels and intake never wait on a
---   claim, and a row locked elsewhere is skipped) and updated by primary key.
--- So a pick costs a few index probes whatever the queue's depth; nothing scans the queue.
+-- - a tenant's due head: an index-only range scan of ix_jobs_pick (priority, tenant_id,
+--   next_attempt_at, id) INCLUDE (domain), LIMIT 256, domains without room filtered out
+--   in the same statement (a jsonb key lookup);
+-- - the deep walk: a skip scan over ix_jobs_pick_domain, then the domain's oldest due;
+-- - the chosen job is locked with FOR UPDATE SKIP LOCKED (a cancel or a sweep holding it
+--   is skipped, never waited for); at the end one UPDATE by primary key claims the batch
+--   and one INSERT writes its attempt rows.
+-- So a pick costs a few index probes whatever the depth of the queue; nothing scans it.
 --
 -- Concurrent workers: the whole claim holds one transaction-level advisory lock, so two
--- claims never both see a domain's last free connection or token, and the virtual clocks
--- advance one pick at a time. A claim takes milliseconds and each worker claims a batch
--- per round, so the lock is held a small fraction of the time. Token spending is written
--- once at the end, domains in name order (as finish_attempts writes its pauses), so a
--- claim and an outcome write can never deadlock on domain rows.
+-- claims never both see a domain's last free connection or token, and the clocks advance
+-- one pick at a time. A claim takes milliseconds and a worker claims once per round for
+-- all its free slots, so the lock is held a small fraction of the time. Domain rows are
+-- written at the end in name order (finish_attempts writes its pauses in the same order),
+-- so a claim and an outcome write never deadlock.
 DECLARE
     t0 timestamptz;
-    n integer := 0;
-    full_domains text[] := '{{}}';
-    used_domains text[] := '{{}}';
-    used_counts integer[] := '{{}}';
-    done_classes text[] := '{{}}';
-    passed text[] := '{{}}';   -- 'class/tenant' with nothing claimable in this call
-    deep text[] := '{{}}';     -- 'class/tenant' whose due head sits on full domains
-    act_high uuid[];
-    act_normal uuid[];
-    act_low uuid[];
-    act uuid[];
-    v_class text;
-    v_class_start bigint;
-    v_class_step bigint;
-    v_tenant uuid;
-    v_tenant_start double precision;
-    v_weight double precision;
-    v_key text;
+    picked uuid[] := '{{}}';
+    -- classes: high, normal, low
+    c_name text[] := ARRAY['high', 'normal', 'low'];
+    c_step bigint[];
+    c_finish bigint[];
+    c_start bigint[];
+    c_tclock double precision[];
+    c_done boolean[] := ARRAY[false, false, false];
+    c_loaded boolean[] := ARRAY[false, false, false];
+    v_clock bigint;
+    ci integer;
+    -- tenants of the loaded classes, one entry per (class, tenant): class ci's tenants are
+    -- entries c_lo[ci]..c_hi[ci], in tenant id order; t_sel is the finish tag the pick
+    -- compares, Infinity once the tenant is passed over for this call
+    c_lo integer[] := ARRAY[0, 0, 0];
+    c_hi integer[] := ARRAY[-1, -1, -1];
+    t_class integer[] := '{{}}';
+    t_id uuid[] := '{{}}';
+    t_finish double precision[] := '{{}}';
+    t_sel double precision[] := '{{}}';
+    t_weight double precision[] := '{{}}';
+    t_deep boolean[] := '{{}}';
+    t_picked boolean[] := '{{}}';
+    ti integer;
+    v_start double precision;
+    -- domains looked at in this call: tokens at t0, free connections, spent here
+    d_name text[] := '{{}}';
+    d_tokens double precision[] := '{{}}';
+    d_free integer[] := '{{}}';
+    d_used integer[] := '{{}}';
+    di integer;
     v_job uuid;
-    v_domain text;
     v_dom text;
-    v_pos integer;
-    v_seen integer;
+    v_deep boolean;
+    -- domains without room: every one constrained at t0 (loaded once), then the ones
+    -- this call fills; a jsonb object as a set (key lookups are a binary search)
+    v_full jsonb;
     r record;
-    claimed scraping.jobs;
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
@@ -148,127 +128,230 @@ BEGIN
     -- between claims that really ran one after the other.
     t0 := clock_timestamp();
 
-    <<picks>>
-    WHILE n < p_limit LOOP
-        SELECT c.priority,
-               greatest(c.vtime, (SELECT max(last_start) FROM scraping.pick_classes)),
-               60 / c.share
-        INTO v_class, v_class_start, v_class_step
-        FROM scraping.pick_classes c
-        WHERE c.priority <> ALL (done_classes)
-        ORDER BY 2, c.share DESC
-        LIMIT 1;
-        EXIT picks WHEN NOT FOUND;
+    -- Every domain that is not simply untouched (a full bucket, no connection open, the
+    -- default limits): running jobs, a pause, a bucket spent within the last 100 s (rps
+    -- >= 0.01: an empty bucket has a token again by then), an override.
+    WITH busy AS (
+        SELECT j.domain, count(*) AS n FROM scraping.jobs j
+        WHERE j.status = 'running' GROUP BY j.domain
+    ), touched AS (
+        SELECT busy.domain FROM busy
+        UNION SELECT d.domain FROM scraping.domains d WHERE d.blocked_until > t0
+        UNION SELECT d.domain FROM scraping.domains d
+              WHERE d.tokens_at > t0 - interval '100 seconds'
+        UNION SELECT d.domain FROM scraping.domains d
+              WHERE d.rps IS NOT NULL OR d.concurrency IS NOT NULL
+    ), room AS (
+        SELECT t.domain,
+               CASE
+                   WHEN d.blocked_until > t0 THEN 0
+                   WHEN d.tokens IS NULL THEN greatest(1.0, coalesce(d.rps, p_default_rps))
+                   ELSE least(greatest(1.0, coalesce(d.rps, p_default_rps)),
+                              d.tokens + coalesce(d.rps, p_default_rps) * greatest(
+                                  0.0, extract(epoch FROM t0 - d.tokens_at)))
+               END AS tokens,
+               (coalesce(d.concurrency, p_default_concurrency) - coalesce(busy.n, 0))::integer
+                   AS free
+        FROM touched t
+        LEFT JOIN scraping.domains d ON d.domain = t.domain
+        LEFT JOIN busy ON busy.domain = t.domain
+    )
+    SELECT coalesce(array_agg(domain), '{{}}'), coalesce(array_agg(tokens), '{{}}'),
+           coalesce(array_agg(free), '{{}}'), coalesce(array_agg(0), '{{}}'),
+           coalesce(jsonb_object_agg(domain, true) FILTER (WHERE tokens < 1 OR free < 1),
+                    '{{}}')
+    INTO d_name, d_tokens, d_free, d_used, v_full
+    FROM room;
 
-        act := CASE v_class WHEN 'high' THEN act_high WHEN 'normal' THEN act_normal
-                            ELSE act_low END;
-        IF act IS NULL THEN
-            WITH RECURSIVE t(tid) AS (
-                (SELECT j.tenant_id FROM scraping.jobs j
-                 WHERE j.status = 'queued' AND j.priority = v_class
-                 ORDER BY j.tenant_id LIMIT 1)
-                UNION ALL
-                SELECT (SELECT j.tenant_id FROM scraping.jobs j
-                        WHERE j.status = 'queued' AND j.priority = v_class
-                          AND j.tenant_id > t.tid
-                        ORDER BY j.tenant_id LIMIT 1)
-                FROM t WHERE t.tid IS NOT NULL
-            )
-            SELECT coalesce(array_agg(tid), '{{}}') INTO act FROM t WHERE tid IS NOT NULL;
-            CASE v_class
-                WHEN 'high' THEN act_high := act;
-                WHEN 'normal' THEN act_normal := act;
-                ELSE act_low := act;
-            END CASE;
+    SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
+           array_agg(vtime ORDER BY array_position(c_name, priority)),
+           array_agg(last_start ORDER BY array_position(c_name, priority)),
+           array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
+           max(last_start)
+    INTO c_step, c_finish, c_start, c_tclock, v_clock
+    FROM scraping.pick_classes;
+
+    <<picks>>
+    WHILE coalesce(array_length(picked, 1), 0) < p_limit LOOP
+        -- 1. the class with the smallest start tag (ties: the higher class)
+        ci := NULL;
+        FOR k IN 1..3 LOOP
+            CONTINUE WHEN c_done[k];
+            IF ci IS NULL OR greatest(c_finish[k], v_clock) < greatest(c_finish[ci], v_clock)
+            THEN
+                ci := k;
+            END IF;
+        END LOOP;
+        EXIT picks WHEN ci IS NULL;
+
+        IF NOT c_loaded[ci] THEN
+            c_loaded[ci] := true;
+            c_lo[ci] := coalesce(array_length(t_id, 1), 0) + 1;
+            FOR r IN
+                WITH RECURSIVE active(tid) AS (
+                    (SELECT j.tenant_id FROM scraping.jobs j
+                     WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                     ORDER BY j.tenant_id LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT j.tenant_id FROM scraping.jobs j
+                            WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                              AND j.tenant_id > a.tid
+                            ORDER BY j.tenant_id LIMIT 1)
+                    FROM active a WHERE a.tid IS NOT NULL
+                )
+                SELECT a.tid, coalesce(v.vtime, 0) AS vtime, tn.weight
+                FROM active a
+                JOIN scraping.tenants tn ON tn.id = a.tid
+                LEFT JOIN scraping.tenant_vtimes v
+                       ON v.priority = c_name[ci] AND v.tenant_id = a.tid
+                WHERE a.tid IS NOT NULL
+                ORDER BY a.tid
+            LOOP
+                t_class := t_class || ci;
+                t_id := t_id || r.tid;
+                t_finish := t_finish || r.vtime;
+                t_sel := t_sel || r.vtime;
+                t_weight := t_weight || r.weight;
+                t_deep := t_deep || false;
+                t_picked := t_picked || false;
+            END LOOP;
+            c_hi[ci] := coalesce(array_length(t_id, 1), 0);
         END IF;
 
+        -- 2. the class's tenant with the smallest start tag (ties: tenant id), then
+        -- 3. that tenant's oldest due job on a domain with room
         v_job := NULL;
-        <<tenants>>
-        LOOP
-            SELECT a.tid,
-                   greatest(coalesce(v.vtime, 0), c.tenant_clock),
-                   tn.weight
-            INTO v_tenant, v_tenant_start, v_weight
-            FROM unnest(act) AS a(tid)
-            JOIN scraping.tenants tn ON tn.id = a.tid
-            JOIN scraping.pick_classes c ON c.priority = v_class
-            LEFT JOIN scraping.tenant_vtimes v
-                   ON v.priority = v_class AND v.tenant_id = a.tid
-            WHERE (v_class || '/' || a.tid) <> ALL (passed)
-            ORDER BY 2, a.tid
+        WHILE v_job IS NULL LOOP
+            SELECT c_lo[ci] - 1 + u.o INTO ti
+            FROM unnest(t_sel[c_lo[ci]:c_hi[ci]]) WITH ORDINALITY AS u(f, o)
+            WHERE u.f < 'Infinity'
+            ORDER BY greatest(u.f, c_tclock[ci]), u.o
             LIMIT 1;
             IF NOT FOUND THEN
-                done_classes := done_classes || v_class;
+                c_done[ci] := true;
                 CONTINUE picks;
             END IF;
-            v_key := v_class || '/' || v_tenant;
 
-            IF NOT v_key = ANY (deep) THEN
-                v_seen := 0;
+            IF NOT t_deep[ti] THEN
                 FOR r IN
-                    SELECT j.id, j.domain FROM scraping.jobs j
-                    WHERE j.status = 'queued' AND j.priority = v_class
-                      AND j.tenant_id = v_tenant AND j.next_attempt_at <= t0
-                    ORDER BY j.next_attempt_at, j.id
-                    LIMIT 256
+                    SELECT h.id, h.domain FROM (
+                        SELECT j.id, j.domain, j.next_attempt_at FROM scraping.jobs j
+                        WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                          AND j.tenant_id = t_id[ti] AND j.next_attempt_at <= t0
+                        ORDER BY j.next_attempt_at, j.id
+                        LIMIT 256
+                    ) h
+                    WHERE NOT (v_full ? h.domain) AND h.id <> ALL (picked)
+                    ORDER BY h.next_attempt_at, h.id
                 LOOP
-                    v_seen := v_seen + 1;
-                    CONTINUE WHEN r.domain = ANY (full_domains);
-                    v_pos := array_position(used_domains, r.domain);
-                    IF NOT scraping.domain_room(
-                            r.domain, t0, coalesce(used_counts[v_pos], 0),
-                            p_default_rps, p_default_concurrency) THEN
-                        full_domains := full_domains || r.domain;
+                    v_dom := r.domain;
+                    di := array_position(d_name, v_dom);
+                    IF di IS NULL THEN  -- untouched: a full bucket, no connection open
+                        d_name := d_name || v_dom;
+                        d_tokens := d_tokens || greatest(1.0, p_default_rps);
+                        d_free := d_free || p_default_concurrency;
+                        d_used := d_used || 0;
+                        di := array_length(d_name, 1);
+                    END IF;
+                    IF d_tokens[di] - d_used[di] < 1 OR d_free[di] - d_used[di] < 1 THEN
+                        v_full := v_full || jsonb_build_object(v_dom, true);
                         CONTINUE;
                     END IF;
-                    SELECT j.id INTO v_job FROM scraping.jobs j
+                    PERFORM 1 FROM scraping.jobs j
                     WHERE j.id = r.id AND j.status = 'queued'
                     FOR UPDATE SKIP LOCKED;
                     IF FOUND THEN
-                        v_domain := r.domain;
+                        v_job := r.id;
                         EXIT;
                     END IF;
                 END LOOP;
-                IF v_job IS NULL AND v_seen = 256 THEN
-                    deep := deep || v_key;
+                IF v_job IS NULL THEN
+                    -- All of the head on full domains: walk the domains, unless the head
+                    -- was all there is.
+                    SELECT count(*) = 256 INTO v_deep FROM (
+                        SELECT 1 FROM scraping.jobs j
+                        WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                          AND j.tenant_id = t_id[ti] AND j.next_attempt_at <= t0
+                        LIMIT 256) h;
+                    t_deep[ti] := v_deep;
                 END IF;
             END IF;
 
-            IF v_job IS NULL AND v_key = ANY (deep) THEN
+            IF v_job IS NULL AND t_deep[ti] THEN
                 v_dom := '';
                 LOOP
                     SELECT j.domain INTO v_dom FROM scraping.jobs j
-                    WHERE j.status = 'queued' AND j.priority = v_class
-                      AND j.tenant_id = v_tenant AND j.domain > v_dom
+                    WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                      AND j.tenant_id = t_id[ti] AND j.domain > v_dom
                     ORDER BY j.domain
                     LIMIT 1;
                     EXIT WHEN NOT FOUND;
-                    CONTINUE WHEN v_dom = ANY (full_domains);
-                    v_pos := array_position(used_domains, v_dom);
-                    IF NOT scraping.domain_room(
-                            v_dom, t0, coalesce(used_counts[v_pos], 0),
-                            p_default_rps, p_default_concurrency) THEN
-                        full_domains := full_domains || v_dom;
+                    CONTINUE WHEN v_full ? v_dom;
+                    di := array_position(d_name, v_dom);
+                    IF di IS NULL THEN  -- untouched: a full bucket, no connection open
+                        d_name := d_name || v_dom;
+                        d_tokens := d_tokens || greatest(1.0, p_default_rps);
+                        d_free := d_free || p_default_concurrency;
+                        d_used := d_used || 0;
+                        di := array_length(d_name, 1);
+                    END IF;
+                    IF d_tokens[di] - d_used[di] < 1 OR d_free[di] - d_used[di] < 1 THEN
+                        v_full := v_full || jsonb_build_object(v_dom, true);
                         CONTINUE;
                     END IF;
                     SELECT j.id INTO v_job FROM scraping.jobs j
-                    WHERE j.status = 'queued' AND j.priority = v_class
-                      AND j.tenant_id = v_tenant AND j.domain = v_dom
-                      AND j.next_attempt_at <= t0
+                    WHERE j.status = 'queued' AND j.priority = c_name[ci]
+                      AND j.tenant_id = t_id[ti] AND j.domain = v_dom
+                      AND j.next_attempt_at <= t0 AND j.id <> ALL (picked)
                     ORDER BY j.next_attempt_at, j.id
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED;
-                    IF FOUND THEN
-                        v_domain := v_dom;
-                        EXIT;
-                    END IF;
+                    EXIT WHEN FOUND;
                 END LOOP;
             END IF;
 
-            EXIT tenants WHEN v_job IS NOT NULL;
-            passed := passed || v_key;
+            IF v_job IS NULL THEN
+                t_sel[ti] := 'Infinity';
+            END IF;
         END LOOP;
 
+        -- The pick: spend the domain's token and connection, advance both clocks.
+        picked := picked || v_job;
+        d_used[di] := d_used[di] + 1;
+        v_start := greatest(t_finish[ti], c_tclock[ci]);
+        c_tclock[ci] := v_start;
+        t_finish[ti] := v_start + 1.0 / t_weight[ti];
+        t_sel[ti] := t_finish[ti];
+        t_picked[ti] := true;
+        v_clock := greatest(c_finish[ci], v_clock);
+        c_start[ci] := v_clock;
+        c_finish[ci] := v_clock + c_step[ci];
+    END LOOP;
+
+    IF coalesce(array_length(picked, 1), 0) = 0 THEN
+        RETURN;
+    END IF;
+
+    UPDATE scraping.pick_classes c
+    SET vtime = c_finish[ck], last_start = c_start[ck], tenant_clock = c_tclock[ck]
+    FROM generate_subscripts(c_name, 1) AS ck
+    WHERE c.priority = c_name[ck];
+    INSERT INTO scraping.tenant_vtimes AS tv (priority, tenant_id, vtime)
+    SELECT c_name[u.c], u.id, u.f
+    FROM unnest(t_class, t_id, t_finish, t_picked) AS u(c, id, f, was_picked)
+    WHERE u.was_picked
+    ON CONFLICT (priority, tenant_id) DO UPDATE SET vtime = EXCLUDED.vtime;
+
+    -- Spend the tokens: each domain picked from keeps what it had at t0 minus its picks.
+    INSERT INTO scraping.domains AS d (domain, tokens, tokens_at)
+    SELECT u.name, u.tokens - u.used, t0
+    FROM unnest(d_name, d_tokens, d_used) AS u(name, tokens, used)
+    WHERE u.used > 0
+    ORDER BY u.name
+    ON CONFLICT (domain) DO UPDATE SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at;
+
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE scraping.jobs j
         SET status = 'running',
             attempts = j.attempts + 1,
@@ -276,48 +359,15 @@ BEGIN
             lease_expires_at = now() + make_interval(secs => p_lease_seconds),
             started_at = coalesce(j.started_at, now()),
             updated_at = now()
-        WHERE j.id = v_job
-        RETURNING j.* INTO claimed;
+        WHERE j.id = ANY (picked)
+        RETURNING j.*
+    ), attempt AS (
         INSERT INTO scraping.job_attempts (job_id, number, worker)
-        VALUES (claimed.id, claimed.attempts, p_worker);
-
-        v_pos := array_position(used_domains, v_domain);
-        IF v_pos IS NULL THEN
-            used_domains := used_domains || v_domain;
-            used_counts := used_counts || 1;
-        ELSE
-            used_counts[v_pos] := used_counts[v_pos] + 1;
-        END IF;
-
-        UPDATE scraping.pick_classes
-        SET vtime = v_class_start + v_class_step,
-            last_start = v_class_start,
-            tenant_clock = v_tenant_start
-        WHERE priority = v_class;
-        INSERT INTO scraping.tenant_vtimes AS tv (priority, tenant_id, vtime)
-        VALUES (v_class, v_tenant, v_tenant_start + 1.0 / v_weight)
-        ON CONFLICT (priority, tenant_id) DO UPDATE SET vtime = EXCLUDED.vtime;
-
-        n := n + 1;
-        RETURN NEXT claimed;
-    END LOOP;
-
-    -- Spend the tokens: refill to t0, minus what this claim took. A new row starts from a
-    -- full default bucket; for an existing one, EXCLUDED.tokens is that same full default
-    -- bucket minus what was used, so the difference is what this claim took.
-    INSERT INTO scraping.domains AS d (domain, tokens, tokens_at)
-    SELECT u.domain, greatest(1.0, p_default_rps) - u.used, t0
-    FROM unnest(used_domains, used_counts) AS u(domain, used)
-    ORDER BY u.domain
-    ON CONFLICT (domain) DO UPDATE
-    SET tokens = CASE
-            WHEN d.tokens IS NULL THEN greatest(1.0, coalesce(d.rps, p_default_rps))
-            ELSE least(greatest(1.0, coalesce(d.rps, p_default_rps)),
-                       d.tokens + coalesce(d.rps, p_default_rps)
-                                  * greatest(0.0, extract(epoch FROM t0 - d.tokens_at)))
-        END - (greatest(1.0, p_default_rps) - EXCLUDED.tokens),
-        tokens_at = t0;
-    RETURN;
+        SELECT c.id, c.attempts, p_worker FROM claimed c
+    )
+    SELECT c.* FROM claimed c
+    JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
+    ORDER BY p.o;
 END
 $fn$
 """
@@ -354,7 +404,8 @@ def upgrade() -> None:
         CREATE TABLE scraping.domains (
             domain text PRIMARY KEY,
             -- Overrides of PIN_SCRAPING_DOMAIN_RPS / _CONCURRENCY; NULL = the default.
-            rps double precision CONSTRAINT domains_rps_check CHECK (rps > 0 AND rps <= 10000),
+            rps double precision
+                CONSTRAINT domains_rps_check CHECK (rps >= 0.01 AND rps <= 10000),
             concurrency integer CONSTRAINT domains_concurrency_check
                 CHECK (concurrency > 0 AND concurrency <= 10000),
             -- Token bucket: `tokens` as of `tokens_at` (NULL: full).
@@ -365,6 +416,17 @@ def upgrade() -> None:
             updated_at timestamptz NOT NULL DEFAULT now()
         )
         """
+    )
+    # The claim loads the domains that are not simply untouched: paused, bucket spent
+    # within the last 100 s, overridden (and those with running jobs).
+    op.execute(
+        "CREATE INDEX ix_domains_blocked ON scraping.domains (blocked_until) "
+        "WHERE blocked_until IS NOT NULL"
+    )
+    op.execute("CREATE INDEX ix_domains_tokens_at ON scraping.domains (tokens_at)")
+    op.execute(
+        "CREATE INDEX ix_domains_overrides ON scraping.domains (domain) "
+        "WHERE rps IS NOT NULL OR concurrency IS NOT NULL"
     )
     op.execute(
         """
@@ -393,8 +455,9 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute(DOMAIN_ROOM)
-    op.execute(CLAIM_JOBS)
+    # Driver-level: the function bodies hold array slices (`a[lo:hi]`) that SQLAlchemy's
+    # text() would take for bind parameters.
+    op.get_bind().exec_driver_sql(CLAIM_JOBS)
 
 
 def _backfill_domains() -> None:
@@ -419,9 +482,6 @@ def downgrade() -> None:
     op.execute(
         "DROP FUNCTION scraping.claim_jobs(text, integer, double precision, "
         "double precision, integer)"
-    )
-    op.execute(
-        "DROP FUNCTION scraping.domain_room(text, timestamptz, integer, double precision, integer)"
     )
     op.execute("DROP TABLE scraping.tenant_vtimes")
     op.execute("DROP TABLE scraping.pick_classes")
