@@ -163,6 +163,24 @@ BEGIN
     INTO d_name, d_tokens, d_free, d_used, v_full
     FROM room;
 
+    -- Nothing to claim when every domain with queued jobs is without room (all paused, or
+    -- all at their limits): found by walking the queued domains (a skip scan over
+    -- ix_jobs_queued_domain) up to the first one with room, instead of walking every
+    -- tenant's domains below.
+    IF v_full <> '{{}}' THEN
+        v_dom := '';
+        LOOP
+            SELECT j.domain INTO v_dom FROM scraping.jobs j
+            WHERE j.status = 'queued' AND j.domain > v_dom
+            ORDER BY j.domain
+            LIMIT 1;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+            EXIT WHEN NOT (v_full ? v_dom);
+        END LOOP;
+    END IF;
+
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
            array_agg(vtime ORDER BY array_position(c_name, priority)),
            array_agg(last_start ORDER BY array_position(c_name, priority)),
