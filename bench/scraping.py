@@ -137,6 +137,9 @@ def pipeline(target: str, jobs: int, slots: int, api_port: int) -> dict[str, flo
         "PIN_SCRAPING_SLOTS": str(slots),
         "PIN_SCRAPING_MAX_WORKER_RUNS": os.environ.get("PIN_SCRAPING_MAX_WORKER_RUNS", "1"),
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
+        # One local target stands for many sites: its politeness limits must not bind.
+        "PIN_SCRAPING_DOMAIN_CONCURRENCY": str(slots * 16),
+        "PIN_SCRAPING_DOMAIN_RPS": "100000",
         "PIN_API_PUBLIC_URL": f"http://127.0.0.1:{api_port}",
     }
     api_url = f"http://127.0.0.1:{api_port}"

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pin_orchestration.db import engine_from_env
 from pin_orchestration.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from pin_orchestration.scraping.repository import DomainDefaults
 
 
 @click.command("api")
@@ -88,13 +92,27 @@ def tenant_list() -> None:
     for t in list_tenants(engine_from_env()):
         click.echo(
             f"{t['name']}\t{t['id']}\tkey {t['api_key_prefix']}…\t{t['jobs']} job(s)\t"
-            f"key rotated {t['key_rotated_at'].isoformat()}"
+            f"weight {t['weight']:g}\tkey rotated {t['key_rotated_at'].isoformat()}"
         )
+
+
+@tenant.command("set-weight")
+@click.argument("name")
+@click.argument("weight", type=float)
+def tenant_set_weight(name: str, weight: float) -> None:
+    """Give a tenant WEIGHT times the default share of picks inside each priority class."""
+    from pin_orchestration.scraping.repository import TenantError, set_tenant_weight
+
+    try:
+        changed = set_tenant_weight(engine_from_env(), name, weight)
+    except TenantError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"tenant {changed.name}: weight {weight:g}")
 
 
 @click.group()
 def scraping() -> None:
-    """Scraping jobs: failed ones, requeue, a worker or sweep from the shell."""
+    """Scraping jobs: failed ones, requeue, a worker or sweep from the shell; domain limits."""
 
 
 @scraping.command("failed")
@@ -165,6 +183,8 @@ def scraping_work(
             lease_seconds=settings.lease_seconds,
             idle_exit_seconds=idle_exit_seconds,
             max_run_duration_seconds=max_run_duration_seconds,
+            domain_rps=settings.domain_rps,
+            domain_concurrency=settings.domain_concurrency,
         )
         options.validate()
     except (SettingsError, WorkerConfigError) as exc:
@@ -197,3 +217,71 @@ def scraping_work(
             }
         )
     )
+
+
+@scraping.group("domain")
+def scraping_domain() -> None:
+    """Per-domain politeness: requests per second and concurrent connections per target
+    host (defaults PIN_SCRAPING_DOMAIN_RPS / PIN_SCRAPING_DOMAIN_CONCURRENCY)."""
+
+
+@scraping_domain.command("set")
+@click.argument("host")
+@click.option("--rps", type=float, default=None, help="Requests per second (fractions allowed)")
+@click.option("--concurrency", type=int, default=None, help="Connections open at once")
+def scraping_domain_set(host: str, rps: float | None, concurrency: int | None) -> None:
+    """Override HOST's limits; every worker obeys them from its next claim."""
+    from pin_orchestration.scraping.repository import DomainError, set_domain_limits
+
+    try:
+        row = set_domain_limits(engine_from_env(), host, rps=rps, concurrency=concurrency)
+    except DomainError as exc:
+        raise click.ClickException(str(exc)) from exc
+    defaults = _domain_defaults()
+    click.echo(f"{row['domain']}\t{_limits(row, defaults.rps, defaults.concurrency)}")
+
+
+@scraping_domain.command("unset")
+@click.argument("host")
+def scraping_domain_unset(host: str) -> None:
+    """Drop HOST's overrides: back to the defaults."""
+    from pin_orchestration.scraping.repository import DomainError, clear_domain_limits
+
+    try:
+        cleared = clear_domain_limits(engine_from_env(), host)
+    except DomainError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{host}\t{'back to the defaults' if cleared else 'had no override'}")
+
+
+@scraping_domain.command("list")
+def scraping_domain_list() -> None:
+    """Domains with an override, a pause in force, or queued or running jobs."""
+    from pin_orchestration.scraping.repository import list_domains
+
+    defaults = _domain_defaults()
+    for d in list_domains(engine_from_env()):
+        paused = f"\tpaused until {d['blocked_until'].isoformat()}" if d["blocked_until"] else ""
+        click.echo(
+            f"{d['domain']}\t{_limits(d, defaults.rps, defaults.concurrency)}\t"
+            f"{d['running']} running\t{d['queued']} queued{paused}"
+        )
+
+
+def _domain_defaults() -> DomainDefaults:
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    try:
+        return ScrapingSettings.from_env().domain_defaults
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _limits(row: dict[str, Any], default_rps: float, default_concurrency: int) -> str:
+    rps = f"{row['rps']:g} rps" if row["rps"] is not None else f"{default_rps:g} rps (default)"
+    concurrency = (
+        f"{row['concurrency']} concurrent"
+        if row["concurrency"] is not None
+        else f"{default_concurrency} concurrent (default)"
+    )
+    return f"{rps}\t{concurrency}"

@@ -59,6 +59,8 @@ def drain_scraping_jobs(
             lease_seconds=settings.lease_seconds,
             idle_exit_seconds=config.idle_exit_seconds,
             max_run_duration_seconds=config.max_run_duration_seconds,
+            domain_rps=settings.domain_rps,
+            domain_concurrency=settings.domain_concurrency,
         )
         options.validate()
     except (SettingsError, WorkerConfigError) as exc:

@@ -70,6 +70,10 @@ def _check_url(value: str, field: str) -> str:
         raise ValueError(f"{field} has no host")
     if port == 0:
         raise ValueError(f"{field} has port 0")
+    try:
+        repository.job_domain(value)  # the domain its politeness limits count against
+    except ValueError as exc:
+        raise ValueError(f"{field} has a host that is not a valid name: {exc}") from None
     return value
 
 

@@ -8,7 +8,7 @@ ON CONFLICT (name) DO NOTHING
 RETURNING id, name, created_at
 
 -- name: list_tenants
-SELECT t.id, t.name, t.api_key_prefix, t.created_at, t.key_rotated_at,
+SELECT t.id, t.name, t.api_key_prefix, t.created_at, t.key_rotated_at, t.weight,
        (SELECT count(*) FROM scraping.jobs j WHERE j.tenant_id = t.id) AS jobs
 FROM scraping.tenants t
 ORDER BY t.name
@@ -37,10 +37,11 @@ WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
 -- ON CONFLICT waits for a concurrent insert of the same key to commit, then yields no row:
 -- the caller reads the winner's job instead.
 INSERT INTO scraping.jobs (
-    id, tenant_id, url, params, priority, callback_url, idempotency_key, request_sha256
+    id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
+    request_sha256
 )
 VALUES (
-    :id, :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url,
+    :id, :tenant_id, :url, :domain, CAST(:params AS jsonb), :priority, :callback_url,
     :idempotency_key, :request_sha256
 )
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -90,44 +91,66 @@ WHERE id = :id AND tenant_id = :tenant_id AND status IN ('queued', 'running')
 RETURNING id, status
 
 -- name: queue_stats
--- One cheap query for the sensor: due depth, oldest due age, running jobs.
-SELECT
-    count(*) FILTER (WHERE status = 'queued' AND next_attempt_at <= now()) AS due,
-    count(*) FILTER (WHERE status = 'queued') AS queued,
-    min(next_attempt_at) FILTER (WHERE status = 'queued') AS next_due_at,
-    EXTRACT(EPOCH FROM now() - min(next_attempt_at) FILTER (
-        WHERE status = 'queued' AND next_attempt_at <= now())) AS oldest_due_age_seconds
-FROM scraping.jobs
-WHERE status = 'queued'
+-- One cheap query for the sensor: due depth, oldest due age, and what of it a worker could
+-- claim now — due jobs on domains not paused and below their concurrency, each domain
+-- counted up to its free connections — with the oldest claimable job's wait. A recursive
+-- skip scan walks the distinct queued domains (ix_jobs_queued_domain), a few index probes
+-- each; nothing scans the jobs of a busy domain.
+WITH RECURSIVE queued_domains(name) AS (
+    (SELECT domain FROM scraping.jobs WHERE status = 'queued' ORDER BY domain LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.domain FROM scraping.jobs j
+            WHERE j.status = 'queued' AND j.domain > q.name
+            ORDER BY j.domain LIMIT 1)
+    FROM queued_domains q WHERE q.name IS NOT NULL
+), room AS (
+    SELECT q.name,
+           greatest(head.due_at, d.blocked_until) AS claimable_since,
+           coalesce(d.concurrency, :default_concurrency) - (
+               SELECT count(*) FROM scraping.jobs r
+               WHERE r.status = 'running' AND r.domain = q.name) AS free
+    FROM queued_domains q
+    CROSS JOIN LATERAL (
+        SELECT j.next_attempt_at AS due_at FROM scraping.jobs j
+        WHERE j.status = 'queued' AND j.domain = q.name
+        ORDER BY j.next_attempt_at LIMIT 1) head
+    LEFT JOIN scraping.domains d ON d.domain = q.name
+    WHERE q.name IS NOT NULL
+      AND head.due_at <= now()
+      AND (d.blocked_until IS NULL OR d.blocked_until <= now())
+), claimable AS (
+    SELECT room.claimable_since, (
+               SELECT count(*) FROM (
+                   SELECT 1 FROM scraping.jobs j
+                   WHERE j.status = 'queued' AND j.domain = room.name
+                     AND j.next_attempt_at <= now()
+                   LIMIT room.free) AS due_here) AS jobs
+    FROM room
+    WHERE room.free > 0
+), totals AS (
+    SELECT
+        count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+        count(*) AS queued,
+        min(next_attempt_at) AS next_due_at,
+        EXTRACT(EPOCH FROM now() - min(next_attempt_at) FILTER (
+            WHERE next_attempt_at <= now())) AS oldest_due_age_seconds
+    FROM scraping.jobs
+    WHERE status = 'queued'
+)
+SELECT totals.*,
+       (SELECT coalesce(sum(jobs), 0) FROM claimable) AS claimable,
+       (SELECT EXTRACT(EPOCH FROM now() - min(claimable_since)) FROM claimable
+        WHERE jobs > 0) AS oldest_claimable_age_seconds
+FROM totals
 
 -- name: claim_due_jobs
--- Take up to :limit due jobs, oldest due first, skipping rows another worker is claiming;
--- each gets a lease, its attempt counter and an attempt row (outcome NULL = in flight), in
--- one statement and one short transaction.
-WITH picked AS (
-    SELECT id
-    FROM scraping.jobs
-    WHERE status = 'queued' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE scraping.jobs j
-    SET status = 'running',
-        attempts = j.attempts + 1,
-        lease_owner = :worker,
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        started_at = coalesce(j.started_at, now()),
-        updated_at = now()
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.tenant_id, j.url, j.params, j.attempts,
-              j.attempts - j.attempts_before_requeue AS budget_used, j.created_at
-), attempt AS (
-    INSERT INTO scraping.job_attempts (job_id, number, worker)
-    SELECT id, attempts, :worker FROM claimed
-)
-SELECT id, tenant_id, url, params, attempts, budget_used, created_at FROM claimed
+-- The pick (priority -> tenant -> domain with room -> oldest due) is the PL/pgSQL function
+-- scraping.claim_jobs (migration 0007, its plan explained there): one round trip, one
+-- short transaction, a batch of up to :limit jobs.
+SELECT id, tenant_id, url, domain, priority, params, attempts,
+       attempts - attempts_before_requeue AS budget_used, created_at
+FROM scraping.claim_jobs(
+    :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 
 -- name: renew_leases
 -- Extend this worker's leases; a job missing from the answer is no longer ours (swept or
@@ -169,6 +192,56 @@ SET finished_at = now(),
 FROM job
 WHERE a.job_id = job.id AND a.number = :attempt
 RETURNING a.job_id
+
+-- name: pause_domains
+-- A 429 or Retry-After from a domain: no worker sends it anything before :until. Written
+-- in the transaction of the attempts' outcomes, domains in name order (as the claim
+-- writes its tokens), so the two never deadlock; a longer pause already set stands.
+INSERT INTO scraping.domains AS d (domain, blocked_until)
+SELECT p.domain, p.until
+FROM unnest(CAST(:domains AS text[]), CAST(:until AS timestamptz[])) AS p(domain, until)
+ORDER BY p.domain
+ON CONFLICT (domain) DO UPDATE
+SET blocked_until = greatest(d.blocked_until, EXCLUDED.blocked_until), updated_at = now()
+
+-- name: set_domain_limits
+-- NULL keeps what is set (the default when nothing is).
+INSERT INTO scraping.domains AS d (domain, rps, concurrency)
+VALUES (:domain, :rps, :concurrency)
+ON CONFLICT (domain) DO UPDATE
+SET rps = coalesce(EXCLUDED.rps, d.rps),
+    concurrency = coalesce(EXCLUDED.concurrency, d.concurrency),
+    updated_at = now()
+RETURNING domain, rps, concurrency
+
+-- name: clear_domain_limits
+UPDATE scraping.domains
+SET rps = NULL, concurrency = NULL, updated_at = now()
+WHERE domain = :domain
+RETURNING domain
+
+-- name: list_domains
+-- Domains with an override, a pause, or queued or running jobs.
+WITH busy AS (
+    SELECT domain,
+           count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status = 'running') AS running
+    FROM scraping.jobs
+    WHERE status IN ('queued', 'running')
+    GROUP BY domain
+)
+SELECT coalesce(d.domain, b.domain) AS domain, d.rps, d.concurrency,
+       CASE WHEN d.blocked_until > now() THEN d.blocked_until END AS blocked_until,
+       coalesce(b.queued, 0) AS queued, coalesce(b.running, 0) AS running
+FROM scraping.domains d
+FULL JOIN busy b ON b.domain = d.domain
+WHERE d.rps IS NOT NULL OR d.concurrency IS NOT NULL OR d.blocked_until > now()
+   OR b.domain IS NOT NULL
+ORDER BY 1
+
+-- name: set_tenant_weight
+UPDATE scraping.tenants SET weight = :weight WHERE name = :name
+RETURNING id, name, weight
 
 -- name: sweep_expired_leases
 -- Jobs whose worker stopped renewing: back to queued (or failed once attempts are spent,

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
+import idna
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.ids import uuid7
@@ -103,6 +105,105 @@ def tenant_by_name(conn: Connection, name: str) -> Tenant | None:
     return Tenant(row.id, row.name) if row else None
 
 
+MAX_TENANT_WEIGHT = 1000.0
+
+
+def set_tenant_weight(engine: Engine, name: str, weight: float) -> Tenant:
+    """A tenant's share of the picks inside each priority class (default 1: a tenant of
+    weight 2 starts twice as many jobs as one of weight 1 while both have work)."""
+    if not 0 < weight <= MAX_TENANT_WEIGHT:
+        raise TenantError(f"weight must be > 0 and <= {MAX_TENANT_WEIGHT} (got {weight})")
+    with engine.begin() as conn:
+        row = conn.execute(_q("set_tenant_weight"), {"name": name, "weight": weight}).one_or_none()
+    if row is None:
+        raise TenantError(f"no tenant {name!r} (pin tenant list shows them)")
+    return Tenant(row.id, row.name)
+
+
+# --- domains ---------------------------------------------------------------------------
+
+
+def normalize_host(host: str) -> str:
+    """A host as the politeness limits key it: lowercased, IDNA (punycode) for non-ASCII
+    names, no trailing dot; IP addresses as written (IPv6 without brackets). ValueError,
+    saying why, for a name IDNA refuses."""
+    host = host.strip().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError("the host is empty")
+    if ":" in host or host.isascii():
+        # IPv6 literals and ASCII names: lowercase is all there is to do (an ASCII name
+        # IDNA would refuse, such as one with '_', still names a host some DNS answers).
+        return host.lower()
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise ValueError(
+            f"the host {host!r} is not a valid internationalised name: {exc}"
+        ) from None
+
+
+def job_domain(url: str) -> str:
+    """The domain a job's politeness limits count against: its URL's host."""
+    host = urlsplit(url).hostname
+    if not host:
+        raise ValueError("the URL has no host")
+    return normalize_host(host)
+
+
+class DomainError(ValueError):
+    """A domain command that cannot be carried out (bad host, bad limit)."""
+
+
+# An empty bucket gets a token back within 100 s (the claim relies on it).
+MIN_DOMAIN_RPS = 0.01
+MAX_DOMAIN_RPS = 10_000.0
+MAX_DOMAIN_CONCURRENCY = 10_000
+
+
+def set_domain_limits(
+    engine: Engine, host: str, *, rps: float | None, concurrency: int | None
+) -> dict[str, Any]:
+    """Override a domain's requests per second and/or concurrent connections (what is not
+    given stays as it is); every worker obeys it from its next claim."""
+    try:
+        domain = normalize_host(host)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+    if rps is not None and not MIN_DOMAIN_RPS <= rps <= MAX_DOMAIN_RPS:
+        raise DomainError(
+            f"--rps must be between {MIN_DOMAIN_RPS:g} and {MAX_DOMAIN_RPS:g} (got {rps})"
+        )
+    if concurrency is not None and not 0 < concurrency <= MAX_DOMAIN_CONCURRENCY:
+        raise DomainError(
+            f"--concurrency must be > 0 and <= {MAX_DOMAIN_CONCURRENCY} (got {concurrency})"
+        )
+    if rps is None and concurrency is None:
+        raise DomainError("give --rps and/or --concurrency")
+    with engine.begin() as conn:
+        row = conn.execute(
+            _q("set_domain_limits"), {"domain": domain, "rps": rps, "concurrency": concurrency}
+        ).one()
+    return dict(row._mapping)
+
+
+def clear_domain_limits(engine: Engine, host: str) -> bool:
+    """Back to the defaults; False when the domain had no row."""
+    try:
+        domain = normalize_host(host)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+    with engine.begin() as conn:
+        return conn.execute(_q("clear_domain_limits"), {"domain": domain}).one_or_none() is not None
+
+
+def list_domains(engine: Engine) -> list[dict[str, Any]]:
+    """Domains with an override, a pause in force, or queued or running jobs."""
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(_q("list_domains"))]
+
+
 # --- intake and queries ----------------------------------------------------------------
 
 
@@ -126,6 +227,10 @@ class JobRequest:
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
+    @property
+    def domain(self) -> str:
+        return job_domain(self.url)
+
 
 @dataclass(frozen=True)
 class Submitted:
@@ -147,6 +252,7 @@ def submit_job(
         "id": uuid7(),
         "tenant_id": tenant_id,
         "url": request.url,
+        "domain": request.domain,
         "params": json.dumps(request.params),
         "priority": request.priority,
         "callback_url": request.callback_url,
@@ -229,6 +335,17 @@ class ClaimedJob:
     attempt: int  # this attempt's number (attempts ever started)
     budget_used: int  # attempts since the last requeue, this one included
     created_at: datetime
+    domain: str
+    priority: str
+
+
+@dataclass(frozen=True)
+class DomainDefaults:
+    """The limits of a domain without an override (PIN_SCRAPING_DOMAIN_RPS /
+    PIN_SCRAPING_DOMAIN_CONCURRENCY)."""
+
+    rps: float
+    concurrency: int
 
 
 @dataclass(frozen=True)
@@ -237,27 +354,48 @@ class QueueStats:
     queued: int
     next_due_at: datetime | None
     oldest_due_age_seconds: float
+    # Due jobs a worker could claim now (domains not paused, below their concurrency, each
+    # counted up to its free connections) and how long the oldest of them has waited.
+    claimable: int
+    oldest_claimable_age_seconds: float
 
 
-def queue_stats(conn: Connection) -> QueueStats:
-    row = conn.execute(_q("queue_stats")).one()
+def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats:
+    row = conn.execute(
+        _q("queue_stats"), {"default_concurrency": domain_defaults.concurrency}
+    ).one()
     return QueueStats(
         due=row.due,
         queued=row.queued,
         next_due_at=row.next_due_at,
         oldest_due_age_seconds=float(row.oldest_due_age_seconds or 0.0),
+        claimable=int(row.claimable),
+        oldest_claimable_age_seconds=float(row.oldest_claimable_age_seconds or 0.0),
     )
 
 
 def claim_due_jobs(
-    engine: Engine, *, worker: str, limit: int, lease_seconds: float
+    engine: Engine,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    domain_defaults: DomainDefaults,
 ) -> list[ClaimedJob]:
+    """The pick: up to `limit` due jobs, by priority (6:3:1), tenant (fair, weighted),
+    domain with room (rate, connections, pauses) and age — see scraping.claim_jobs."""
     if limit <= 0:
         return []
     with engine.begin() as conn:
         rows = conn.execute(
             _q("claim_due_jobs"),
-            {"worker": worker, "limit": limit, "lease_seconds": lease_seconds},
+            {
+                "worker": worker,
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "default_rps": domain_defaults.rps,
+                "default_concurrency": domain_defaults.concurrency,
+            },
         ).all()
     return [
         ClaimedJob(
@@ -268,6 +406,8 @@ def claim_due_jobs(
             attempt=r.attempts,
             budget_used=r.budget_used,
             created_at=r.created_at,
+            domain=r.domain,
+            priority=r.priority,
         )
         for r in rows
     ]
@@ -304,6 +444,10 @@ class AttemptOutcome:
     result_size: int | None = None
     result_sha256: str | None = None
     result_content_type: str | None = None
+    # The job's domain, and when the target asked it to hold off (a 429, a Retry-After):
+    # every worker leaves the domain alone until then.
+    domain: str | None = None
+    domain_paused_until: datetime | None = None
 
 
 def finish_attempts(
@@ -339,6 +483,16 @@ def finish_attempts(
             ).one_or_none()
             if row is not None:
                 written.add(o.job_id)
+        pauses: dict[str, datetime] = {}
+        for o in outcomes:
+            if o.domain and o.domain_paused_until is not None:
+                earlier = pauses.get(o.domain, o.domain_paused_until)
+                pauses[o.domain] = max(o.domain_paused_until, earlier)
+        if pauses:
+            names = sorted(pauses)
+            conn.execute(
+                _q("pause_domains"), {"domains": names, "until": [pauses[n] for n in names]}
+            )
     return written
 
 

@@ -132,6 +132,25 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     return moment.astimezone(UTC)
 
 
+def domain_pause_until(
+    status_code: int, retry_after: str | None, policy: RetryPolicy, now: datetime
+) -> datetime | None:
+    """Until when every worker should leave the answering domain alone, or `None`.
+
+    A non-success answer carrying `Retry-After` pauses the domain until then (as long as
+    the job's own retry waits: the target asked it of every request); a 429 without one
+    pauses it for `backoff_base_seconds`. A success never pauses."""
+    _require_aware(now)
+    if classify_status(status_code) is None:
+        return None
+    until = parse_retry_after(retry_after, now)
+    if until is None and status_code == 429:
+        until = now + timedelta(seconds=policy.backoff_base_seconds)
+    if until is None or until <= now:
+        return None
+    return until
+
+
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
     """Seconds to wait after attempt number `attempt` (1-based): full jitter over the
     exponential ceiling `min(cap, base * 2**(attempt-1))`, so retries of many jobs that

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pin_orchestration.scraping.fetch import parse_allowed_cidrs
+from pin_orchestration.scraping.repository import (
+    MAX_DOMAIN_RPS,
+    MIN_DOMAIN_RPS,
+    DomainDefaults,
+)
 from pin_orchestration.settings import SettingsError
 
 T = TypeVar("T")
@@ -29,6 +34,9 @@ class ScrapingSettings:
     allowed_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     max_result_bytes: int = 50 * 1024 * 1024
     max_worker_runs: int = 2
+    # Politeness per target host, shared by every worker (README explains the defaults).
+    domain_rps: float = 2.0
+    domain_concurrency: int = 4
     s3_bucket: str | None = None
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
@@ -39,6 +47,10 @@ class ScrapingSettings:
     redis_url: str | None = None
     # How long results are kept; a finished job stays in the read cache at most this long.
     result_retention_days: float = 30.0
+
+    @property
+    def domain_defaults(self) -> DomainDefaults:
+        return DomainDefaults(rps=self.domain_rps, concurrency=self.domain_concurrency)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -103,6 +115,18 @@ class ScrapingSettings:
                 d.max_worker_runs,
                 "an integer > 0",
             ),
+            domain_rps=read(
+                "PIN_SCRAPING_DOMAIN_RPS",
+                _domain_rps,
+                d.domain_rps,
+                f"requests per second between {MIN_DOMAIN_RPS:g} and {MAX_DOMAIN_RPS:g}",
+            ),
+            domain_concurrency=read(
+                "PIN_SCRAPING_DOMAIN_CONCURRENCY",
+                _positive_int,
+                d.domain_concurrency,
+                "an integer > 0",
+            ),
             s3_bucket=env.get("PIN_S3_BUCKET") or None,
             s3_endpoint_url=read(
                 "PIN_S3_ENDPOINT_URL", _http_url, None, "an http(s):// URL of an S3 endpoint"
@@ -153,6 +177,13 @@ def _redis_url(raw: str) -> str:
     if not raw.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError("must start with redis://, rediss:// or unix://")
     return raw
+
+
+def _domain_rps(raw: str) -> float:
+    value = float(raw)
+    if not MIN_DOMAIN_RPS <= value <= MAX_DOMAIN_RPS:
+        raise ValueError("out of range")
+    return value
 
 
 def _http_url(raw: str) -> str:

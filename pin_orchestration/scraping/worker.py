@@ -28,16 +28,33 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import Protocol
 
 from sqlalchemy import Engine
 
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
-from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob
-from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide
+from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide, domain_pause_until
 from pin_orchestration.scraping.store import ResultStore, result_key
 
 log = logging.getLogger(__name__)
+
+
+# The longest a worker with free slots waits before asking for due jobs again.
+MAX_POLL_SECONDS = 1.0
+
+
+class ClaimFn(Protocol):
+    def __call__(
+        self,
+        engine: Engine,
+        *,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        domain_defaults: DomainDefaults,
+    ) -> list[ClaimedJob]: ...
 
 
 class WorkerConfigError(ValueError):
@@ -52,6 +69,13 @@ class WorkerOptions:
     max_run_duration_seconds: float = 600.0
     # How long the loop waits for a slot to finish before looking for new due jobs.
     poll_seconds: float = 0.2
+    # Limits of a domain without an override (PIN_SCRAPING_DOMAIN_RPS / _CONCURRENCY).
+    domain_rps: float = 2.0
+    domain_concurrency: int = 4
+
+    @property
+    def domain_defaults(self) -> DomainDefaults:
+        return DomainDefaults(rps=self.domain_rps, concurrency=self.domain_concurrency)
 
     def validate(self) -> None:
         for name in (
@@ -60,6 +84,8 @@ class WorkerOptions:
             "idle_exit_seconds",
             "max_run_duration_seconds",
             "poll_seconds",
+            "domain_rps",
+            "domain_concurrency",
         ):
             if not getattr(self, name) > 0:
                 raise WorkerConfigError(f"{name} must be > 0 (got {getattr(self, name)!r})")
@@ -125,9 +151,12 @@ def run_worker(
     stop: threading.Event | None = None,
     rng: random.Random | None = None,
     on_round: Callable[[WorkerReport], None] | None = None,
+    claim: ClaimFn = repository.claim_due_jobs,
 ) -> WorkerReport:
     """Drain due jobs until nothing is claimable for `idle_exit_seconds`, the max duration
-    passes, or `stop` is set; jobs in flight finish (or are handed back) before returning."""
+    passes, or `stop` is set; jobs in flight finish (or are handed back) before returning.
+
+    `claim` is the pick; the FIFO baseline of bench/noisy_neighbour.py passes its own."""
     options.validate()
     worker = worker_id or f"worker-{uuid.uuid4()}"
     stop = stop or threading.Event()
@@ -160,6 +189,7 @@ def run_worker(
     renewer.start()
     started = time.monotonic()
     idle_since: float | None = None
+    empty_claims = 0
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
@@ -169,8 +199,12 @@ def run_worker(
                     break
                 with flights_lock:
                     free = options.slots - len(flights)
-                claimed = repository.claim_due_jobs(
-                    engine, worker=worker, limit=free, lease_seconds=options.lease_seconds
+                claimed = claim(
+                    engine,
+                    worker=worker,
+                    limit=free,
+                    lease_seconds=options.lease_seconds,
+                    domain_defaults=options.domain_defaults,
                 )
                 report.claimed += len(claimed)
                 with flights_lock:
@@ -189,8 +223,12 @@ def run_worker(
                     idle_since = None
                 if on_round is not None:
                     on_round(report)
-                # A full pool waits for a slot; a pool with room looks again soon.
-                wake.wait(options.poll_seconds)
+                # A full pool waits for a slot; a pool with room looks again soon — later
+                # and later while claims come back empty (every due job's domain is at its
+                # limit: asking again at once only holds the claim lock), but at once when a
+                # job of ours finishes, since that frees a connection of its domain.
+                empty_claims = empty_claims + 1 if free > 0 and not claimed else 0
+                wake.wait(min(options.poll_seconds * 2 ** min(empty_claims, 10), MAX_POLL_SECONDS))
                 wake.clear()
             if stop.is_set():
                 with flights_lock:
@@ -243,7 +281,13 @@ def _attempt(
             rng=rng,
         )
         if decision.outcome != "succeeded":
-            return _decided(job, decision, fetched.status_code, elapsed_ms())
+            paused_until = domain_pause_until(
+                fetched.status_code,
+                fetched.headers.get("Retry-After"),
+                retry_policy,
+                datetime.now(UTC),
+            )
+            return _decided(job, decision, fetched.status_code, elapsed_ms(), paused_until)
         if flight.lease_in_doubt():
             flight.stop("lease_lost")
         if flight.should_stop():
@@ -281,9 +325,15 @@ def _storable_content_type(value: str | None) -> str | None:
 
 
 def _decided(
-    job: ClaimedJob, decision: Decision, http_status: int | None, duration_ms: int
+    job: ClaimedJob,
+    decision: Decision,
+    http_status: int | None,
+    duration_ms: int,
+    domain_paused_until: datetime | None = None,
 ) -> AttemptOutcome:
     return AttemptOutcome(
+        domain=job.domain,
+        domain_paused_until=domain_paused_until,
         job_id=job.id,
         attempt=job.attempt,
         status="queued" if decision.outcome == "retry" else decision.outcome,

@@ -2,8 +2,11 @@
 enough `scraping_worker` runs alive — never one run per scraping job.
 
 A live worker run claims new due jobs within its poll interval, so the sensor only adds
-runs when the due backlog is more than the live runs' slots can take, or when due jobs
-have waited longer than a sensor interval (the live runs are full)."""
+runs when the claimable backlog is more than the live runs' slots can take, or when
+claimable jobs have waited longer than a sensor interval (the live runs are full). It sizes
+by what could be claimed now, never by all that is due: jobs whose domains are paused or at
+their concurrency would only start runs that claim nothing and exit idle. Never by CPU:
+a worker run spends its time waiting on targets."""
 # No `from __future__ import annotations`: Dagster reads resource types from the
 # annotations at definition time.
 
@@ -29,14 +32,20 @@ SENSOR_INTERVAL_SECONDS = 5
 
 
 def worker_runs_wanted(
-    *, due: int, oldest_due_age_seconds: float, in_flight: int, slots: int, max_runs: int
+    *,
+    claimable: int,
+    oldest_claimable_age_seconds: float,
+    in_flight: int,
+    slots: int,
+    max_runs: int,
 ) -> int:
-    """Runs to launch now: enough for the due backlog at `slots` each, one more when due jobs
-    have waited past a sensor interval (live runs are full), within `max_runs`."""
-    if due == 0:
+    """Runs to launch now: enough for the claimable backlog at `slots` each, one more when
+    claimable jobs have waited past a sensor interval (live runs are full), within
+    `max_runs`."""
+    if claimable == 0:
         return 0
-    target = math.ceil(due / slots)
-    if in_flight > 0 and oldest_due_age_seconds > SENSOR_INTERVAL_SECONDS:
+    target = math.ceil(claimable / slots)
+    if in_flight > 0 and oldest_claimable_age_seconds > SENSOR_INTERVAL_SECONDS:
         target = max(target, in_flight + 1)
     return max(0, min(max_runs, target) - in_flight)
 
@@ -52,21 +61,27 @@ def worker_runs_wanted(
 def scraping_jobs_sensor(
     context: SensorEvaluationContext, database: DatabaseResource, scraping: ScrapingResource
 ) -> SensorResult | SkipReason:
+    settings = scraping.get_settings()
     with database.get_engine().connect() as conn:
-        stats = queue_stats(conn)
+        stats = queue_stats(conn, settings.domain_defaults)
     if stats.due == 0:
         return SkipReason(f"no due scraping jobs ({stats.queued} queued)")
-    settings = scraping.get_settings()
+    if stats.claimable == 0:
+        return SkipReason(
+            f"{stats.due} due, none claimable now: their domains are paused or at their concurrency"
+        )
     in_flight = runs_in_flight(context.instance, scraping_worker.name)
     wanted = worker_runs_wanted(
-        due=stats.due,
-        oldest_due_age_seconds=stats.oldest_due_age_seconds,
+        claimable=stats.claimable,
+        oldest_claimable_age_seconds=stats.oldest_claimable_age_seconds,
         in_flight=in_flight,
         slots=settings.slots,
         max_runs=settings.max_worker_runs,
     )
     if wanted == 0:
-        return SkipReason(f"{stats.due} due, {in_flight} worker run(s) in flight")
+        return SkipReason(
+            f"{stats.due} due ({stats.claimable} claimable), {in_flight} worker run(s) in flight"
+        )
     tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
     return SensorResult(
         run_requests=[

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.repository import Tenant, create_tenant
+from pin_orchestration.scraping.repository import DomainDefaults, Tenant, create_tenant
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import (
     LocalResultStore,
@@ -35,6 +35,9 @@ from pin_orchestration.standins.scraping_target import DemoSite
 # Import it here, on the main thread.
 anyio.open_file  # noqa: B018
 
+# Politeness limits that never bind: for tests about something else.
+UNLIMITED = DomainDefaults(rps=10_000.0, concurrency=10_000)
+
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
 # Retry-After still holds), leases are short so renewals and expiry happen within a test.
 TEST_SETTINGS = ScrapingSettings(
@@ -47,6 +50,9 @@ TEST_SETTINGS = ScrapingSettings(
     lease_seconds=1.5,
     max_result_bytes=64 * 1024,
     api_public_url="http://testserver",
+    # Politeness limits out of the way; the scheduling tests set their own.
+    domain_rps=UNLIMITED.rps,
+    domain_concurrency=UNLIMITED.concurrency,
 )
 
 
@@ -118,6 +124,8 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
                     idle_exit_seconds=idle_exit_seconds,
                     max_run_duration_seconds=60,
                     poll_seconds=0.05,
+                    domain_rps=settings.domain_rps,
+                    domain_concurrency=settings.domain_concurrency,
                 ),
                 stop=stop,
                 rng=random.Random(7),

@@ -31,6 +31,7 @@ from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
 from pin_orchestration.standins.scraping_target import DemoSite
+from tests.scraping.conftest import UNLIMITED
 
 
 @pytest.fixture
@@ -49,6 +50,9 @@ def scraping_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("PIN_HOME", str(tmp_path))
     monkeypatch.setenv("PIN_SCRAPING_ALLOWED_CIDRS", "127.0.0.1/32")
     monkeypatch.setenv("PIN_SCRAPING_SLOTS", "4")
+    # The demo site is one host: its politeness limits are not what these tests look at.
+    monkeypatch.setenv("PIN_SCRAPING_DOMAIN_RPS", "1000")
+    monkeypatch.setenv("PIN_SCRAPING_DOMAIN_CONCURRENCY", "100")
     monkeypatch.delenv("PIN_S3_BUCKET", raising=False)
 
 
@@ -68,16 +72,24 @@ def test_code_location_has_the_scraping_names() -> None:
 
 
 def test_runs_wanted_follow_the_backlog_within_the_cap() -> None:
-    wanted = worker_runs_wanted
-    assert wanted(due=0, oldest_due_age_seconds=0, in_flight=0, slots=64, max_runs=4) == 0
-    assert wanted(due=1, oldest_due_age_seconds=0, in_flight=0, slots=64, max_runs=4) == 1
-    assert wanted(due=200, oldest_due_age_seconds=0, in_flight=0, slots=64, max_runs=4) == 4
-    assert wanted(due=200, oldest_due_age_seconds=0, in_flight=2, slots=64, max_runs=4) == 2
+    def wanted(claimable: int, age: float, in_flight: int) -> int:
+        return worker_runs_wanted(
+            claimable=claimable,
+            oldest_claimable_age_seconds=age,
+            in_flight=in_flight,
+            slots=64,
+            max_runs=4,
+        )
+
+    assert wanted(0, 0, 0) == 0
+    assert wanted(1, 0, 0) == 1
+    assert wanted(200, 0, 0) == 4
+    assert wanted(200, 0, 2) == 2
     # a live run with room picks new jobs up itself
-    assert wanted(due=10, oldest_due_age_seconds=1, in_flight=1, slots=64, max_runs=4) == 0
-    # but due jobs waiting past a sensor interval mean the live runs are full
-    assert wanted(due=10, oldest_due_age_seconds=30, in_flight=1, slots=64, max_runs=4) == 1
-    assert wanted(due=10, oldest_due_age_seconds=30, in_flight=4, slots=64, max_runs=4) == 0
+    assert wanted(10, 1, 1) == 0
+    # but claimable jobs waiting past a sensor interval mean the live runs are full
+    assert wanted(10, 30, 1) == 1
+    assert wanted(10, 30, 4) == 0
 
 
 def test_sensor_skips_an_empty_queue_and_launches_a_worker_run_when_due(
@@ -95,6 +107,24 @@ def test_sensor_skips_an_empty_queue_and_launches_a_worker_run_when_due(
     assert len(result.run_requests) == 2
     assert all(r.tags["pin/drain"] == WORKER_TAGS["pin/drain"] for r in result.run_requests)
     assert len({r.run_key for r in result.run_requests}) == 2
+
+
+def test_sensor_launches_no_run_for_due_jobs_that_no_worker_could_claim(
+    instance, resources, db_engine: Engine, make_tenant, scraping_env
+) -> None:
+    tenant, _ = make_tenant("shop")
+    for i in range(9):
+        submit(db_engine, tenant.id, f"http://127.0.0.1:9/{i}")
+    with db_engine.begin() as conn:  # the target answered 429, Retry-After: 60
+        conn.execute(
+            text(
+                "INSERT INTO scraping.domains (domain, blocked_until) "
+                "VALUES ('127.0.0.1', now() + interval '60 seconds')"
+            )
+        )
+    result = scraping_jobs_sensor(build_sensor_context(instance=instance, resources=resources))
+    assert isinstance(result, SkipReason)
+    assert "9 due, none claimable" in str(result.skip_message)
 
 
 def test_a_worker_run_drains_jobs_and_materializes_the_day(
@@ -151,7 +181,9 @@ def test_sweeper_job_and_requeue_job(
 
     tenant, _ = make_tenant("shop")
     job_id = submit(db_engine, tenant.id, "http://127.0.0.1:9/x")
-    repository.claim_due_jobs(db_engine, worker="dead", limit=1, lease_seconds=0.01)
+    repository.claim_due_jobs(
+        db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
+    )
     time.sleep(0.05)
     assert scraping_sweep_expired_leases.execute_in_process(
         instance=instance, resources=resources

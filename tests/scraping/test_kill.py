@@ -54,6 +54,9 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
         "PIN_SCRAPING_LEASE_SECONDS": "1",
         "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS": "10",
+        # All six jobs go to one host: let them run at once.
+        "PIN_SCRAPING_DOMAIN_CONCURRENCY": "100",
+        "PIN_SCRAPING_DOMAIN_RPS": "1000",
     }
     worker = subprocess.Popen(
         [

@@ -45,10 +45,11 @@ def add_job(
     conn.execute(
         text(
             """
-            INSERT INTO scraping.jobs (id, tenant_id, url, status, priority, created_at,
-                                       started_at, next_attempt_at, lease_owner,
+            INSERT INTO scraping.jobs (id, tenant_id, url, domain, status, priority,
+                                       created_at, started_at, next_attempt_at, lease_owner,
                                        lease_expires_at, result_key)
-            VALUES (:id, :tenant_id, :url, :status, :priority,
+            VALUES (:id, :tenant_id, :url, split_part(split_part(:url, '://', 2), '/', 1),
+                    :status, :priority,
                     now() - make_interval(secs => :created_ago),
                     now() - make_interval(secs => :created_ago)
                           + make_interval(secs => CAST(:started_after AS float8)),

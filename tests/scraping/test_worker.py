@@ -18,7 +18,7 @@ from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
 from pin_orchestration.standins.scraping_target import DemoSite
-from tests.scraping.conftest import TEST_SETTINGS, Worker
+from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 
 def enqueue(engine: Engine, tenant_id: uuid.UUID, url: str, **params: Any) -> uuid.UUID:
@@ -244,11 +244,15 @@ def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
     db_engine: Engine, tenant_id
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
-    [first] = repository.claim_due_jobs(db_engine, worker="A", limit=5, lease_seconds=0.05)
+    [first] = repository.claim_due_jobs(
+        db_engine, worker="A", limit=5, lease_seconds=0.05, domain_defaults=UNLIMITED
+    )
     time.sleep(0.1)
     swept = repository.sweep_expired_leases(db_engine, max_attempts=5)
     assert [(r.id, r.status) for r in swept] == [(job_id, "queued")]
-    [second] = repository.claim_due_jobs(db_engine, worker="B", limit=5, lease_seconds=30)
+    [second] = repository.claim_due_jobs(
+        db_engine, worker="B", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
+    )
     assert (first.attempt, second.attempt) == (1, 2)
 
     late = AttemptOutcome(
@@ -268,14 +272,18 @@ def test_the_sweeper_fails_a_job_whose_attempts_are_spent_and_requeue_restores_i
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
     for _ in range(2):
-        repository.claim_due_jobs(db_engine, worker="A", limit=1, lease_seconds=0.01)
+        repository.claim_due_jobs(
+            db_engine, worker="A", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
+        )
         time.sleep(0.05)
         repository.sweep_expired_leases(db_engine, max_attempts=2)
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "lease_expired")
     assert [j["id"] for j in repository.list_failed_jobs(db_engine)] == [job_id]
     assert repository.requeue_failed_jobs(db_engine, [job_id, uuid.uuid4()]) == [job_id]
-    [again] = repository.claim_due_jobs(db_engine, worker="B", limit=1, lease_seconds=30)
+    [again] = repository.claim_due_jobs(
+        db_engine, worker="B", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
+    )
     assert (again.attempt, again.budget_used) == (3, 1)
 
 
@@ -292,7 +300,7 @@ def test_two_workers_on_separate_connections_never_claim_the_same_job(
             barrier.wait()
             mine: list[uuid.UUID] = []
             while batch := repository.claim_due_jobs(
-                db_engine, worker=name, limit=7, lease_seconds=30
+                db_engine, worker=name, limit=7, lease_seconds=30, domain_defaults=UNLIMITED
             ):
                 mine += [j.id for j in batch]
             claimed[name] = mine

@@ -12,13 +12,13 @@ The payload is JSON `{"job_id", "tenant_id", "status"}`: the cache key carries t
 (`job:{tenant}:{id}`), so the listener needs both without a query.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 """
 
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

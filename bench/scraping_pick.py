@@ -1,0 +1,272 @@
+"""Benchmark of the pick at depth: claims of 64 from 1,000,000 queued scraping jobs, the fair
+pick (`scraping.claim_jobs`) beside the FIFO claim it replaced, in the same run.
+
+    PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
+        .venv/bin/python bench/scraping_pick.py [--jobs 1000000] [--rounds 200] [--reuse]
+
+Database `pin_bench_scraping_pick` of its own (built set-based on the first run, kept for
+`--reuse`). The queue: 200 tenants; tenant 0 is a crawler with 30 % of the jobs on 3
+domains (its due head sits on domains at their limit: the pick's deep path); the others
+spread over 5,000 domains, 50 each; priorities 20 % high, 60 % normal, 20 % low; 2 % of
+jobs in backoff (due in an hour). Default limits (2 rps, 4 concurrent).
+
+Each contender starts from the same state (everything queued, no domain state, clocks at
+zero) and then runs `--rounds` rounds of the worker's pattern: once 556 jobs are running
+(the seed's whole-pool peak) each round first finishes the 64 oldest running jobs, then
+times one claim of 64. Prints per contender: claim p50 / p95 / max and jobs per claim;
+then the sensor's queue_stats time and EXPLAIN ANALYZE of the pick's statements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._db import fresh_bench_database  # noqa: E402
+from bench.fifo_claim import fifo_claim  # noqa: E402
+from pin_orchestration.db import create_db_engine, resolve_database_url  # noqa: E402
+from pin_orchestration.migrations import upgrade_database  # noqa: E402
+from pin_orchestration.scraping.repository import (  # noqa: E402
+    DomainDefaults,
+    claim_due_jobs,
+    queue_stats,
+)
+from pin_orchestration.settings import Settings  # noqa: E402
+
+DATABASE = "pin_bench_scraping_pick"
+TENANTS = 200
+DOMAINS = 5000
+IN_FLIGHT = 556
+BATCH = 64
+DEFAULTS = DomainDefaults(rps=2.0, concurrency=4)
+
+
+def build(engine: Engine, jobs: int) -> None:
+    started = time.monotonic()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix) "
+                "SELECT gen_random_uuid(), 'tenant-' || lpad(n::text, 3, '0'), "
+                "       sha256(n::text::bytea), 'pin_' "
+                "FROM generate_series(0, :tenants - 1) AS n"
+            ),
+            {"tenants": TENANTS},
+        )
+    chunk = 100_000
+    for start in range(0, jobs, chunk):
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    """
+                    WITH t AS (SELECT array_agg(id ORDER BY name) AS ids FROM scraping.tenants),
+                    g AS (
+                        SELECT n,
+                               CASE WHEN n % 10 < 3 THEN 0 ELSE 1 + (n / 10) % (:tenants - 1)
+                               END AS tenant_no
+                        FROM generate_series(:start, :stop - 1) AS n
+                    )
+                    INSERT INTO scraping.jobs
+                        (id, tenant_id, url, domain, priority, next_attempt_at, created_at)
+                    SELECT gen_random_uuid(), t.ids[g.tenant_no + 1],
+                           'http://' || d.name || '/page/' || g.n, d.name,
+                           CASE WHEN g.tenant_no = 0 THEN 'normal'
+                                WHEN g.n % 10 = 3 OR g.n % 10 = 4 THEN 'high'
+                                WHEN g.n % 10 >= 8 THEN 'low' ELSE 'normal' END,
+                           CASE WHEN g.n % 50 = 7 THEN now() + interval '1 hour'
+                                ELSE now() - interval '1 hour'
+                                     + g.n * (interval '1 hour' / :jobs) END,
+                           now() - interval '1 hour' + g.n * (interval '1 hour' / :jobs)
+                    FROM g CROSS JOIN t
+                    CROSS JOIN LATERAL (
+                        SELECT CASE WHEN g.tenant_no = 0 THEN 'crawl-' || g.n % 3 || '.example'
+                                    ELSE 'site-' || (g.tenant_no * 50 + g.n % 50) % :domains
+                                         || '.example' END AS name
+                    ) d
+                    """
+                ),
+                {
+                    "start": start,
+                    "stop": min(jobs, start + chunk),
+                    "tenants": TENANTS,
+                    "domains": DOMAINS,
+                    "jobs": jobs,
+                },
+            )
+        print(f"  {min(jobs, start + chunk):>9,} jobs ({time.monotonic() - started:.0f} s)")
+    vacuum(engine)
+
+
+def vacuum(engine: Engine) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE scraping.jobs"))
+        conn.execute(text("VACUUM ANALYZE scraping.job_attempts"))
+
+
+def reset(engine: Engine) -> None:
+    """Everything queued again, no domain state, scheduler clocks at zero."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'queued', attempts = 0, lease_owner = NULL, "
+                "lease_expires_at = NULL, started_at = NULL, finished_at = NULL "
+                "WHERE status <> 'queued'"
+            )
+        )
+        conn.execute(text("DELETE FROM scraping.job_attempts"))
+        conn.execute(text("DELETE FROM scraping.domains"))
+        conn.execute(text("DELETE FROM scraping.tenant_vtimes"))
+        conn.execute(
+            text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
+        )
+    vacuum(engine)
+
+
+def finish_oldest(engine: Engine, n: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'failed', lease_owner = NULL, "
+                "lease_expires_at = NULL, finished_at = now() "
+                "WHERE id IN (SELECT id FROM scraping.jobs WHERE status = 'running' "
+                "             ORDER BY started_at, id LIMIT :n)"
+            ),
+            {"n": n},
+        )
+
+
+def run(engine: Engine, claim, rounds: int) -> tuple[list[float], list[int]]:
+    timings: list[float] = []
+    sizes: list[int] = []
+    running = 0
+    while len(timings) < rounds:
+        if running >= IN_FLIGHT:
+            finish_oldest(engine, BATCH)
+            running -= BATCH
+        began = time.perf_counter()
+        got = claim(
+            engine, worker="bench", limit=BATCH, lease_seconds=600, domain_defaults=DEFAULTS
+        )
+        elapsed = time.perf_counter() - began
+        running += len(got)
+        if running >= IN_FLIGHT - BATCH:  # time the steady state, not the first fill
+            timings.append(elapsed * 1000)
+            sizes.append(len(got))
+    return timings, sizes
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def explain(engine: Engine) -> None:
+    with engine.connect() as conn:
+        tenant = conn.execute(
+            text("SELECT id FROM scraping.tenants WHERE name = 'tenant-000'")
+        ).scalar_one()
+        statements = {
+            "a tenant's due head (crawler, normal)": (
+                "SELECT j.id, j.domain FROM scraping.jobs j WHERE j.status = 'queued' "
+                "AND j.priority = 'normal' AND j.tenant_id = :t AND j.next_attempt_at <= now() "
+                "ORDER BY j.next_attempt_at, j.id LIMIT 256"
+            ),
+            "the deep walk's next domain": (
+                "SELECT j.domain FROM scraping.jobs j WHERE j.status = 'queued' "
+                "AND j.priority = 'normal' AND j.tenant_id = :t AND j.domain > '' "
+                "ORDER BY j.domain LIMIT 1"
+            ),
+            "active tenants of a class (skip scan)": (
+                "WITH RECURSIVE t(tid) AS ((SELECT j.tenant_id FROM scraping.jobs j "
+                "WHERE j.status = 'queued' AND j.priority = 'high' ORDER BY j.tenant_id "
+                "LIMIT 1) UNION ALL SELECT (SELECT j.tenant_id FROM scraping.jobs j "
+                "WHERE j.status = 'queued' AND j.priority = 'high' AND j.tenant_id > t.tid "
+                "ORDER BY j.tenant_id LIMIT 1) FROM t WHERE t.tid IS NOT NULL) "
+                "SELECT count(*) FROM t WHERE :t IS NOT NULL AND tid IS NOT NULL"
+            ),
+        }
+        for title, sql in statements.items():
+            plan = conn.execute(
+                text(f"EXPLAIN (ANALYZE, COSTS OFF, SUMMARY ON) {sql}"), {"t": tenant}
+            ).scalars()
+            print(f"\n-- {title}")
+            for line in plan:
+                print("   " + line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--reuse", action="store_true", help="keep the queue built earlier")
+    args = parser.parse_args()
+
+    if args.reuse:
+        from sqlalchemy.engine import make_url
+
+        server = resolve_database_url(Settings.from_env())
+        url = make_url(server).set(database=DATABASE).render_as_string(hide_password=False)
+        upgrade_database(url)
+        engine = create_db_engine(url)
+    else:
+        url = fresh_bench_database(DATABASE)
+        engine = create_db_engine(url)
+        print(f"building {args.jobs:,} queued jobs ...")
+        build(engine, args.jobs)
+
+    results = {}
+    for name, claim in (("fifo", fifo_claim), ("fair pick", claim_due_jobs)):
+        reset(engine)
+        timings, sizes = run(engine, claim, args.rounds)
+        results[name] = timings
+        print(
+            f"{name:>10}: claim of {BATCH}: p50 {statistics.median(timings):6.1f} ms  "
+            f"p95 {pct(timings, 0.95):6.1f} ms  max {max(timings):6.1f} ms  "
+            f"jobs/claim {statistics.mean(sizes):.1f}  ({len(timings)} claims)"
+        )
+    ratio = statistics.median(results["fair pick"]) / statistics.median(results["fifo"])
+    print(f"fair pick / fifo, medians: {ratio:.2f}x")
+
+    # The worst case of the pick: every domain paused, so every tenant's head is looked at
+    # and every tenant's domains are walked, and the claim comes back empty.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.domains (domain, blocked_until) "
+                "SELECT DISTINCT domain, now() + interval '1 hour' FROM scraping.jobs "
+                "ON CONFLICT (domain) DO UPDATE SET blocked_until = EXCLUDED.blocked_until"
+            )
+        )
+    empty = []
+    for _ in range(10):
+        began = time.perf_counter()
+        got = claim_due_jobs(
+            engine, worker="bench", limit=BATCH, lease_seconds=600, domain_defaults=DEFAULTS
+        )
+        empty.append((time.perf_counter() - began) * 1000)
+        assert not got
+    print(
+        f"every domain paused (claim comes back empty): p50 {statistics.median(empty):.1f} ms"
+        f"  max {max(empty):.1f} ms"
+    )
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE scraping.domains SET blocked_until = NULL"))
+
+    with engine.connect() as conn:
+        began = time.perf_counter()
+        stats = queue_stats(conn, DEFAULTS)
+        took = (time.perf_counter() - began) * 1000
+    print(f"sensor queue_stats: {took:.0f} ms (due {stats.due:,}, claimable {stats.claimable:,})")
+    explain(engine)
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
