@@ -55,7 +55,12 @@ def start_local_services(
     if settings.selections_url is None:
         from pin_orchestration.standins.selections import DEFAULT_PORT, SelectionsStandIn
 
-        stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token).start()
+        try:
+            stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token)
+        except OSError:  # the port is taken (another stack): any free port serves, the
+            # Dagster processes get its URL through PIN_SELECTIONS_URL
+            stand_in = SelectionsStandIn(token=settings.selections_token)
+        stand_in.start()
         env["PIN_SELECTIONS_URL"] = stand_in.url
         stoppers.append(stand_in.stop)
         log.info(
