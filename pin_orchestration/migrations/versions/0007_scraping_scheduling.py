@@ -168,17 +168,22 @@ BEGIN
     -- ix_jobs_queued_domain) up to the first one with room, instead of walking every
     -- tenant's domains below.
     IF v_full <> '{{}}' THEN
-        v_dom := '';
-        LOOP
-            SELECT j.domain INTO v_dom FROM scraping.jobs j
-            WHERE j.status = 'queued' AND j.domain > v_dom
-            ORDER BY j.domain
-            LIMIT 1;
-            IF NOT FOUND THEN
-                RETURN;
-            END IF;
-            EXIT WHEN NOT (v_full ? v_dom);
-        END LOOP;
+        PERFORM 1 FROM (
+            WITH RECURSIVE queued(name) AS (
+                (SELECT j.domain FROM scraping.jobs j WHERE j.status = 'queued'
+                 ORDER BY j.domain LIMIT 1)
+                UNION ALL
+                SELECT (SELECT j.domain FROM scraping.jobs j
+                        WHERE j.status = 'queued' AND j.domain > q.name
+                        ORDER BY j.domain LIMIT 1)
+                FROM queued q WHERE q.name IS NOT NULL
+            )
+            SELECT 1 FROM queued WHERE queued.name IS NOT NULL AND NOT (v_full ? queued.name)
+            LIMIT 1
+        ) one_with_room;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
     END IF;
 
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
