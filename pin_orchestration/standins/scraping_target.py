@@ -29,6 +29,10 @@ class DemoSite:
         if host not in ("127.0.0.1", "localhost"):
             raise ValueError(f"the demo site listens on loopback only (got {host!r})")
         self.requests: Counter[str] = Counter()
+        # Requests being answered right now per Host name, and the most at once: what a
+        # politeness limit promises a site (two names of this server count apart).
+        self.in_flight: Counter[str] = Counter()
+        self.peak_in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
@@ -54,12 +58,29 @@ class DemoSite:
             self.requests[path] += 1
             return self.requests[path]
 
+    def _enter(self, host: str) -> None:
+        with self._lock:
+            self.in_flight[host] += 1
+            self.peak_in_flight[host] = max(self.peak_in_flight[host], self.in_flight[host])
+
+    def _leave(self, host: str) -> None:
+        with self._lock:
+            self.in_flight[host] -= 1
+
 
 def _handler_for(site: DemoSite) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+            site._enter(host)
+            try:
+                self._serve()
+            finally:
+                site._leave(host)
+
+        def _serve(self) -> None:
             parts = urlsplit(self.path)
             query = parse_qs(parts.query)
             seen = site.count(parts.path)

@@ -1,5 +1,6 @@
 """Worker runs launched by the real Dagster daemon, each in its own OS process, share the
-queue: every job is taken by exactly one of them, once."""
+queue and the per-domain limits: every job is taken by exactly one of them, once, and the
+site never sees more connections at once than its limit."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pin_orchestration.standins.scraping_target import DemoSite
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_daemon_launched_worker_processes_never_take_the_same_job(
+def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
     db_url: str,
     db_engine: Engine,
     make_tenant,
@@ -35,10 +36,15 @@ def test_daemon_launched_worker_processes_never_take_the_same_job(
         repository.submit_job(
             db_engine,
             tenant.id,
-            JobRequest(url=f"{site.url}/slow/{i}", params={"ms": 1500, "bytes": 100 + i}),
+            JobRequest(
+                # Two domains (two names of the loopback site), 20 jobs each.
+                url=f"{site.url.replace('127.0.0.1', host)}/slow/{i}",
+                params={"ms": 600, "bytes": 100 + i},
+            ),
             None,
         ).id
         for i in range(40)
+        for host in ["127.0.0.1" if i % 2 else "localhost"]
     ]
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
@@ -52,6 +58,9 @@ def test_daemon_launched_worker_processes_never_take_the_same_job(
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
         "PIN_SCRAPING_SLOTS": "4",
         "PIN_SCRAPING_MAX_WORKER_RUNS": "2",
+        # Two runs of 4 slots could open 8 connections to one domain: its limit is 3.
+        "PIN_SCRAPING_DOMAIN_CONCURRENCY": "3",
+        "PIN_SCRAPING_DOMAIN_RPS": "1000",
     }
     daemon = subprocess.Popen(
         [
@@ -91,6 +100,9 @@ def test_daemon_launched_worker_processes_never_take_the_same_job(
     # one attempt per job, all succeeded: nobody took a job another had
     assert sorted(a.job_id for a in attempts) == sorted(ids)
     assert {a.outcome for a in attempts} == {"succeeded"}
+    peaks = dict(site.peak_in_flight)
+    assert set(peaks) == {"127.0.0.1", "localhost"}, peaks
+    assert all(2 <= peak <= 3 for peak in peaks.values()), peaks
     workers = {a.worker for a in attempts}
     assert len(workers) >= 2, workers  # more than one worker run shared the queue
     monkeypatch.setenv("PIN_DAGSTER_PG_URL", env["PIN_DAGSTER_PG_URL"])
