@@ -120,7 +120,7 @@ def wait_for(url: str, seconds: float) -> None:
     raise RuntimeError(f"{url} did not come up in {seconds} s")
 
 
-def pipeline(target: str, jobs: int, slots: int, api_port: int) -> dict[str, float]:
+def pipeline(target: str, jobs: int, slots: int, api_port: int, runs: int = 1) -> dict[str, float]:
     db_url = fresh_bench_database("pin_bench_scraping")
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
@@ -134,12 +134,14 @@ def pipeline(target: str, jobs: int, slots: int, api_port: int) -> dict[str, flo
         "PIN_DAGSTER_PG_URL": dagster_storage_url(db_url),
         "PIN_HOME": str(home),
         "DAGSTER_HOME": str(dagster_home),
-        "PIN_SCRAPING_SLOTS": str(slots),
-        "PIN_SCRAPING_MAX_WORKER_RUNS": os.environ.get("PIN_SCRAPING_MAX_WORKER_RUNS", "1"),
+        # `runs` worker runs (processes) share the `slots`: the same concurrency as the bare
+        # loop, over more than one interpreter.
+        "PIN_SCRAPING_SLOTS": str(slots // runs),
+        "PIN_SCRAPING_MAX_WORKER_RUNS": str(runs),
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
         # One local target stands for many sites: its politeness limits must not bind.
-        "PIN_SCRAPING_DOMAIN_CONCURRENCY": str(slots * 16),
-        "PIN_SCRAPING_DOMAIN_RPS": "100000",
+        "PIN_SCRAPING_DOMAIN_CONCURRENCY": str(min(slots * 16, 10_000)),
+        "PIN_SCRAPING_DOMAIN_RPS": "10000",
         "PIN_API_PUBLIC_URL": f"http://127.0.0.1:{api_port}",
     }
     api_url = f"http://127.0.0.1:{api_port}"
@@ -249,8 +251,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--latency", type=float, default=2.0)
-    parser.add_argument("--api-port", type=int, default=8799)
+    parser.add_argument("--api-port", type=int, default=0, help="default: a free port")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="worker runs sharing the slots (one process each)"
+    )
     args = parser.parse_args()
+    if args.api_port == 0:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            args.api_port = probe.getsockname()[1]
 
     ports: multiprocessing.Queue = multiprocessing.Queue()
     server = multiprocessing.Process(target=_serve_target, args=(ports, args.latency), daemon=True)
@@ -259,10 +270,13 @@ def main() -> None:
     try:
         ceiling = args.slots / args.latency
         bare, bare_peak = bare_loop(target, args.jobs, args.slots)
-        piped = pipeline(target, args.jobs, args.slots, args.api_port)
+        piped = pipeline(target, args.jobs, args.slots, args.api_port, args.runs)
     finally:
         server.terminate()
-    print(f"jobs {args.jobs}, slots {args.slots}, target latency {args.latency} s, 10 KB bodies")
+    print(
+        f"jobs {args.jobs}, slots {args.slots} ({args.runs} worker run(s)), "
+        f"target latency {args.latency} s, 10 KB bodies"
+    )
     print(f"ceiling (slots / latency)          {ceiling:8.1f} jobs/s")
     print(
         f"bare requests loop                 {bare:8.1f} jobs/s  (peak {bare_peak:.0f} in flight)"
