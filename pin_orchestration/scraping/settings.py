@@ -35,6 +35,12 @@ class ScrapingSettings:
     result_url_ttl_seconds: float = 900.0
     # Where clients reach the API; the local results store signs URLs under it.
     api_public_url: str = "http://127.0.0.1:8000"
+    webhook_timeout_seconds: float = 10.0
+    webhook_max_attempts: int = 8
+    webhook_backoff_base_seconds: float = 5.0
+    webhook_backoff_cap_seconds: float = 3600.0
+    # Stored results older than this are deleted by pin_retention (GET …/result: 410).
+    result_retention_days: float = 30.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -116,6 +122,33 @@ class ScrapingSettings:
                 d.api_public_url,
                 "the http(s):// base URL clients use to reach the API",
             ).rstrip("/"),
+            webhook_timeout_seconds=read(
+                "PIN_WEBHOOK_TIMEOUT_SECONDS",
+                _positive_float,
+                d.webhook_timeout_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            webhook_max_attempts=read(
+                "PIN_WEBHOOK_MAX_ATTEMPTS", _positive_int, d.webhook_max_attempts, "an integer > 0"
+            ),
+            webhook_backoff_base_seconds=read(
+                "PIN_WEBHOOK_BACKOFF_BASE_SECONDS",
+                _positive_float,
+                d.webhook_backoff_base_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            webhook_backoff_cap_seconds=read(
+                "PIN_WEBHOOK_BACKOFF_CAP_SECONDS",
+                _positive_float,
+                d.webhook_backoff_cap_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            result_retention_days=read(
+                "PIN_RESULT_RETENTION_DAYS",
+                _positive_float,
+                d.result_retention_days,
+                "days > 0 (fractions allowed)",
+            ),
         )
 
 
