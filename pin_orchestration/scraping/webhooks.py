@@ -242,8 +242,8 @@ def run_deliveries(
             attempts = list(
                 pool.map(lambda job: _deliver(fetcher, policy, job, rng, clock), claimed)
             )
-            for job, attempt in zip(claimed, attempts, strict=True):
-                _record(engine, job, attempt)
+            _record(engine, list(zip(claimed, attempts, strict=True)))
+            for attempt in attempts:
                 if attempt.outcome == "delivered":
                     report.delivered += 1
                 elif attempt.outcome == "retry":
@@ -300,32 +300,40 @@ def _deliver(
     return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
 
 
-def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> None:
+def _record(engine: Engine, done: list[tuple[_Claimed, _Attempt]]) -> None:
+    """A round's outcomes in one transaction (one commit per round, not per delivery)."""
     with engine.begin() as conn:
-        recorded = conn.execute(
-            _q("record_webhook_attempt"),
-            {
-                "job_id": job.id,
-                "number": job.number,
-                "job_status": job.status,
-                "url": job.callback_url,
-                "outcome": attempt.outcome,
-                "http_status": attempt.http_status,
-                "error_class": attempt.error_class,
-                "error_detail": attempt.error_detail,
-                "duration_ms": attempt.duration_ms,
-                "next_attempt_at": attempt.next_attempt_at,
-            },
-        ).one_or_none()
-    if recorded is None:
-        log.info(
-            "webhook of job %s: requeued meanwhile, attempt %d not recorded", job.id, job.number
-        )
-    elif attempt.outcome == "gave_up":
-        log.warning(
-            "webhook of job %s given up after attempt %d: %s %s",
-            job.id,
-            job.number,
-            attempt.error_class,
-            attempt.error_detail,
-        )
+        recorded = {
+            row.job_id
+            for job, attempt in done
+            for row in conn.execute(
+                _q("record_webhook_attempt"),
+                {
+                    "job_id": job.id,
+                    "number": job.number,
+                    "job_status": job.status,
+                    "url": job.callback_url,
+                    "outcome": attempt.outcome,
+                    "http_status": attempt.http_status,
+                    "error_class": attempt.error_class,
+                    "error_detail": attempt.error_detail,
+                    "duration_ms": attempt.duration_ms,
+                    "next_attempt_at": attempt.next_attempt_at,
+                },
+            )
+        }
+    for job, attempt in done:
+        if job.id not in recorded:
+            log.info(
+                "webhook of job %s: requeued meanwhile, attempt %d not recorded",
+                job.id,
+                job.number,
+            )
+        elif attempt.outcome == "gave_up":
+            log.warning(
+                "webhook of job %s given up after attempt %d: %s %s",
+                job.id,
+                job.number,
+                attempt.error_class,
+                attempt.error_detail,
+            )

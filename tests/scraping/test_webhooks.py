@@ -73,7 +73,11 @@ class Receiver:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            # The default backlog of 5 makes concurrent deliveries wait for SYN retransmits.
+            request_queue_size = 128
+
+        self._server = Server(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
