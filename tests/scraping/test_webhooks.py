@@ -419,3 +419,34 @@ def test_pin_shows_and_rotates_the_secret_and_delivers_from_the_shell(
     assert delivered.returncode == 0, delivered.stderr
     assert json.loads(delivered.stdout.strip().splitlines()[-1])["delivered"] == 1
     assert len(receiver.received) == 1
+
+
+def test_two_delivery_loops_at_once_send_each_event_once(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    jobs = {finished_job(db_engine, tenant, receiver.url()) for _ in range(60)}
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    reports: list[DeliveryReport] = []
+    start = threading.Barrier(2)
+
+    def loop() -> None:
+        with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+            start.wait()
+            reports.append(
+                run_deliveries(
+                    db_engine, fetcher, POLICY, DeliveryOptions(batch_size=5, concurrency=4)
+                )
+            )
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [uuid.UUID(e["id"]) for e in receiver.events()]
+    assert sorted(ids) == sorted(jobs)  # every event, none twice
+    assert sum(r.delivered for r in reports) == 60
+    assert all(r.claimed > 0 for r in reports)  # both loops took part
