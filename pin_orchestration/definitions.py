@@ -38,6 +38,7 @@ from pin_orchestration.jobs.retention import pin_retention_job
 from pin_orchestration.jobs.scraping import (
     scraping_requeue,
     scraping_sweep_expired_leases,
+    scraping_webhook_delivery,
     scraping_worker,
 )
 from pin_orchestration.resources.database import DatabaseResource
@@ -52,7 +53,7 @@ from pin_orchestration.schedules.retention import pin_retention
 from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
-from pin_orchestration.sensors.scraping import scraping_jobs_sensor
+from pin_orchestration.sensors.scraping import scraping_jobs_sensor, scraping_webhooks_sensor
 from pin_orchestration.settings import Settings
 
 
@@ -97,8 +98,13 @@ def news_snapshot_detach_definitions() -> Definitions:
 def scraping_definitions() -> Definitions:
     return Definitions(
         assets=[scraping_results],
-        jobs=[scraping_worker, scraping_sweep_expired_leases, scraping_requeue],
-        sensors=[scraping_jobs_sensor],
+        jobs=[
+            scraping_worker,
+            scraping_sweep_expired_leases,
+            scraping_requeue,
+            scraping_webhook_delivery,
+        ],
+        sensors=[scraping_jobs_sensor, scraping_webhooks_sensor],
         schedules=[scraping_stuck_sweeper],
         resources={"scraping": ScrapingResource()},
     )

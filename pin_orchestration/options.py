@@ -43,6 +43,12 @@ def _plain(default: Any) -> Any:
     return default.value if isinstance(default, enum.Enum) else default
 
 
+def _plain_type(hint: Any) -> Any:
+    """`float | None` → float: an option that may be empty takes its type's values."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if type(None) in typing.get_args(hint) and len(args) == 1 else hint
+
+
 def _is_enum(hint: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, enum.Enum)
 
@@ -81,7 +87,7 @@ def click_options(
             command = click.option(
                 f"--{f.name.replace('_', '-')}",
                 f.name,
-                type=click.Choice([m.value for m in hint]) if _is_enum(hint) else hint,
+                type=click.Choice([m.value for m in hint]) if _is_enum(hint) else _plain_type(hint),
                 default=_plain(f.default),
                 show_default=True,
                 help=f.metadata.get(_HELP) or None,

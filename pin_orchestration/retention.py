@@ -1,6 +1,6 @@
 """pin-retention: delete, in batches, what is older than its configured age and no longer
-needed — Done snapshot-detach intents, published chessboard events, old job runs —
-keeping whatever a metric or a check still reads.
+needed — Done snapshot-detach intents, published chessboard events, old job runs, stored
+scraping results — keeping whatever a metric or a check still reads.
 
 A kind of row is one `RetentionKind`: a named batch-delete statement in retention.sql
 (oldest first, SKIP LOCKED, one transaction per batch, retiring what the rows contributed
@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 
@@ -24,6 +25,9 @@ from pin_orchestration.locks import renewed_lock
 from pin_orchestration.news.snapshot_detach.monitoring import LAG_BUCKETS_SECONDS
 from pin_orchestration.options import option
 from pin_orchestration.sql import load_queries
+
+if TYPE_CHECKING:
+    from pin_orchestration.scraping.store import ResultStore
 
 JOB_CODE = "pin-retention"
 LOCK_KEY = "Pin:lock:job:scheduled:pin-retention"
@@ -48,6 +52,12 @@ class RetentionOptions:
         "Delete pin.job_runs rows this many days after they finished (the newest run "
         "and the newest successful run of each job stay)",
     )
+    scraping_results_days: float | None = option(
+        None,
+        "Delete stored scraping results (S3 or local) this many days after their job "
+        "finished, marking the jobs' results expired (GET /jobs/{id}/result: 410); "
+        "empty → PIN_RESULT_RETENTION_DAYS (default 30)",
+    )
     batch_size: int = option(5000, "Rows per delete (one transaction each)")
     max_run_duration_seconds: float = option(
         30 * 60, "Stop after this long; the next run deletes the rest"
@@ -61,7 +71,7 @@ class RetentionOptions:
             f"{name} must be >= 2 days, so the checks' 26 h look-back keeps its rows "
             f"(got {getattr(self, name)})"
             for name in (k.days_option for k in KINDS)
-            if getattr(self, name) < 2
+            if getattr(self, name) is not None and getattr(self, name) < 2
         ]
         for name in ("batch_size", "max_run_duration_seconds", "lock_ttl_seconds"):
             if getattr(self, name) <= 0:
@@ -69,11 +79,23 @@ class RetentionOptions:
         if problems:
             raise RetentionConfigError("invalid pin-retention config: " + "; ".join(problems))
 
+    def resolved(self) -> RetentionOptions:
+        """The options with an empty scraping_results_days read from the environment."""
+        if self.scraping_results_days is not None:
+            return self
+        from pin_orchestration.scraping.settings import ScrapingSettings
+
+        days = ScrapingSettings.from_env().result_retention_days
+        return replace(self, scraping_results_days=days)
+
 
 @dataclass(frozen=True)
 class RetentionKind:
     name: str  # the query in retention.sql, and the key of its count in the result
     days_option: str  # the RetentionOptions field with its age
+    # The statement returns the keys of stored objects (result_key) to delete from the
+    # results store in its transaction, instead of a count of deleted rows.
+    deletes_stored_objects: bool = False
 
     def params(self) -> dict[str, Any]:
         """Bucket bounds the statement retires histogram counts into (those the metrics
@@ -88,7 +110,19 @@ KINDS: tuple[RetentionKind, ...] = (
     RetentionKind("snapshot_detach_done", "snapshot_detach_done_days"),
     RetentionKind("chessboard_published_events", "chessboard_published_days"),
     RetentionKind("job_runs", "job_runs_days"),
+    RetentionKind("scraping_results", "scraping_results_days", deletes_stored_objects=True),
 )
+
+# Builds the results store when a batch first has objects to delete (not before: a run
+# with nothing expired needs no S3 client).
+StoreProvider = Callable[[], "ResultStore"]
+
+
+def result_store_from_env() -> ResultStore:
+    from pin_orchestration.resources.scraping import result_store_from
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    return result_store_from(ScrapingSettings.from_env())
 
 
 @dataclass
@@ -110,11 +144,26 @@ def _query(name: str) -> Any:
     return text(load_queries("pin_orchestration", "retention.sql")[name])
 
 
-def delete_batch(engine: Engine, kind: RetentionKind, cutoff: datetime, batch_size: int) -> int:
-    """Delete up to batch_size rows of `kind` older than `cutoff`; one transaction."""
+def delete_batch(
+    engine: Engine,
+    kind: RetentionKind,
+    cutoff: datetime,
+    batch_size: int,
+    store: StoreProvider = result_store_from_env,
+) -> int:
+    """Delete up to batch_size rows (or stored objects) of `kind` older than `cutoff`; one
+    transaction. Stored objects are deleted from the store before the transaction that
+    marks them commits: a failed store delete marks nothing, and a commit lost after the
+    delete only repeats it (deleting a missing key is no error)."""
     params = {"cutoff": cutoff, "batch_size": batch_size, **kind.params()}
     with engine.begin() as conn:
-        return int(conn.execute(_query(kind.name), params).scalar_one())
+        answer = conn.execute(_query(kind.name), params)
+        if not kind.deletes_stored_objects:
+            return int(answer.scalar_one())
+        keys = list(answer.scalars())
+        if keys:
+            store().delete_many(keys)
+        return len(keys)
 
 
 def run_retention(
@@ -126,11 +175,14 @@ def run_retention(
     now: datetime | None = None,
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
+    result_store: StoreProvider = result_store_from_env,
 ) -> RetentionResult:
     """One run under the distributed lock (renewed while it works): each kind in turn,
     batch after batch, until nothing older than its age is left, the run's time is up,
     a stop is requested or the lock is lost."""
+    options = options.resolved()
     options.validate()
+    store = _once(result_store)
     started_at = datetime.now(UTC)
     started = time.monotonic()
     now = now or started_at
@@ -141,7 +193,9 @@ def run_retention(
             result.status = RunStatus.SKIPPED
         else:
             try:
-                _delete_all(engine, options, now, started, stop_requested, lease.lost, result)
+                _delete_all(
+                    engine, options, now, started, stop_requested, lease.lost, result, store
+                )
             except Exception as exc:  # noqa: BLE001 — recorded, then re-raised
                 result.status = RunStatus.FAILED
                 result.error = f"{type(exc).__name__}: {exc}"[:512]
@@ -178,6 +232,7 @@ def _delete_all(
     stop_requested: threading.Event | None,
     lost: threading.Event,
     result: RetentionResult,
+    store: StoreProvider,
 ) -> None:
     for kind in KINDS:
         cutoff = now - timedelta(days=getattr(options, kind.days_option))
@@ -188,7 +243,7 @@ def _delete_all(
                 if not lost.is_set():
                     result.status = RunStatus.CANCELLED
                 return
-            deleted = delete_batch(engine, kind, cutoff, options.batch_size)
+            deleted = delete_batch(engine, kind, cutoff, options.batch_size, store)
             result.deleted[kind.name] += deleted
             result.batches += 1
             if deleted < options.batch_size:
@@ -196,3 +251,14 @@ def _delete_all(
             if time.monotonic() - started >= options.max_run_duration_seconds:
                 result.backlog_remaining = True
                 return
+
+
+def _once(provider: StoreProvider) -> StoreProvider:
+    built: list[ResultStore] = []
+
+    def get() -> ResultStore:
+        if not built:
+            built.append(provider())
+        return built[0]
+
+    return get

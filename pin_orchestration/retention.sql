@@ -101,3 +101,20 @@ added AS (
         SET value = t.value + excluded.value, updated_at = now()
 )
 SELECT count(*) FROM gone
+
+-- Stored scraping results, by when their job finished (SCR-10): the jobs' results are
+-- marked expired (GET /jobs/{id}/result answers 410) and their keys returned, for the
+-- caller to delete from the results store before this transaction commits.
+-- name: scraping_results
+WITH doomed AS (
+    SELECT id FROM scraping.jobs
+    WHERE status = 'succeeded' AND result_expired_at IS NULL AND finished_at < :cutoff
+    ORDER BY finished_at, id
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scraping.jobs AS j
+SET result_expired_at = now()
+FROM doomed
+WHERE j.id = doomed.id
+RETURNING j.result_key

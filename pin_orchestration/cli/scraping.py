@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import uuid
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pin_orchestration.db import engine_from_env
+from pin_orchestration.options import click_options
+from pin_orchestration.scraping.webhooks import DeliveryOptions
 from pin_orchestration.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -108,6 +111,34 @@ def tenant_set_weight(name: str, weight: float) -> None:
     except TenantError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"tenant {changed.name}: weight {weight:g}")
+
+
+@tenant.command("webhook-secret")
+@click.argument("name")
+@click.option("--rotate", is_flag=True, help="Replace it with a new secret first")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "webhook_secret"}')
+def tenant_webhook_secret(name: str, rotate: bool, as_json: bool) -> None:
+    """Show (or rotate) the secret the tenant's completion webhooks are signed with.
+
+    After --rotate, deliveries are signed with the new secret at once: the receiver should
+    accept either secret until it has the new one (docs/integration.md)."""
+    from pin_orchestration.scraping.webhooks import tenant_webhook_secret as read_secret
+
+    try:
+        row = read_secret(engine_from_env(), name, rotate=rotate)
+    except KeyError as exc:
+        raise click.ClickException(exc.args[0]) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"id": str(row["id"]), "name": row["name"], "webhook_secret": row["webhook_secret"]}
+            )
+        )
+    else:
+        click.echo(
+            f"tenant {row['name']} ({row['id']})\nwebhook secret: {row['webhook_secret']}\n"
+            f"(since {row['webhook_secret_rotated_at'].isoformat()})"
+        )
 
 
 @click.group()
@@ -285,3 +316,32 @@ def _limits(row: dict[str, Any], default_rps: float, default_concurrency: int) -
         else f"{default_concurrency} concurrent (default)"
     )
     return f"{rps}\t{concurrency}"
+
+
+@scraping.command("deliver")
+@click_options(DeliveryOptions)
+def scraping_deliver(**fields: object) -> None:
+    """Deliver due completion webhooks once (what a scraping_webhook_delivery run does)."""
+    from pin_orchestration.cancellation import stop_requested_on_signals
+    from pin_orchestration.resources.scraping import (
+        webhook_fetch_policy_from,
+        webhook_policy_from,
+    )
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.webhooks import WebhookConfigError, run_deliveries
+
+    options = DeliveryOptions(**fields)  # type: ignore[arg-type]
+    try:
+        settings = ScrapingSettings.from_env()
+        policy = webhook_policy_from(settings)
+        options.validate()
+        policy.validate()
+    except (SettingsError, WebhookConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    with (
+        Fetcher(webhook_fetch_policy_from(settings)) as fetcher,
+        stop_requested_on_signals() as stop,
+    ):
+        report = run_deliveries(engine_from_env(), fetcher, policy, options, stop=stop)
+    click.echo(json.dumps(dataclasses.asdict(report)))

@@ -22,8 +22,8 @@ RetentionConfig = dagster_config(
 def delete_expired_rows(
     context: OpExecutionContext, config: RetentionConfig, database: DatabaseResource
 ) -> None:
-    """Delete Done detach intents, published chessboard events and job runs older than
-    their ages, in batches."""
+    """Delete Done detach intents, published chessboard events, job runs and stored
+    scraping results older than their ages, in batches."""
     options: RetentionOptions = config.to_options()  # type: ignore[attr-defined]
     with stop_requested_on_signals(reraise=True) as stop:
         result = run_retention(
@@ -43,7 +43,8 @@ def delete_expired_rows(
     executor_def=in_process_executor,
     tags={"pin/job": JOB_CODE},
     description="Delete, in batches, rows older than their configured ages (Done detach "
-    "intents and published chessboard events: 30 days; job runs: 90 days).",
+    "intents and published chessboard events: 30 days; job runs: 90 days; stored "
+    "scraping results: PIN_RESULT_RETENTION_DAYS, 30).",
 )
 def pin_retention_job() -> None:
     delete_expired_rows()

@@ -18,15 +18,23 @@ from pydantic import Field
 
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS
 from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.webhooks import (
+    DeliveryOptions,
+    WebhookConfigError,
+    run_deliveries,
+)
 from pin_orchestration.scraping.worker import WorkerConfigError, WorkerOptions, run_worker
 from pin_orchestration.settings import SettingsError
 
 WORKER_JOB = "scraping_worker"
 # dagster.yaml caps concurrent runs per value of this tag.
 WORKER_TAGS = {"pin/drain": "scraping-worker"}
+WEBHOOK_DELIVERY_JOB = "scraping_webhook_delivery"
+WEBHOOK_DELIVERY_TAGS = {"pin/drain": "scraping-webhooks"}
 
 
 class WorkerRunConfig(Config):
@@ -151,3 +159,53 @@ def requeue_failed_jobs(
 @job(name="scraping_requeue", executor_def=in_process_executor)
 def scraping_requeue() -> None:
     requeue_failed_jobs()
+
+
+WebhookDeliveryConfig = dagster_config(
+    DeliveryOptions, "WebhookDeliveryConfig", "Batching and duration of a webhook delivery run"
+)
+
+
+@op(
+    name="deliver_scraping_webhooks",
+    description="Deliver due completion webhooks (signed POSTs through the SSRF guard), "
+    "recording every attempt; retries back off, capped at PIN_WEBHOOK_MAX_ATTEMPTS.",
+)
+def deliver_scraping_webhooks(
+    context: OpExecutionContext,
+    config: WebhookDeliveryConfig,  # type: ignore[valid-type]
+    database: DatabaseResource,
+    scraping: ScrapingResource,
+) -> None:
+    try:
+        settings = scraping.get_settings()
+        options: DeliveryOptions = config.to_options()  # type: ignore[attr-defined]
+        policy = scraping.get_webhook_policy(settings)
+        options.validate()
+        policy.validate()
+    except (SettingsError, WebhookConfigError) as exc:
+        raise Failure(description=str(exc)) from exc
+    with (
+        scraping.get_webhook_fetcher(settings) as fetcher,
+        stop_requested_on_signals(reraise=True) as stop,
+    ):
+        report = run_deliveries(database.get_engine(), fetcher, policy, options, stop=stop)
+    context.log.info(
+        f"webhooks: claimed {report.claimed}, delivered {report.delivered}, retried "
+        f"{report.retried}, gave up {report.gave_up}, errors {report.by_error_class}"
+    )
+    if report.gave_up:
+        context.log.warning(
+            f"{report.gave_up} webhook(s) given up: see GET /jobs/{{id}}/deliveries"
+        )
+
+
+@job(
+    name=WEBHOOK_DELIVERY_JOB,
+    executor_def=in_process_executor,
+    tags=WEBHOOK_DELIVERY_TAGS,
+    description="Deliver completion webhooks of finished scraping jobs (SCR-11); launched "
+    "by scraping_webhooks_sensor, each run drains many deliveries.",
+)
+def scraping_webhook_delivery() -> None:
+    deliver_scraping_webhooks()

@@ -6,6 +6,7 @@ from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
 from pin_orchestration.scraping.retry import RetryPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import ResultStore, build_result_store
+from pin_orchestration.scraping.webhooks import WebhookPolicy
 from pin_orchestration.settings import Settings
 
 
@@ -24,6 +25,12 @@ class ScrapingResource(ConfigurableResource):
 
     def get_fetcher(self, settings: ScrapingSettings | None = None) -> Fetcher:
         return Fetcher(fetch_policy_from(settings or self.get_settings()))
+
+    def get_webhook_fetcher(self, settings: ScrapingSettings | None = None) -> Fetcher:
+        return Fetcher(webhook_fetch_policy_from(settings or self.get_settings()))
+
+    def get_webhook_policy(self, settings: ScrapingSettings | None = None) -> WebhookPolicy:
+        return webhook_policy_from(settings or self.get_settings())
 
     def get_retry_policy(self, settings: ScrapingSettings | None = None) -> RetryPolicy:
         return retry_policy_from(settings or self.get_settings())
@@ -52,4 +59,26 @@ def retry_policy_from(settings: ScrapingSettings) -> RetryPolicy:
         max_attempts=settings.max_attempts,
         backoff_base_seconds=settings.backoff_base_seconds,
         backoff_cap_seconds=settings.backoff_cap_seconds,
+    )
+
+
+# A receiver's answer is only read for its status: its body is cut short.
+WEBHOOK_ANSWER_MAX_BYTES = 64 * 1024
+
+
+def webhook_fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
+    """The scraper's SSRF policy (same allow-list) with the webhook's timeout."""
+    return FetchPolicy(
+        timeout_seconds=settings.webhook_timeout_seconds,
+        max_body_bytes=WEBHOOK_ANSWER_MAX_BYTES,
+        allowed_cidrs=settings.allowed_cidrs,
+    )
+
+
+def webhook_policy_from(settings: ScrapingSettings) -> WebhookPolicy:
+    return WebhookPolicy(
+        max_attempts=settings.webhook_max_attempts,
+        backoff_base_seconds=settings.webhook_backoff_base_seconds,
+        backoff_cap_seconds=settings.webhook_backoff_cap_seconds,
+        timeout_seconds=settings.webhook_timeout_seconds,
     )

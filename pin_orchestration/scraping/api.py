@@ -27,7 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.scraping import repository
+from pin_orchestration.scraping import repository, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
@@ -240,6 +240,74 @@ class ApiKeyCache:
             )
 
 
+class DeliveryView(BaseModel):
+    number: int = Field(description="Attempt number of this announcement, from 1")
+    job_status: str = Field(description="The status the delivery announced")
+    attempted_at: UtcDatetime
+    url: str
+    outcome: Literal["delivered", "retry", "gave_up"] = Field(
+        description="delivered: a 2xx answer; retry: sent again at next_attempt_at; "
+        "gave_up: the last attempt (the cap reached, or the address is refused)"
+    )
+    http_status: int | None
+    error_class: str | None = Field(
+        description="http_<status>, timeout, connection_error, refused_address, …"
+    )
+    error_detail: str | None
+    duration_ms: int
+    next_attempt_at: UtcDatetime | None
+
+
+class DeliveryList(BaseModel):
+    items: list[DeliveryView]
+
+
+class WebhookEvent(BaseModel):
+    """The body of a completion webhook (its raw bytes are what is signed)."""
+
+    id: uuid.UUID
+    status: Literal["succeeded", "failed", "cancelled"]
+    finished_at: UtcDatetime
+
+
+def _webhook_callbacks() -> APIRouter:
+    """The completion webhook as an OpenAPI callback of POST /jobs: body and headers."""
+    callbacks = APIRouter()
+
+    @callbacks.post(
+        "{$request.body#/callback_url}",
+        status_code=204,
+        summary="Completion webhook: the job finished",
+        description="Sent when a job with a callback_url finishes (succeeded, failed or "
+        "cancelled), at least once: answer 2xx to acknowledge; anything else, a timeout "
+        "or no connection is retried with exponential backoff and jitter "
+        "(PIN_WEBHOOK_MAX_ATTEMPTS, default 8, attempts in all). Every attempt is listed "
+        "at GET /jobs/{id}/deliveries. Polling GET /jobs/{id} stays the primary channel. "
+        "Verify the signature on the raw body (docs/integration.md): HMAC-SHA256 of "
+        "`<X-Pin-Timestamp>.<raw body>` with the tenant's webhook secret (`pin tenant "
+        "webhook-secret NAME`); reject timestamps more than 5 minutes from your clock.",
+    )
+    def completion_webhook(
+        body: WebhookEvent,
+        x_pin_timestamp: Annotated[
+            str, Header(alias=webhooks.TIMESTAMP_HEADER, description="Unix seconds, signed")
+        ],
+        x_pin_signature: Annotated[
+            str,
+            Header(
+                alias=webhooks.SIGNATURE_HEADER,
+                description="sha256=<lowercase hex HMAC-SHA256 of '<timestamp>.<raw body>'>",
+            ),
+        ],
+        x_pin_delivery_attempt: Annotated[
+            int, Header(alias=webhooks.ATTEMPT_HEADER, description="Attempt number, from 1")
+        ],
+    ) -> None:
+        """Documentation only: the receiver is the client's."""
+
+    return callbacks
+
+
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
@@ -338,6 +406,7 @@ def create_app(
         response_model=Receipt,
         responses={400: {"model": Error, "description": "The body could not be read as JSON"}},
         summary="Accept a job (202 with a receipt); never touches the target",
+        callbacks=_webhook_callbacks().routes,
     )
     def submit(
         body: JobCreate,
@@ -428,8 +497,17 @@ def create_app(
     @router.get(
         "/jobs/{job_id}/result",
         response_model=ResultLink,
-        responses={**NOT_FOUND, **CONFLICT},
-        summary="A signed, expiring URL of the stored result (409 until succeeded)",
+        responses={
+            **NOT_FOUND,
+            **CONFLICT,
+            410: {
+                "model": Error,
+                "description": "The result was deleted by retention "
+                "(PIN_RESULT_RETENTION_DAYS after the job finished)",
+            },
+        },
+        summary="A signed, expiring URL of the stored result (409 until succeeded, 410 "
+        "once expired)",
     )
     def result_link(job_id: JobId, caller: Caller) -> ResultLink:
         with reading() as conn:
@@ -439,6 +517,12 @@ def create_app(
         if row["status"] != "succeeded":
             raise HTTPException(
                 409, f"job is {row['status']}: a result exists once it has succeeded"
+            )
+        if row["result_expired_at"] is not None:
+            raise HTTPException(
+                410,
+                f"the result was deleted by retention at "
+                f"{row['result_expired_at'].astimezone(UTC).isoformat()}",
             )
         url, expires_at = store.signed_url(
             row["result_key"], ttl_seconds=settings.result_url_ttl_seconds
@@ -467,6 +551,19 @@ def create_app(
                 raise HTTPException(404, "no such job")
             rows = repository.list_attempts(conn, job_id)
         return AttemptList(items=[AttemptView(**r) for r in rows])
+
+    @router.get(
+        "/jobs/{job_id}/deliveries",
+        response_model=DeliveryList,
+        responses=NOT_FOUND,
+        summary="Every attempt to deliver the job's completion webhook, oldest first",
+    )
+    def deliveries(job_id: JobId, caller: Caller) -> DeliveryList:
+        with engine_provider().connect() as conn:
+            if repository.get_job(conn, caller.id, job_id) is None:
+                raise HTTPException(404, "no such job")
+            rows = webhooks.list_deliveries(conn, job_id)
+        return DeliveryList(items=[DeliveryView(**r) for r in rows])
 
     app.include_router(router)
 

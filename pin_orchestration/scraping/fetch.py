@@ -232,13 +232,41 @@ class Fetcher:
         """GET `url` with `params` added to its query, following redirects up to the
         policy's limit. Returns the final answer whatever its status; raises `FetchError`
         when there is none (or `should_stop` turned true: `cancelled`)."""
-        started = time.monotonic()
         query = _query_pairs(params)
         target = _checked_url(url, what="url")
+        return self._guarded(
+            lambda deadline, started: self._fetch(target, query, should_stop, deadline, started)
+        )
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str] | None = None) -> FetchResult:
+        """POST `body` to `url` under the same address check, timeout, deadline and body
+        limit as `fetch`. Redirects are not followed (the answer is returned as it is): a
+        callback that moved is the receiver's to fix, and a redirect must not turn a POST
+        into a request to somewhere else."""
+        target = _checked_url(url, what="url")
+        timeout = self.policy.timeout_seconds
+
+        def send(deadline: _Deadline, started: float) -> FetchResult:
+            response = self._session.post(
+                target,
+                data=body,
+                headers=dict(headers or {}),
+                timeout=(timeout, timeout),
+                allow_redirects=False,
+                stream=True,
+            )
+            return _read_answer(response, self.policy, None, deadline, started)
+
+        return self._guarded(send)
+
+    def _guarded(self, call: Callable[[_Deadline, float], FetchResult]) -> FetchResult:
+        """Run one request under the policy's deadline; what requests raises becomes a
+        `FetchError`."""
+        started = time.monotonic()
         deadline = self._watchdog.start(started + self.policy.timeout_seconds)
         _current.deadline = deadline
         try:
-            return self._fetch(target, query, should_stop, deadline, started)
+            return call(deadline, started)
         except FetchError:
             raise
         except Exception as exc:

@@ -55,7 +55,7 @@ WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
 -- name: get_job
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
-       result_key, result_size, result_sha256, result_content_type
+       result_key, result_size, result_sha256, result_content_type, result_expired_at
 FROM scraping.jobs
 WHERE id = :id AND tenant_id = :tenant_id
 
@@ -293,6 +293,8 @@ LIMIT :limit
 UPDATE scraping.jobs
 SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now(),
     finished_at = NULL,
+    -- Its next finish is announced again (from attempt 1).
+    finish_published_at = NULL, webhook_attempts = 0, webhook_next_attempt_at = NULL,
     cancel_requested_at = NULL, updated_at = now()
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
 RETURNING id

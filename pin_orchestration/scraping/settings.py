@@ -45,12 +45,18 @@ class ScrapingSettings:
     api_public_url: str = "http://127.0.0.1:8000"
     # The API's read cache of GET /jobs/{id}; None: every read goes to PostgreSQL.
     redis_url: str | None = None
-    # How long results are kept; a finished job stays in the read cache at most this long.
+    # Stored results older than this are deleted by pin_retention (GET …/result: 410); a
+    # finished job stays in the read cache at most this long.
     result_retention_days: float = 30.0
 
     @property
     def domain_defaults(self) -> DomainDefaults:
         return DomainDefaults(rps=self.domain_rps, concurrency=self.domain_concurrency)
+
+    webhook_timeout_seconds: float = 10.0
+    webhook_max_attempts: int = 8
+    webhook_backoff_base_seconds: float = 5.0
+    webhook_backoff_cap_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -149,6 +155,27 @@ class ScrapingSettings:
                 _redis_url,
                 None,
                 "a redis://HOST:PORT/DB, rediss:// or unix:// URL",
+            ),
+            webhook_timeout_seconds=read(
+                "PIN_WEBHOOK_TIMEOUT_SECONDS",
+                _positive_float,
+                d.webhook_timeout_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            webhook_max_attempts=read(
+                "PIN_WEBHOOK_MAX_ATTEMPTS", _positive_int, d.webhook_max_attempts, "an integer > 0"
+            ),
+            webhook_backoff_base_seconds=read(
+                "PIN_WEBHOOK_BACKOFF_BASE_SECONDS",
+                _positive_float,
+                d.webhook_backoff_base_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
+            webhook_backoff_cap_seconds=read(
+                "PIN_WEBHOOK_BACKOFF_CAP_SECONDS",
+                _positive_float,
+                d.webhook_backoff_cap_seconds,
+                "seconds > 0 (fractions allowed)",
             ),
             result_retention_days=read(
                 "PIN_RESULT_RETENTION_DAYS",

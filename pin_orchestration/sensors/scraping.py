@@ -22,10 +22,16 @@ from dagster import (
     sensor,
 )
 
-from pin_orchestration.jobs.scraping import WORKER_TAGS, scraping_worker
+from pin_orchestration.jobs.scraping import (
+    WEBHOOK_DELIVERY_TAGS,
+    WORKER_TAGS,
+    scraping_webhook_delivery,
+    scraping_worker,
+)
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping.repository import queue_stats
+from pin_orchestration.scraping.webhooks import webhook_stats
 from pin_orchestration.sensors.runs import runs_in_flight
 
 SENSOR_INTERVAL_SECONDS = 5
@@ -90,5 +96,33 @@ def scraping_jobs_sensor(
                 tags={**WORKER_TAGS, "pin/due_jobs": str(stats.due)},
             )
             for slot in range(wanted)
+        ]
+    )
+
+
+@sensor(
+    name="scraping_webhooks_sensor",
+    job=scraping_webhook_delivery,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Every 5 s: due completion webhooks → one scraping_webhook_delivery run "
+    "(it drains them all), never one run per delivery.",
+)
+def scraping_webhooks_sensor(
+    context: SensorEvaluationContext, database: DatabaseResource
+) -> SensorResult | SkipReason:
+    with database.get_engine().connect() as conn:
+        stats = webhook_stats(conn)
+    if stats.due == 0:
+        return SkipReason(f"no due webhooks ({stats.pending} waiting for a retry)")
+    if runs_in_flight(context.instance, scraping_webhook_delivery.name) > 0:
+        return SkipReason(f"{stats.due} due, a delivery run is in flight")
+    tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
+    return SensorResult(
+        run_requests=[
+            RunRequest(
+                run_key=f"scraping-webhooks-{tick}",
+                tags={**WEBHOOK_DELIVERY_TAGS, "pin/due_webhooks": str(stats.due)},
+            )
         ]
     )

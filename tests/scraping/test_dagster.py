@@ -211,3 +211,39 @@ def test_sweeper_job_and_requeue_job(
             ).scalar()
             == "queued"
         )
+
+
+def test_webhooks_sensor_launches_one_delivery_run_that_drains_them_all(
+    instance, resources, db_engine: Engine, make_tenant, scraping_env
+) -> None:
+    from pin_orchestration.jobs.scraping import WEBHOOK_DELIVERY_TAGS, scraping_webhook_delivery
+    from pin_orchestration.sensors.scraping import scraping_webhooks_sensor
+    from tests.scraping.test_webhooks import Receiver, finished_job
+
+    repo = build_definitions().get_repository_def()
+    assert repo.get_sensor_def("scraping_webhooks_sensor").default_status.value == "RUNNING"
+    assert repo.has_job("scraping_webhook_delivery")
+    context = build_sensor_context(instance=instance, resources=resources)
+    assert isinstance(scraping_webhooks_sensor(context), SkipReason)
+
+    receiver = Receiver()
+    try:
+        tenant, _ = make_tenant("shop")
+        jobs = {finished_job(db_engine, tenant, receiver.url()) for _ in range(7)}
+        result = scraping_webhooks_sensor(
+            build_sensor_context(instance=instance, resources=resources)
+        )
+        assert isinstance(result, SensorResult)
+        [request] = result.run_requests  # one run for all seven
+        assert request.tags["pin/drain"] == WEBHOOK_DELIVERY_TAGS["pin/drain"]
+        run = scraping_webhook_delivery.execute_in_process(
+            instance=instance, resources=resources, tags=request.tags
+        )
+        assert run.success
+        assert {uuid.UUID(e["id"]) for e in receiver.events()} == jobs
+    finally:
+        receiver.close()
+    assert isinstance(
+        scraping_webhooks_sensor(build_sensor_context(instance=instance, resources=resources)),
+        SkipReason,
+    )

@@ -49,6 +49,10 @@ def test_durations_accept_fractions_and_cidrs_a_list() -> None:
         ("PIN_RESULT_URL_TTL_SECONDS", "forever"),
         ("PIN_REDIS_URL", "127.0.0.1:6379"),
         ("PIN_RESULT_RETENTION_DAYS", "0"),
+        ("PIN_WEBHOOK_TIMEOUT_SECONDS", "soon"),
+        ("PIN_WEBHOOK_MAX_ATTEMPTS", "-3"),
+        ("PIN_WEBHOOK_BACKOFF_BASE_SECONDS", "inf"),
+        ("PIN_WEBHOOK_BACKOFF_CAP_SECONDS", "0"),
     ],
 )
 def test_a_bad_value_names_the_variable(name: str, value: str) -> None:

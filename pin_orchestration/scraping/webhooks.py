@@ -1,0 +1,339 @@
+"""Completion webhooks (SPEC SCR-11): tell a client's `callback_url` that its job finished.
+
+At least once, through the database: a finished job with a callback owes a delivery while
+`scraping.jobs.finish_published_at` is NULL (the finishing transaction leaves it so). A
+delivery loop claims due deliveries with a lease (`FOR UPDATE SKIP LOCKED`, committed
+before any call), POSTs outside any transaction through the Fetcher — the same SSRF guard,
+timeout and deadline as the scraper's fetches — and records each attempt: a 2xx closes
+the delivery, anything else is retried after a backoff with full jitter until
+`max_attempts`, when it is given up (recorded, and closed). A refused or malformed
+callback address is given up at once: no packet is ever sent to it.
+
+Signature (docs/integration.md, "Verifying a webhook"): `X-Pin-Timestamp` = Unix
+seconds, `X-Pin-Signature` = `sha256=` + hex HMAC-SHA256 of `<timestamp>.<raw body>`
+keyed with the tenant's webhook secret (its ASCII text, as `pin tenant webhook-secret`
+shows it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import random
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, text
+
+from pin_orchestration.options import option
+from pin_orchestration.scraping.fetch import Fetcher, FetchError
+from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
+from pin_orchestration.sql import load_queries
+
+SIGNATURE_HEADER = "X-Pin-Signature"
+TIMESTAMP_HEADER = "X-Pin-Timestamp"
+ATTEMPT_HEADER = "X-Pin-Delivery-Attempt"
+SIGNATURE_PREFIX = "sha256="
+# Answer classes that no retry can change: the address is refused or the URL is unusable.
+_GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
+_MAX_DETAIL_CHARS = 300
+
+log = logging.getLogger(__name__)
+
+
+def _q(name: str) -> Any:
+    return text(load_queries("pin_orchestration.scraping", "webhooks.sql")[name])
+
+
+class WebhookConfigError(ValueError):
+    """The delivery loop's options are invalid; raised before any work."""
+
+
+@dataclass(frozen=True)
+class WebhookPolicy:
+    max_attempts: int = 8
+    backoff_base_seconds: float = 5.0
+    backoff_cap_seconds: float = 3600.0
+    # Timeout of one delivery (connect, read and the whole call).
+    timeout_seconds: float = 10.0
+
+    def validate(self) -> None:
+        problems = [
+            f"{name} must be > 0 (got {getattr(self, name)})"
+            for name in (
+                "max_attempts",
+                "backoff_base_seconds",
+                "backoff_cap_seconds",
+                "timeout_seconds",
+            )
+            if not getattr(self, name) > 0
+        ]
+        if problems:
+            raise WebhookConfigError("invalid webhook delivery policy: " + "; ".join(problems))
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            backoff_base_seconds=self.backoff_base_seconds,
+            backoff_cap_seconds=self.backoff_cap_seconds,
+        )
+
+    @property
+    def lease_seconds(self) -> float:
+        # The claim must outlive the call (the Fetcher's deadline) and the recording.
+        return 2 * self.timeout_seconds + 30
+
+
+@dataclass(frozen=True)
+class DeliveryOptions:
+    batch_size: int = option(50, "Deliveries claimed per round (one short transaction)")
+    concurrency: int = option(8, "Deliveries in flight at once")
+    max_run_duration_seconds: float = option(
+        240.0, "Stop claiming after this long; the sensor launches the next run"
+    )
+
+    def validate(self) -> None:
+        problems = [
+            f"{name} must be > 0 (got {getattr(self, name)})"
+            for name in ("batch_size", "concurrency", "max_run_duration_seconds")
+            if not getattr(self, name) > 0
+        ]
+        if problems:
+            raise WebhookConfigError("invalid webhook delivery options: " + "; ".join(problems))
+
+
+# --- the wire format ---------------------------------------------------------------------
+
+
+def webhook_body(job_id: uuid.UUID, status: str, finished_at: datetime) -> bytes:
+    """`{"id", "status", "finished_at"}` as compact JSON (what is signed is these bytes)."""
+    return json.dumps(
+        {
+            "id": str(job_id),
+            "status": status,
+            "finished_at": finished_at.astimezone(UTC).isoformat(),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(secret.encode("ascii"), timestamp.encode("ascii") + b"." + body, hashlib.sha256)
+    return SIGNATURE_PREFIX + mac.hexdigest()
+
+
+def signed_headers(secret: str, body: bytes, *, now: float, attempt: int) -> dict[str, str]:
+    timestamp = str(int(now))
+    return {
+        "Content-Type": "application/json",
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+        ATTEMPT_HEADER: str(attempt),
+    }
+
+
+# --- tenants' secrets --------------------------------------------------------------------
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + secrets.token_hex(32)
+
+
+def tenant_webhook_secret(engine: Engine, name: str, *, rotate: bool = False) -> dict[str, Any]:
+    """The tenant's webhook secret (a new one when `rotate`); KeyError for an unknown
+    tenant."""
+    with engine.begin() as conn:
+        if rotate:
+            row = conn.execute(
+                _q("rotate_tenant_webhook_secret"),
+                {"name": name, "webhook_secret": new_webhook_secret()},
+            ).one_or_none()
+        else:
+            row = conn.execute(_q("tenant_webhook_secret"), {"name": name}).one_or_none()
+    if row is None:
+        raise KeyError(f"no tenant {name!r} (pin tenant list shows them)")
+    return dict(row._mapping)
+
+
+# --- the delivery loop -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookStats:
+    due: int
+    pending: int
+
+
+def webhook_stats(conn: Connection) -> WebhookStats:
+    row = conn.execute(_q("webhook_stats")).one()
+    return WebhookStats(due=int(row.due), pending=int(row.pending))
+
+
+def list_deliveries(conn: Connection, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    return [
+        dict(r._mapping) for r in conn.execute(_q("list_webhook_deliveries"), {"job_id": job_id})
+    ]
+
+
+@dataclass
+class DeliveryReport:
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    gave_up: int = 0
+    by_error_class: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: uuid.UUID
+    callback_url: str
+    status: str
+    finished_at: datetime
+    number: int
+    secret: str
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    outcome: str  # delivered | retry | gave_up
+    http_status: int | None
+    error_class: str | None
+    error_detail: str | None
+    duration_ms: int
+    next_attempt_at: datetime | None
+
+
+def run_deliveries(
+    engine: Engine,
+    fetcher: Fetcher,
+    policy: WebhookPolicy,
+    options: DeliveryOptions | None = None,
+    *,
+    stop: threading.Event | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time,
+) -> DeliveryReport:
+    """Deliver what is due, batch after batch, until nothing is due, the run's time is up
+    or `stop` is set. Deliveries whose retry falls due later are left to the next run."""
+    options = options or DeliveryOptions()
+    policy.validate()
+    options.validate()
+    rng = rng or random.Random()
+    report = DeliveryReport()
+    started = time.monotonic()
+    with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
+        while not (stop is not None and stop.is_set()):
+            if time.monotonic() - started >= options.max_run_duration_seconds:
+                break
+            claimed = _claim(engine, options.batch_size, policy.lease_seconds)
+            if not claimed:
+                break
+            report.claimed += len(claimed)
+            attempts = list(
+                pool.map(lambda job: _deliver(fetcher, policy, job, rng, clock), claimed)
+            )
+            _record(engine, list(zip(claimed, attempts, strict=True)))
+            for attempt in attempts:
+                if attempt.outcome == "delivered":
+                    report.delivered += 1
+                elif attempt.outcome == "retry":
+                    report.retried += 1
+                else:
+                    report.gave_up += 1
+                if attempt.error_class is not None:
+                    report.by_error_class[attempt.error_class] = (
+                        report.by_error_class.get(attempt.error_class, 0) + 1
+                    )
+    return report
+
+
+def _claim(engine: Engine, limit: int, lease_seconds: float) -> list[_Claimed]:
+    with engine.begin() as conn:
+        rows = conn.execute(
+            _q("claim_webhooks"), {"limit": limit, "lease_seconds": lease_seconds}
+        ).all()
+    return [
+        _Claimed(
+            r.id, r.callback_url, r.status, r.finished_at, r.webhook_attempts, r.webhook_secret
+        )
+        for r in rows
+    ]
+
+
+def _deliver(
+    fetcher: Fetcher,
+    policy: WebhookPolicy,
+    job: _Claimed,
+    rng: random.Random,
+    clock: Callable[[], float],
+) -> _Attempt:
+    body = webhook_body(job.id, job.status, job.finished_at)
+    headers = signed_headers(job.secret, body, now=clock(), attempt=job.number)
+    started = time.monotonic()
+    http_status: int | None = None
+    error_class: str | None = None
+    detail: str | None = None
+    try:
+        with fetcher.post(job.callback_url, body, headers) as answer:
+            http_status = answer.status_code
+    except FetchError as exc:
+        error_class, detail = exc.error_class, exc.detail[:_MAX_DETAIL_CHARS]
+    duration_ms = int((time.monotonic() - started) * 1000)
+    if http_status is not None and 200 <= http_status < 300:
+        return _Attempt("delivered", http_status, None, None, duration_ms, None)
+    if http_status is not None:
+        error_class, detail = f"http_{http_status}", f"the receiver answered {http_status}"
+    if error_class in _GIVE_UP_AT_ONCE or job.number >= policy.max_attempts:
+        return _Attempt("gave_up", http_status, error_class, detail, duration_ms, None)
+    delay = backoff_delay(job.number, policy.retry_policy(), rng)
+    due = datetime.now(UTC) + timedelta(seconds=delay)
+    return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
+
+
+def _record(engine: Engine, done: list[tuple[_Claimed, _Attempt]]) -> None:
+    """A round's outcomes in one transaction (one commit per round, not per delivery)."""
+    with engine.begin() as conn:
+        recorded = {
+            row.job_id
+            for job, attempt in done
+            for row in conn.execute(
+                _q("record_webhook_attempt"),
+                {
+                    "job_id": job.id,
+                    "number": job.number,
+                    "job_status": job.status,
+                    "url": job.callback_url,
+                    "outcome": attempt.outcome,
+                    "http_status": attempt.http_status,
+                    "error_class": attempt.error_class,
+                    "error_detail": attempt.error_detail,
+                    "duration_ms": attempt.duration_ms,
+                    "next_attempt_at": attempt.next_attempt_at,
+                },
+            )
+        }
+    for job, attempt in done:
+        if job.id not in recorded:
+            log.info(
+                "webhook of job %s: requeued meanwhile, attempt %d not recorded",
+                job.id,
+                job.number,
+            )
+        elif attempt.outcome == "gave_up":
+            log.warning(
+                "webhook of job %s given up after attempt %d: %s %s",
+                job.id,
+                job.number,
+                attempt.error_class,
+                attempt.error_detail,
+            )

@@ -1,0 +1,151 @@
+"""Retention of stored results (SCR-10) with a controllable clock (rows backdated): exactly
+the expired objects are deleted, from moto S3 and from the local store, their jobs marked
+expired, and the API answers 410 Gone for them instead of a dead URL."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.retention import RetentionOptions, run_retention
+from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.repository import JobRequest, Tenant, submit_job
+from pin_orchestration.scraping.store import ResultStore, result_key
+from tests.scraping.conftest import TEST_SETTINGS, auth
+
+NOW = datetime.now(UTC)
+
+
+def stored_job(
+    engine: Engine, store: ResultStore, tenant: Tenant, finished_days_ago: float
+) -> tuple[uuid.UUID, str]:
+    """A succeeded job whose result is in the store, finished that many days before NOW."""
+    job_id = submit_job(
+        engine, tenant.id, JobRequest(url="http://127.0.0.1:9/x", params={}), None
+    ).id
+    finished = NOW - timedelta(days=finished_days_ago)
+    key = result_key(tenant.id, job_id, finished)
+    body = f"result of {job_id}".encode()
+    store.put(
+        key,
+        io.BytesIO(body),
+        size=len(body),
+        sha256=hashlib.sha256(body).hexdigest(),
+        content_type="text/plain",
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'succeeded', attempts = 1, result_key = :key, "
+                "result_size = :size, result_sha256 = :sha, result_content_type = 'text/plain', "
+                "created_at = :at, started_at = :at, finished_at = :at WHERE id = :id"
+            ),
+            {
+                "id": job_id,
+                "key": key,
+                "size": len(body),
+                "sha": hashlib.sha256(body).hexdigest(),
+                "at": finished,
+            },
+        )
+    return job_id, key
+
+
+def retain(engine: Engine, store: ResultStore, **options: object) -> object:
+    return run_retention(
+        engine,
+        RetentionOptions(**options),  # type: ignore[arg-type]
+        run_id="test",
+        holder="test",
+        now=NOW,
+        result_store=lambda: store,
+    )
+
+
+@pytest.mark.parametrize("store_name", ["local_store", "s3_store"])
+def test_exactly_the_expired_results_are_deleted_and_answer_410(
+    request: pytest.FixtureRequest,
+    store_name: str,
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+) -> None:
+    store: ResultStore = request.getfixturevalue(store_name)
+    tenant, key = make_tenant("acme")
+    expired = [stored_job(db_engine, store, tenant, days) for days in (31, 45, 400)]
+    kept = [stored_job(db_engine, store, tenant, days) for days in (29, 0)]
+
+    result = retain(db_engine, store, scraping_results_days=30, batch_size=2)
+
+    assert result.deleted["scraping_results"] == 3  # type: ignore[attr-defined]
+    assert result.batches >= 2  # type: ignore[attr-defined]
+    assert [store.head(k) for _, k in expired] == [None, None, None]
+    assert all(store.head(k) is not None for _, k in kept)
+    with TestClient(create_app(lambda: db_engine, store, TEST_SETTINGS)) as client:
+        for job_id, _ in expired:
+            answer = client.get(f"/jobs/{job_id}/result", headers=auth(key))
+            assert answer.status_code == 410
+            assert "deleted by retention" in answer.json()["detail"]
+            # The job itself is still there.
+            assert client.get(f"/jobs/{job_id}", headers=auth(key)).status_code == 200
+        for job_id, _ in kept:
+            assert client.get(f"/jobs/{job_id}/result", headers=auth(key)).status_code == 200
+
+    # Nothing more is old enough: a second run deletes nothing.
+    assert retain(db_engine, store, scraping_results_days=30).deleted["scraping_results"] == 0  # type: ignore[attr-defined]
+
+
+def test_the_age_defaults_to_PIN_RESULT_RETENTION_DAYS(  # noqa: N802
+    db_engine: Engine,
+    local_store: ResultStore,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    old = stored_job(db_engine, local_store, tenant, 31)
+    middle = stored_job(db_engine, local_store, tenant, 12)
+    young = stored_job(db_engine, local_store, tenant, 5)
+
+    monkeypatch.delenv("PIN_RESULT_RETENTION_DAYS", raising=False)
+    assert retain(db_engine, local_store).deleted["scraping_results"] == 1  # type: ignore[attr-defined]
+    assert local_store.head(old[1]) is None and local_store.head(middle[1]) is not None
+
+    monkeypatch.setenv("PIN_RESULT_RETENTION_DAYS", "10")
+    assert retain(db_engine, local_store).deleted["scraping_results"] == 1  # type: ignore[attr-defined]
+    assert local_store.head(middle[1]) is None and local_store.head(young[1]) is not None
+
+
+def test_a_failing_store_marks_nothing(
+    db_engine: Engine,
+    local_store: ResultStore,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+) -> None:
+    class Broken:
+        def delete_many(self, keys: object) -> int:
+            raise RuntimeError("the store is down")
+
+    tenant, key = make_tenant("acme")
+    job_id, object_key = stored_job(db_engine, local_store, tenant, 40)
+    result = run_retention(
+        db_engine,
+        RetentionOptions(scraping_results_days=30),
+        run_id="test",
+        holder="test",
+        now=NOW,
+        result_store=lambda: Broken(),  # type: ignore[arg-type, return-value]
+    )
+    assert result.status.value == "failed"
+    with db_engine.connect() as conn:
+        assert (
+            conn.execute(
+                text("SELECT result_expired_at FROM scraping.jobs WHERE id = :id"), {"id": job_id}
+            ).scalar()
+            is None
+        )
+    assert local_store.head(object_key) is not None

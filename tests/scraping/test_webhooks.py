@@ -1,0 +1,452 @@
+"""Completion webhooks (SCR-11) against a real loopback receiver and real PostgreSQL: signed
+as docs/integration.md says, delivered at least once through the DB, retried with backoff
+up to the cap, recorded and readable at /jobs/{id}/deliveries, never sent to a refused
+address."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.resources.scraping import webhook_fetch_policy_from
+from pin_orchestration.scraping.fetch import Fetcher
+from pin_orchestration.scraping.repository import (
+    JobRequest,
+    Tenant,
+    cancel_job,
+    requeue_failed_jobs,
+    submit_job,
+)
+from pin_orchestration.scraping.webhooks import (
+    DeliveryOptions,
+    DeliveryReport,
+    WebhookPolicy,
+    run_deliveries,
+    tenant_webhook_secret,
+)
+from tests.contracts.test_integration_doc import blocks
+from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
+from tests.scraping.servers import TargetServer
+
+# Tests make every retry due at once (webhook_next_attempt_at moved back) instead of
+# waiting out the backoff: a controllable clock on the rows.
+POLICY = WebhookPolicy(
+    max_attempts=4, backoff_base_seconds=30, backoff_cap_seconds=60, timeout_seconds=2.5
+)
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """A webhook receiver on loopback: records every POST, answers `status`."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.received: list[Received] = []
+        self.status = 204
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver._lock:
+                    receiver.received.append(Received(dict(self.headers.items()), body))
+                    status = receiver.status
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        class Server(ThreadingHTTPServer):
+            # The default backlog of 5 makes concurrent deliveries wait for SYN retransmits.
+            request_queue_size = 128
+
+        self._server = Server(("127.0.0.1", port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [json.loads(r.body) for r in self.received]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+Deliver = Callable[..., DeliveryReport]
+
+
+@pytest.fixture
+def deliver(db_engine: Engine) -> Deliver:
+    def run(*, allowed: str = "127.0.0.1/32", policy: WebhookPolicy = POLICY) -> DeliveryReport:
+        settings = _with_allowed(TEST_SETTINGS, allowed)
+        with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+            return run_deliveries(
+                db_engine, fetcher, policy, DeliveryOptions(batch_size=10), rng=random.Random(3)
+            )
+
+    return run
+
+
+def finished_job(engine: Engine, tenant: Tenant, callback_url: str | None) -> uuid.UUID:
+    """A job with a callback, finished the way the API finishes one (queued → cancelled)."""
+    request = JobRequest(url="http://127.0.0.1:9/x", params={}, callback_url=callback_url)
+    job_id = submit_job(engine, tenant.id, request, None).id
+    assert cancel_job(engine, tenant.id, job_id) == ("cancelled", True)
+    return job_id
+
+
+def make_retries_due(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET webhook_next_attempt_at = now() - interval '1 second' "
+                "WHERE finish_published_at IS NULL AND webhook_next_attempt_at IS NOT NULL"
+            )
+        )
+
+
+def job_row(engine: Engine, job_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT status, finished_at, finish_published_at, webhook_attempts "
+                "FROM scraping.jobs WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+
+
+def test_a_finished_job_is_announced_once_signed_with_the_tenants_secret(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    job_id = finished_job(db_engine, tenant, receiver.url())
+    assert job_row(db_engine, job_id).finish_published_at is None
+
+    report = deliver()
+
+    assert (report.claimed, report.delivered) == (1, 1)
+    [received] = receiver.received
+    row = job_row(db_engine, job_id)
+    assert json.loads(received.body) == {
+        "id": str(job_id),
+        "status": "cancelled",
+        "finished_at": row.finished_at.isoformat(),
+    }
+    # The doc's own verification function, run as written, accepts it with the secret
+    # `pin tenant webhook-secret` shows — and not with another tenant's.
+    namespace: dict[str, Any] = {}
+    exec(blocks("python")[1], namespace)  # noqa: S102 - our own doc
+    verify = namespace["verify_pin_signature"]
+    secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"].encode()
+    timestamp, signature = received.headers["X-Pin-Timestamp"], received.headers["X-Pin-Signature"]
+    assert verify(secret, received.body, timestamp, signature)
+    other = tenant_webhook_secret(db_engine, make_tenant("other")[0].name)["webhook_secret"]
+    assert not verify(other.encode(), received.body, timestamp, signature)
+    assert received.headers["Content-Type"] == "application/json"
+    assert row.finish_published_at is not None
+
+    # Acknowledged: never sent again, even once due times pass.
+    make_retries_due(db_engine)
+    assert deliver().claimed == 0
+    assert len(receiver.received) == 1
+
+
+def test_rotating_the_secret_signs_the_next_deliveries_with_the_new_one(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    old = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    new = tenant_webhook_secret(db_engine, "acme", rotate=True)["webhook_secret"]
+    assert new != old and new.startswith("whsec_")
+    finished_job(db_engine, tenant, receiver.url())
+    deliver()
+    [received] = receiver.received
+    namespace: dict[str, Any] = {}
+    exec(blocks("python")[1], namespace)  # noqa: S102 - our own doc
+    verify = namespace["verify_pin_signature"]
+    args = (received.body, received.headers["X-Pin-Timestamp"], received.headers["X-Pin-Signature"])
+    assert verify(new.encode(), *args) and not verify(old.encode(), *args)
+
+
+def test_a_receiver_down_for_a_while_gets_every_event_once_back(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    down = Receiver()
+    port = down.port
+    down.close()  # nothing listens on the port: connections are refused
+    url = f"http://127.0.0.1:{port}/hook"
+    jobs = {finished_job(db_engine, tenant, url) for _ in range(5)}
+
+    for _ in range(2):
+        report = deliver()
+        assert (report.claimed, report.retried, report.delivered) == (5, 5, 0)
+        assert report.by_error_class == {"connection_error": 5}
+        # Backed off: nothing is due again before its jittered delay.
+        assert deliver().claimed == 0
+        make_retries_due(db_engine)
+
+    back = Receiver(port)
+    try:
+        report = deliver()
+        assert (report.claimed, report.delivered) == (5, 5)
+        make_retries_due(db_engine)
+        assert deliver().claimed == 0
+        assert {uuid.UUID(e["id"]) for e in back.events()} == jobs
+        assert len(back.received) == 5
+    finally:
+        back.close()
+    for job_id in jobs:
+        assert job_row(db_engine, job_id).webhook_attempts == 3
+
+
+def test_retries_stop_at_the_cap_and_the_failure_is_visible_at_deliveries(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+    client: TestClient,
+) -> None:
+    tenant, key = make_tenant("acme")
+    receiver.status = 500
+    job_id = finished_job(db_engine, tenant, receiver.url())
+    for _ in range(POLICY.max_attempts + 2):
+        deliver()
+        make_retries_due(db_engine)
+
+    assert len(receiver.received) == POLICY.max_attempts
+    assert [int(r.headers["X-Pin-Delivery-Attempt"]) for r in receiver.received] == [1, 2, 3, 4]
+    assert job_row(db_engine, job_id).finish_published_at is not None
+
+    answer = client.get(f"/jobs/{job_id}/deliveries", headers=auth(key))
+    assert answer.status_code == 200
+    items = answer.json()["items"]
+    assert [(i["number"], i["outcome"], i["http_status"]) for i in items] == [
+        (1, "retry", 500),
+        (2, "retry", 500),
+        (3, "retry", 500),
+        (4, "gave_up", 500),
+    ]
+    assert all(i["error_class"] == "http_500" for i in items)
+    assert all(i["next_attempt_at"] is not None for i in items[:3])
+    assert items[3]["next_attempt_at"] is None and items[0]["job_status"] == "cancelled"
+
+    # Another tenant's job is 404, and so is an unknown one.
+    _, other_key = make_tenant("other")
+    assert client.get(f"/jobs/{job_id}/deliveries", headers=auth(other_key)).status_code == 404
+    assert client.get(f"/jobs/{uuid.uuid4()}/deliveries", headers=auth(key)).status_code == 404
+
+
+def test_backoff_grows_with_jitter_within_the_cap(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    receiver.status = 503
+    for _ in range(6):
+        finished_job(db_engine, tenant, receiver.url())
+    deliver()
+    with db_engine.connect() as conn:
+        delays = (
+            conn.execute(
+                text(
+                    "SELECT EXTRACT(EPOCH FROM next_attempt_at - attempted_at) "
+                    "FROM scraping.webhook_deliveries"
+                )
+            )
+            .scalars()
+            .all()
+        )
+    # Attempt 1: full jitter over [0, base]; not all alike.
+    assert len(delays) == 6
+    assert all(-1 <= float(d) <= POLICY.backoff_base_seconds for d in delays)
+    assert len({round(float(d), 3) for d in delays}) > 1
+
+
+def test_a_callback_to_a_refused_address_is_never_contacted(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    deliver: Deliver,
+    client: TestClient,
+) -> None:
+    tenant, key = make_tenant("acme")
+    with TargetServer(host="127.0.0.2") as forbidden:
+        job_id = finished_job(db_engine, tenant, forbidden.url("/hook"))
+        report = deliver(allowed="127.0.0.1/32")
+        make_retries_due(db_engine)
+        deliver(allowed="127.0.0.1/32")
+        assert forbidden.accepted_connections == 0
+    assert (report.claimed, report.gave_up) == (1, 1)
+    [item] = client.get(f"/jobs/{job_id}/deliveries", headers=auth(key)).json()["items"]
+    assert (item["outcome"], item["error_class"]) == ("gave_up", "refused_address")
+
+
+def test_a_job_finished_by_a_worker_is_announced_and_one_without_callback_is_not(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+    site: Any,
+    work: Any,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    with_callback = submit_job(
+        db_engine,
+        tenant.id,
+        JobRequest(url=f"{site.url}/page/a", params={}, callback_url=receiver.url()),
+        None,
+    ).id
+    submit_job(db_engine, tenant.id, JobRequest(url=f"{site.url}/page/b", params={}), None)
+    finished_job(db_engine, tenant, None)
+    work()
+    assert job_row(db_engine, with_callback).status == "succeeded"
+    report = deliver()
+    assert report.claimed == 1
+    assert receiver.events() == [
+        {
+            "id": str(with_callback),
+            "status": "succeeded",
+            "finished_at": job_row(db_engine, with_callback).finished_at.isoformat(),
+        }
+    ]
+
+
+def test_a_requeued_job_announces_its_next_finish(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    job_id = finished_job(db_engine, tenant, receiver.url())
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scraping.jobs SET status = 'failed' WHERE id = :id"), {"id": job_id}
+        )
+    deliver()
+    assert requeue_failed_jobs(db_engine, [job_id]) == [job_id]
+    assert deliver().claimed == 0  # queued again: nothing owed
+    assert cancel_job(db_engine, tenant.id, job_id) == ("cancelled", True)
+    deliver()
+    assert [e["status"] for e in receiver.events()] == ["failed", "cancelled"]
+
+
+def test_openapi_documents_the_webhook_as_a_callback_and_the_deliveries_route(
+    client: TestClient,
+) -> None:
+    spec = client.get("/openapi.json").json()
+    callbacks = spec["paths"]["/jobs"]["post"]["callbacks"]
+    [(_, expression)] = [(name, c) for name, c in callbacks.items()]
+    operation = expression["{$request.body#/callback_url}"]["post"]
+    headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
+    assert {"X-Pin-Timestamp", "X-Pin-Signature", "X-Pin-Delivery-Attempt"} <= headers
+    body_ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    event = spec["components"]["schemas"][body_ref.rsplit("/", 1)[1]]
+    assert set(event["properties"]) == {"id", "status", "finished_at"}
+    assert "404" in spec["paths"]["/jobs/{job_id}/deliveries"]["get"]["responses"]
+    assert "410" in spec["paths"]["/jobs/{job_id}/result"]["get"]["responses"]
+
+
+def test_pin_shows_and_rotates_the_secret_and_delivers_from_the_shell(
+    db_engine: Engine,
+    db_url: str,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.test_cli import pin
+
+    tenant, _ = make_tenant("acme")
+    shown = pin("tenant", "webhook-secret", "acme", "--json", url=db_url, home=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    secret = json.loads(shown.stdout)["webhook_secret"]
+    assert secret == tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    rotated = pin("tenant", "webhook-secret", "acme", "--rotate", url=db_url, home=tmp_path)
+    assert rotated.returncode == 0, rotated.stderr
+    new = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    assert new != secret and new in rotated.stdout
+    unknown = pin("tenant", "webhook-secret", "nobody", url=db_url, home=tmp_path)
+    assert unknown.returncode != 0 and "no tenant 'nobody'" in unknown.stderr
+
+    finished_job(db_engine, tenant, receiver.url())
+    monkeypatch.setenv("PIN_SCRAPING_ALLOWED_CIDRS", "127.0.0.1/32")  # pin inherits it
+    delivered = pin("scraping", "deliver", "--batch-size", "5", url=db_url, home=tmp_path)
+    assert delivered.returncode == 0, delivered.stderr
+    assert json.loads(delivered.stdout.strip().splitlines()[-1])["delivered"] == 1
+    assert len(receiver.received) == 1
+
+
+def test_two_delivery_loops_at_once_send_each_event_once(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    jobs = {finished_job(db_engine, tenant, receiver.url()) for _ in range(60)}
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    reports: list[DeliveryReport] = []
+    start = threading.Barrier(2)
+
+    def loop() -> None:
+        with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+            start.wait()
+            reports.append(
+                run_deliveries(
+                    db_engine, fetcher, POLICY, DeliveryOptions(batch_size=5, concurrency=4)
+                )
+            )
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [uuid.UUID(e["id"]) for e in receiver.events()]
+    assert sorted(ids) == sorted(jobs)  # every event, none twice
+    assert sum(r.delivered for r in reports) == 60
+    assert all(r.claimed > 0 for r in reports)  # both loops took part
