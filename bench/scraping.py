@@ -120,7 +120,9 @@ def wait_for(url: str, seconds: float) -> None:
     raise RuntimeError(f"{url} did not come up in {seconds} s")
 
 
-def pipeline(target: str, jobs: int, slots: int, api_port: int, runs: int = 1) -> dict[str, float]:
+def pipeline(
+    target: str, jobs: int, slots: int, api_port: int, runs: int = 1, rate: float = 0.0
+) -> dict[str, float]:
     db_url = fresh_bench_database("pin_bench_scraping")
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
@@ -179,6 +181,8 @@ def pipeline(target: str, jobs: int, slots: int, api_port: int, runs: int = 1) -
         headers = {"Authorization": f"Bearer {key}"}
 
         def post(i: int) -> None:
+            if rate:  # open loop at the given rate: job i is sent at i / rate
+                time.sleep(max(0.0, started + i / rate - time.monotonic()))
             answer = client.post(
                 f"{api_url}/jobs", json={"url": f"{target}/job/{i}"}, headers=headers, timeout=30
             )
@@ -186,7 +190,7 @@ def pipeline(target: str, jobs: int, slots: int, api_port: int, runs: int = 1) -
 
         requests.get(f"{target}/__peak", timeout=5)  # forget the bare loop's peak
         started = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
+        with ThreadPoolExecutor(16 if not rate else 64) as pool:
             list(pool.map(post, range(jobs)))
         accept_seconds = time.monotonic() - started
         deadline = time.monotonic() + 600
@@ -255,6 +259,12 @@ def main() -> None:
     parser.add_argument(
         "--runs", type=int, default=1, help="worker runs sharing the slots (one process each)"
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="POST jobs at this rate (jobs/s) instead of all at once, e.g. the seed's 28",
+    )
     args = parser.parse_args()
     if args.api_port == 0:
         import socket
@@ -270,11 +280,12 @@ def main() -> None:
     try:
         ceiling = args.slots / args.latency
         bare, bare_peak = bare_loop(target, args.jobs, args.slots)
-        piped = pipeline(target, args.jobs, args.slots, args.api_port, args.runs)
+        piped = pipeline(target, args.jobs, args.slots, args.api_port, args.runs, args.rate)
     finally:
         server.terminate()
     print(
-        f"jobs {args.jobs}, slots {args.slots} ({args.runs} worker run(s)), "
+        f"jobs {args.jobs} ({f'{args.rate:g}/s' if args.rate else 'all at once'}), "
+        f"slots {args.slots} ({args.runs} worker run(s)), "
         f"target latency {args.latency} s, 10 KB bodies"
     )
     print(f"ceiling (slots / latency)          {ceiling:8.1f} jobs/s")
