@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import sys
 import uuid
 
 import click
 
-from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.cli.runs import run_once_and_exit
 from pin_orchestration.db import engine_from_env
-from pin_orchestration.jobruns import RunStatus
-from pin_orchestration.locks import default_holder
 from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, quarantined_entries
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
 from pin_orchestration.news.snapshot_detach.policy import (
@@ -41,21 +39,8 @@ def detach_run(detach_call_timeout_seconds: float, **fields: object) -> None:
         ).get_client(pool_size=options.max_concurrency)
     except (SnapshotDetachConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
-    run_id = f"cli-{uuid.uuid4()}"
-    with client, stop_requested_on_signals() as stop:
-        result = run_detach_retry(
-            engine_from_env(),
-            client,
-            options,
-            run_id=run_id,
-            holder=default_holder(run_id),
-            stop_requested=stop,
-        )
-    click.echo(json.dumps(result.summary()))
-    if result.status == RunStatus.FAILED:
-        sys.exit(1)
-    if result.status == RunStatus.CANCELLED:
-        sys.exit(130)
+    with client:
+        run_once_and_exit(functools.partial(run_detach_retry, engine_from_env(), client, options))
 
 
 @detach.command("requeue")
