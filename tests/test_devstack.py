@@ -105,6 +105,8 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",  # what ./scripts/run sets
     }
     env.pop("PIN_DAGSTER_PG_URL", None)
+    log_path = tmp_path / "pin-up.log"
+    output = log_path.open("w")
     stack = subprocess.Popen(
         [
             sys.executable,
@@ -123,9 +125,12 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             str(ROOT / "workspace.yaml"),
         ],
         env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cwd=ROOT,  # where an operator runs it: next to the repository's dagster.yaml
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        # Its own session, as under a service manager: the stop signal below reaches its
+        # PID alone, never its children through a shared process group.
+        start_new_session=True,
     )
     try:
         wait_until(lambda: responds(f"http://127.0.0.1:{port}/server_info"), 180, "the UI")
@@ -221,10 +226,17 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
         children = psutil.Process(stack.pid).children(recursive=True)
         assert children, "dagster dev should be running under pin up"
     finally:
-        stack.send_signal(signal.SIGTERM)
+        # SIGINT to the PID alone (Ctrl-C of a service manager); SIGTERM takes the same path.
+        os.kill(stack.pid, signal.SIGINT)
         stack.wait(timeout=120)
+        output.close()
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], f"left running after pin up stopped: {[p.pid for p in alive]}"
+    assert stack.returncode == 0, log_path.read_text()[-5000:]
+    log = log_path.read_text()
+    # What an operator sees is the system's own news, not known noise.
+    for noise in ("INFO pgserver", "PreviewWarning", "will not be used to configure Dagster"):
+        assert noise not in log, noise
 
 
 def demo_job_statuses(db_url: str) -> dict[str, int]:
