@@ -52,6 +52,7 @@ from pin_orchestration.schedules.retention import pin_retention
 from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
+from pin_orchestration.sensors.run_failures import record_failed_runs
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor
 from pin_orchestration.settings import Settings
 
@@ -111,7 +112,7 @@ def retention_definitions() -> Definitions:
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
-        Definitions(resources={"database": DatabaseResource()}),
+        Definitions(resources={"database": DatabaseResource()}, sensors=[record_failed_runs]),
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),
