@@ -18,7 +18,9 @@ from pin_orchestration.assets.news_snapshot_detach import (
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
 )
+from pin_orchestration.assets.queue_checks import QUEUE_CHECKS
 from pin_orchestration.assets.scraping import scraping_results
+from pin_orchestration.jobs.alerts import pin_alert_checks_every_5_minutes, pin_alert_checks_job
 from pin_orchestration.jobs.chessboard import (
     chessboard_divergence_check,
     chessboard_force_recalc,
@@ -112,7 +114,13 @@ def retention_definitions() -> Definitions:
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
-        Definitions(resources={"database": DatabaseResource()}, sensors=[record_failed_runs]),
+        Definitions(
+            resources={"database": DatabaseResource()},
+            sensors=[record_failed_runs],
+            asset_checks=QUEUE_CHECKS,
+            jobs=[pin_alert_checks_job],
+            schedules=[pin_alert_checks_every_5_minutes],
+        ),
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),
