@@ -4,6 +4,7 @@ recalc queue, scraping queue) and scraping jobs running past their lease."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from dagster import DagsterInstance
@@ -81,3 +82,34 @@ def test_old_backlog_and_expired_leases_fail_their_checks(
     add_scraping_job(db_engine, "running", minutes_ago=5)
     checks = alert_checks(db_url, monkeypatch)
     assert {name: checks[name] for name in QUEUE_CHECKS} == dict.fromkeys(QUEUE_CHECKS, False)
+
+
+def test_a_failed_drain_run_fails_its_areas_no_failed_runs_check(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pin_orchestration.jobruns import record_failed_run
+
+    assert alert_checks(db_url, monkeypatch)["no_failed_runs_in_1h"]
+    record_failed_run(
+        db_engine,
+        job_code="chessboard_project_recalc_drain",
+        run_id="r1",
+        started_at=datetime.now(UTC),
+        error="boom",
+    )
+    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
+    outcome = (
+        build_definitions()
+        .resolve_job_def("pin_alert_checks")
+        .execute_in_process(instance=DagsterInstance.ephemeral())
+    )
+    failed_runs = {
+        e.asset_key.to_user_string(): e.passed
+        for e in outcome.get_asset_check_evaluations()
+        if e.check_name == "no_failed_runs_in_1h"
+    }
+    assert failed_runs == {
+        "chessboard/project_aggregates": False,
+        "scraping/results": True,
+        "news/snapshot_detach_outbox": True,
+    }

@@ -8,16 +8,21 @@ from datetime import UTC, datetime
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetKey,
     DagsterRunStatus,
     RunsFilter,
     asset_check,
 )
 
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES
+from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS
+from pin_orchestration.jobruns import RunStatus, count_runs_since
 from pin_orchestration.jobs.chessboard import DRAIN_JOB
 from pin_orchestration.jobs.scraping import WORKER_JOB
+from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
 from pin_orchestration.queue_health import (
     STALLED_AFTER,
     Backlog,
@@ -120,4 +125,41 @@ def no_jobs_past_lease(
     )
 
 
-QUEUE_CHECKS = [recalc_queue_not_stalled, scraping_queue_not_stalled, no_jobs_past_lease]
+# Drains run all day, so a failure an hour old is still news; the run-failure sensor
+# (record_failed_runs) counts every failed run into pin.job_runs under these job codes.
+FAILED_RUNS_WINDOW_SECONDS = 3600
+
+
+def no_failed_runs_check(asset: AssetKey, job_code: str) -> AssetChecksDefinition:
+    @asset_check(
+        asset=asset,
+        name="no_failed_runs_in_1h",
+        description=f"No {job_code} run failed in the last hour (config errors included)",
+    )
+    def _check(context: AssetCheckExecutionContext, database: DatabaseResource) -> AssetCheckResult:
+        failed = count_runs_since(
+            database.get_engine(), job_code, RunStatus.FAILED, FAILED_RUNS_WINDOW_SECONDS
+        )
+        return AssetCheckResult(
+            passed=failed == 0,
+            severity=AssetCheckSeverity.WARN,
+            description=(
+                f"{failed} failed {job_code} runs in the last hour: open them in Runs "
+                "(filter by job), fix the cause (docs/runbooks.md#failed-runs)"
+                if failed
+                else "no failed runs"
+            ),
+            metadata={"failed_runs": failed, "job_code": job_code},
+        )
+
+    return _check
+
+
+QUEUE_CHECKS = [
+    recalc_queue_not_stalled,
+    scraping_queue_not_stalled,
+    no_jobs_past_lease,
+    no_failed_runs_check(PROJECT_AGGREGATES, DRAIN_JOB),
+    no_failed_runs_check(SCRAPING_RESULTS, WORKER_JOB),
+    no_failed_runs_check(OUTBOX_ASSET_KEY, DETACH_JOB_CODE),
+]
