@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dagster import Definitions, definitions
 
+from pin_orchestration.assets.analyst import (
+    daily_drift_by_post_status,
+    pin_analyst_automation,
+    project_building_free_share,
+)
 from pin_orchestration.assets.chessboard import (
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
@@ -42,6 +47,7 @@ from pin_orchestration.jobs.scraping import (
     scraping_sweep_expired_leases,
     scraping_worker,
 )
+from pin_orchestration.resources.analyst_io import PickledFrameStore, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
@@ -115,8 +121,13 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
         Definitions(
-            resources={"database": DatabaseResource()},
-            sensors=[record_failed_runs],
+            resources={
+                "database": DatabaseResource(),
+                "pin_postgres_reader": PostgresAssetReader(),
+                "pin_frames": PickledFrameStore(),
+            },
+            assets=[daily_drift_by_post_status, project_building_free_share],
+            sensors=[record_failed_runs, pin_analyst_automation],
             asset_checks=QUEUE_CHECKS,
             jobs=[pin_alert_checks_job],
             schedules=[pin_alert_checks_every_5_minutes],

@@ -180,7 +180,13 @@ def test_definitions_load_without_dagster_preview_warnings() -> None:
     """The preview/beta features used on purpose are acknowledged in one place, so code
     servers and `pin` commands do not repeat Dagster's warnings about them."""
     loaded = subprocess.run(
-        [sys.executable, "-W", "always", "-c", "import pin_orchestration.definitions"],
+        [
+            sys.executable,
+            "-W",
+            "always",
+            "-c",
+            "from pin_orchestration.definitions import build_definitions; build_definitions()",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -62,6 +62,8 @@ def recalc_metadata(recalc: RecalcResult) -> dict[str, object]:
 @asset(
     key=PROJECT_AGGREGATES,
     partitions_def=chessboard_projects,
+    # Analysts load a project's value (its stored aggregates) as a DataFrame from PostgreSQL.
+    io_manager_key="pin_postgres_reader",
     group_name="chessboard",
     kinds={"postgres"},
     description="Denormalized counters and price/area bounds of one chessboard project, its "

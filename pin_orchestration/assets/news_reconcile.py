@@ -79,6 +79,8 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
     # dagster.yaml gives pools a limit of 1 at run granularity, so overlapping runs wait in
     # the queue instead of skipping on the distributed lock.
     pool="news_comment_reconcile",
+    # Analysts load a day's value (its reconcile runs) as a DataFrame from PostgreSQL.
+    io_manager_key="pin_postgres_reader",
     group_name="news",
     kinds={"postgres"},
     description="news.posts.comments_count reconciled to the number of Visible comments "
@@ -103,6 +105,7 @@ def post_comment_counts(
             run_id=run_id,
             holder=default_holder(run_id),
             window_anchor=anchor,
+            partition=context.partition_key if context.has_partition_key else None,
             stop_requested=stop,
             logger=context.log,
         )
