@@ -33,6 +33,7 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
+from pin_orchestration.jobs.locks import pin_release_lock
 from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
@@ -129,7 +130,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
             assets=[daily_drift_by_post_status, project_building_free_share],
             sensors=[record_failed_runs, pin_analyst_automation],
             asset_checks=QUEUE_CHECKS,
-            jobs=[pin_alert_checks_job],
+            jobs=[pin_alert_checks_job, pin_release_lock],
             schedules=[pin_alert_checks_every_5_minutes],
         ),
         news_comment_reconcile_definitions(settings),
