@@ -1,5 +1,5 @@
 """The analysts' derived assets, one per area, materialized by automation as soon as their
-upstream partition is (AutomationCondition.eager), lineage shown in the asset graph."""
+upstream partition is, lineage shown in the asset graph."""
 
 import pandas as pd
 from dagster import (
@@ -21,12 +21,16 @@ from pin_orchestration.resources.database import DatabaseResource
 DRIFT_BY_POST_STATUS = AssetKey(["news", "daily_drift_by_post_status"])
 BUILDING_FREE_SHARE = AssetKey(["chessboard", "building_free_share"])
 
+# eager() without its latest-day restriction: a backfilled or re-run past day gets its
+# derived partition too, which is what an analyst comparing days needs.
+FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_latest_time_window())
+
 
 @asset(
     key=DRIFT_BY_POST_STATUS,
     ins={"runs": AssetIn(POST_COMMENT_COUNTS)},
     partitions_def=news_daily_partitions,
-    automation_condition=AutomationCondition.eager(),
+    automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
     group_name="news",
     kinds={"pandas"},
@@ -43,7 +47,7 @@ def daily_drift_by_post_status(
     key=BUILDING_FREE_SHARE,
     ins={"aggregates": AssetIn(PROJECT_AGGREGATES)},
     partitions_def=chessboard_projects,
-    automation_condition=AutomationCondition.eager(),
+    automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
     group_name="chessboard",
     kinds={"pandas"},
