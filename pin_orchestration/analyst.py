@@ -49,6 +49,14 @@ def project_aggregates_frame(engine: Engine, project_id: uuid.UUID) -> pd.DataFr
         return pd.DataFrame(result.all(), columns=list(result.keys()))
 
 
+def scraping_results_frame(engine: Engine, day: str) -> pd.DataFrame:
+    """`scraping/results` for a UTC day (the day the jobs were accepted): one row per job,
+    its tenant, url, status, attempts, timings and its result object's key, size, sha256."""
+    with engine.connect() as conn:
+        result = conn.execute(_query("scraping_jobs_of_day"), {"day": day})
+        return pd.DataFrame(result.all(), columns=list(result.keys()))
+
+
 def drift_by_post_status(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     """Per post status: how many posts a day's reconcile corrected and by how much their
     comments_count changed in total (negative: the counter had run ahead)."""

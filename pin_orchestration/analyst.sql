@@ -37,3 +37,14 @@ SELECT 'layout', id, name, property_objects_count, NULL, NULL, NULL, NULL, total
        total_area, version, updated_at
 FROM chessboard.layouts WHERE project_id = :project_id AND deleted_at IS NULL
 ORDER BY 1, 3, 2
+
+-- name: scraping_jobs_of_day
+SELECT j.id AS job_id, t.name AS tenant, j.url, j.status, j.attempts,
+       j.created_at, j.started_at, j.finished_at,
+       extract(epoch FROM j.finished_at - j.created_at) AS seconds_to_finish,
+       j.result_key, j.result_size, j.result_sha256
+FROM scraping.jobs AS j
+JOIN scraping.tenants AS t ON t.id = j.tenant_id
+WHERE j.created_at >= CAST(:day AS date) AT TIME ZONE 'UTC'
+  AND j.created_at < (CAST(:day AS date) + 1) AT TIME ZONE 'UTC'
+ORDER BY j.created_at, j.id

@@ -106,7 +106,8 @@ def news_snapshot_detach_definitions() -> Definitions:
 
 def scraping_definitions() -> Definitions:
     return Definitions(
-        assets=[scraping_results],
+        # Worker runs materialize it; analysts load a day's jobs through the reader.
+        assets=[scraping_results.with_io_manager_key("pin_postgres_reader")],
         jobs=[scraping_worker, scraping_sweep_expired_leases, scraping_requeue],
         sensors=[scraping_jobs_sensor],
         schedules=[scraping_stuck_sweeper],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +23,26 @@ from tests.news_reconcile.factories import add_comments, add_post
 
 ROOT = Path(__file__).resolve().parent.parent
 DAY = "2026-11-29"
+
+
+def add_scraping_job(engine: Engine, created_at: str) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    with engine.begin() as conn:
+        tenant = conn.execute(
+            text(
+                "INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix) "
+                "VALUES (:id, :name, :sha, 'k') RETURNING id"
+            ),
+            {"id": uuid.uuid4(), "name": f"t{job_id.hex[:8]}", "sha": job_id.bytes},
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO scraping.jobs (id, tenant_id, url, created_at) "
+                "VALUES (:id, :tenant, 'https://example.org/a', :at)"
+            ),
+            {"id": job_id, "tenant": tenant, "at": created_at},
+        )
+    return job_id
 
 
 def readme_python_blocks(section: str) -> list[str]:
@@ -55,6 +76,8 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
     with db_engine.connect() as conn:
         project = str(conn.execute(text("SELECT id FROM chessboard.projects")).scalar_one())
     instance.add_dynamic_partitions("chessboard_projects", [project])
+    scraped = add_scraping_job(db_engine, "2026-11-29T23:59:00Z")
+    add_scraping_job(db_engine, "2026-11-30T00:00:00Z")  # the next UTC day
 
     defs = build_definitions()
     day = defs.resolve_implicit_global_asset_job_def()
@@ -88,6 +111,12 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
     assert levels["project"] == 1 and levels["building"] >= 1 and levels["layout"] >= 1
     project_total = aggregates.loc[aggregates.level == "project", "total_count"].iloc[0]
     assert project_total > 0
+
+    jobs = namespace["jobs"]
+    assert list(jobs["job_id"]) == [scraped]
+    assert {"tenant", "url", "status", "attempts", "result_key", "result_sha256"} <= set(
+        jobs.columns
+    )
 
     drift = namespace["drift"]
     assert drift.to_dict("records") == [

@@ -16,16 +16,21 @@ import pandas as pd
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 from pydantic import Field
 
-from pin_orchestration.analyst import project_aggregates_frame, reconcile_runs_frame
+from pin_orchestration.analyst import (
+    project_aggregates_frame,
+    reconcile_runs_frame,
+    scraping_results_frame,
+)
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, project_id_of
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
+from pin_orchestration.assets.scraping import SCRAPING_RESULTS
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
 
 class PostgresAssetReader(ConfigurableIOManager):
-    """Values of news/post_comment_counts and chessboard/project_aggregates, read from
-    PostgreSQL per partition (day; project id)."""
+    """Values of news/post_comment_counts, chessboard/project_aggregates and
+    scraping/results, read from PostgreSQL per partition (day; project id; UTC day)."""
 
     database: DatabaseResource = Field(default_factory=DatabaseResource)
 
@@ -39,6 +44,8 @@ class PostgresAssetReader(ConfigurableIOManager):
             return reconcile_runs_frame(engine, context.asset_partition_key)
         if key == PROJECT_AGGREGATES:
             return project_aggregates_frame(engine, project_id_of(context.asset_partition_key))
+        if key == SCRAPING_RESULTS:
+            return scraping_results_frame(engine, context.asset_partition_key)
         raise ValueError(f"PostgresAssetReader cannot load {key.to_user_string()}")
 
 
