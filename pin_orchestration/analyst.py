@@ -5,6 +5,7 @@ analysts' derived tables computed from them."""
 from __future__ import annotations
 
 import uuid
+from urllib.parse import urlsplit
 
 import pandas as pd
 from sqlalchemy import Engine, TextClause, text
@@ -22,6 +23,7 @@ RECONCILE_COLUMNS = [
     "drift_corrected",
     "corrections",
 ]
+SCRAPING_OUTCOME_COLUMNS = ["tenant", "domain", "status", "jobs", "attempts", "median_seconds"]
 DRIFT_BY_STATUS_COLUMNS = ["post_status", "posts_corrected", "comments_count_change"]
 
 
@@ -92,4 +94,21 @@ def building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
             "free_count": buildings["free_count"].to_numpy(),
             "free_share": share.to_numpy(),
         }
+    )
+
+
+def scraping_outcomes(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per tenant, target domain and status: a day's jobs, the attempts they took and the
+    median seconds from acceptance to finish."""
+    if jobs.empty:
+        return pd.DataFrame(columns=SCRAPING_OUTCOME_COLUMNS)
+    frame = jobs.assign(domain=jobs["url"].map(lambda url: urlsplit(url).hostname or ""))
+    return (
+        frame.groupby(["tenant", "domain", "status"])
+        .agg(
+            jobs=("job_id", "count"),
+            attempts=("attempts", "sum"),
+            median_seconds=("seconds_to_finish", "median"),
+        )
+        .reset_index()[SCRAPING_OUTCOME_COLUMNS]
     )

@@ -8,6 +8,7 @@ from pin_orchestration.assets.analyst import (
     daily_drift_by_post_status,
     pin_analyst_automation,
     project_building_free_share,
+    scraping_daily_outcomes,
 )
 from pin_orchestration.assets.chessboard import (
     aggregates_match_source_of_truth,
@@ -128,7 +129,11 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
                 "pin_postgres_reader": PostgresAssetReader(),
                 "pin_frames": PickledFrameStore(),
             },
-            assets=[daily_drift_by_post_status, project_building_free_share],
+            assets=[
+                daily_drift_by_post_status,
+                project_building_free_share,
+                scraping_daily_outcomes,
+            ],
             sensors=[record_failed_runs, pin_analyst_automation],
             asset_checks=QUEUE_CHECKS,
             jobs=[pin_alert_checks_job, pin_release_lock],

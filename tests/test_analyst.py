@@ -13,7 +13,11 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 from sqlalchemy import Engine, text
 
-from pin_orchestration.assets.analyst import BUILDING_FREE_SHARE, DRIFT_BY_POST_STATUS
+from pin_orchestration.assets.analyst import (
+    BUILDING_FREE_SHARE,
+    DRIFT_BY_POST_STATUS,
+    SCRAPING_DAILY_OUTCOMES,
+)
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
@@ -94,6 +98,11 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
         asset_selection=[PROJECT_AGGREGATES, BUILDING_FREE_SHARE],
     )
     assert recalculated.success
+    # scraping/results is materialized by worker runs; its derived day here directly.
+    scraping_day = day.execute_in_process(
+        instance=instance, partition_key=DAY, asset_selection=[SCRAPING_DAILY_OUTCOMES]
+    )
+    assert scraping_day.success
 
     namespace: dict[str, object] = {}
     for block in readme_python_blocks("Reading the data"):
@@ -126,12 +135,17 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
     # The buildings' objects add up to the project's.
     assert free_share["total_count"].sum() == project_total
     assert free_share["free_share"].between(0, 1).all()
+    outcomes = namespace["outcomes"]
+    assert outcomes[["domain", "status", "jobs"]].to_dict("records") == [
+        {"domain": "example.org", "status": "queued", "jobs": 1}
+    ]
 
 
 def test_derived_assets_follow_their_upstream_in_the_graph() -> None:
     graph = build_definitions().resolve_asset_graph()
     assert graph.get(DRIFT_BY_POST_STATUS).parent_keys == {POST_COMMENT_COUNTS}
     assert graph.get(BUILDING_FREE_SHARE).parent_keys == {PROJECT_AGGREGATES}
-    for key in (DRIFT_BY_POST_STATUS, BUILDING_FREE_SHARE):
+    assert graph.get(SCRAPING_DAILY_OUTCOMES).parent_keys == {AssetKey(["scraping", "results"])}
+    for key in (DRIFT_BY_POST_STATUS, BUILDING_FREE_SHARE, SCRAPING_DAILY_OUTCOMES):
         assert graph.get(key).automation_condition is not None, key
     assert AssetKey(["scraping", "results"]) in graph.get_all_asset_keys()
