@@ -17,9 +17,18 @@ INTENDED_PREVIEW_FEATURES: tuple[str, ...] = (
     # Dagster's own default automation sensor, there because the analysts' derived assets
     # use automation conditions (pin_orchestration/assets/analyst.py).
     "Parameter `owners` of initializer `SensorDefinition.__init__`",
+    # `pin up` runs `dagster dev` (the project has no `dg` layout).
+    "Function `dev_command` is superseded",
 )
 
 
 def silence_intended_dagster_warnings() -> None:
     for message in INTENDED_PREVIEW_FEATURES:
         warnings.filterwarnings("ignore", message=f"^{message}")
+
+
+def pythonwarnings_value() -> str:
+    """The same list as PYTHONWARNINGS, for processes that never import this package
+    (`dagster dev`, and through it the webserver and daemon) — `pin up` sets it."""
+    # -W syntax: action:message-prefix; the messages hold no colons.
+    return ",".join(f"ignore:{message}" for message in INTENDED_PREVIEW_FEATURES)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from pin_orchestration.dagster_warnings import pythonwarnings_value
 from pin_orchestration.db import create_db_engine, dagster_storage_url, resolve_database_url
 from pin_orchestration.demo import seed_demo_data
 from pin_orchestration.metrics import serve_metrics
@@ -160,6 +161,7 @@ def run_stack(
             "PIN_API_PORT": str(api_port),
         }
     )
+    env["PYTHONWARNINGS"] = pythonwarnings_value()
     # The daemon reads this: how many failed runs record_failed_runs takes per tick.
     env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))
     stoppers = start_local_services(settings, env, seed_demo=seed_demo)
