@@ -199,4 +199,3 @@ def renewed_lock(
         done.set()
         renewer.join()
         release_lock(engine, key, holder)  # a lock that passed to another holder stays theirs
-

@@ -33,6 +33,7 @@ from pin_orchestration.news.reconcile import (
     run_reconcile,
 )
 from pin_orchestration.options import dagster_config
+from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
 POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
@@ -80,7 +81,8 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
     # the queue instead of skipping on the distributed lock.
     pool="news_comment_reconcile",
     # Analysts load a day's value (its reconcile runs) as a DataFrame from PostgreSQL.
-    io_manager_key="pin_postgres_reader",
+    # Bundled, so any Definitions holding the asset (tests, subsets) can load it.
+    io_manager_def=PostgresAssetReader(),
     group_name="news",
     kinds={"postgres"},
     description="news.posts.comments_count reconciled to the number of Visible comments "

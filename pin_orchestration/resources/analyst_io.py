@@ -21,9 +21,6 @@ from pin_orchestration.analyst import (
     reconcile_runs_frame,
     scraping_results_frame,
 )
-from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, project_id_of
-from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
-from pin_orchestration.assets.scraping import SCRAPING_RESULTS
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
@@ -38,6 +35,11 @@ class PostgresAssetReader(ConfigurableIOManager):
         """Nothing to store: the run wrote the tables this manager reads."""
 
     def load_input(self, context: InputContext) -> pd.DataFrame:
+        # Imported here: the asset modules bundle this manager (io_manager_def).
+        from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, project_id_of
+        from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
+        from pin_orchestration.assets.scraping import SCRAPING_RESULTS
+
         key = context.asset_key
         engine = self.database.get_engine()
         if key == POST_COMMENT_COUNTS:
