@@ -17,6 +17,8 @@ INTENDED_PREVIEW_FEATURES: tuple[str, ...] = (
     # Dagster's own default automation sensor, there because the analysts' derived assets
     # use automation conditions (pin_orchestration/assets/analyst.py).
     "Parameter `owners` of initializer `SensorDefinition.__init__`",
+    # The PostgreSQL reader bundled with the assets it loads (analysts' DataFrames).
+    "Parameter `io_manager_def` of function `asset`",
     # `pin up` runs `dagster dev` (the project has no `dg` layout).
     "Function `dev_command` is superseded",
 )
