@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dagster import Definitions, definitions
 
+from pin_orchestration.assets.analyst import (
+    daily_drift_by_post_status,
+    pin_analyst_automation,
+    project_building_free_share,
+    scraping_daily_outcomes,
+)
 from pin_orchestration.assets.chessboard import (
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
@@ -18,7 +24,9 @@ from pin_orchestration.assets.news_snapshot_detach import (
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
 )
+from pin_orchestration.assets.queue_checks import QUEUE_CHECKS
 from pin_orchestration.assets.scraping import scraping_results
+from pin_orchestration.jobs.alerts import pin_alert_checks_every_5_minutes, pin_alert_checks_job
 from pin_orchestration.jobs.chessboard import (
     chessboard_divergence_check,
     chessboard_force_recalc,
@@ -26,6 +34,7 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
+from pin_orchestration.jobs.locks import pin_release_lock
 from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
@@ -41,6 +50,7 @@ from pin_orchestration.jobs.scraping import (
     scraping_webhook_delivery,
     scraping_worker,
 )
+from pin_orchestration.resources.analyst_io import PickledFrameStore, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
@@ -53,6 +63,7 @@ from pin_orchestration.schedules.retention import pin_retention
 from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
 from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
 from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
+from pin_orchestration.sensors.run_failures import record_failed_runs
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, scraping_webhooks_sensor
 from pin_orchestration.settings import Settings
 
@@ -97,7 +108,8 @@ def news_snapshot_detach_definitions() -> Definitions:
 
 def scraping_definitions() -> Definitions:
     return Definitions(
-        assets=[scraping_results],
+        # Worker runs materialize it; analysts load a day's jobs through the reader.
+        assets=[scraping_results.with_io_manager_key("pin_postgres_reader")],
         jobs=[
             scraping_worker,
             scraping_sweep_expired_leases,
@@ -117,7 +129,22 @@ def retention_definitions() -> Definitions:
 def build_definitions(settings: Settings | None = None) -> Definitions:
     settings = settings or Settings.from_env()
     return Definitions.merge(
-        Definitions(resources={"database": DatabaseResource()}),
+        Definitions(
+            resources={
+                "database": DatabaseResource(),
+                "pin_postgres_reader": PostgresAssetReader(),
+                "pin_frames": PickledFrameStore(),
+            },
+            assets=[
+                daily_drift_by_post_status,
+                project_building_free_share,
+                scraping_daily_outcomes,
+            ],
+            sensors=[record_failed_runs, pin_analyst_automation],
+            asset_checks=QUEUE_CHECKS,
+            jobs=[pin_alert_checks_job, pin_release_lock],
+            schedules=[pin_alert_checks_every_5_minutes],
+        ),
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),
         news_snapshot_detach_definitions(),

@@ -107,7 +107,12 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
                 "reason": "PostDeleted" if i % 3 == 0 else "BlockReplaced",
                 "status": "Quarantined" if quarantined else "Pending",
                 "attempts": 12 if quarantined else 0,
-                "last_error": "transient:http_503" if quarantined else None,
+                "last_error": (
+                    "DEMO: quarantined on purpose to show the no_quarantined_entries alert "
+                    "(was transient:http_503); `pin detach requeue` clears it"
+                    if quarantined
+                    else None
+                ),
             }
         )
     with engine.begin() as conn:

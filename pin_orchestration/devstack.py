@@ -19,13 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from pin_orchestration.dagster_warnings import pythonwarnings_value
 from pin_orchestration.db import create_db_engine, dagster_storage_url, resolve_database_url
 from pin_orchestration.demo import seed_demo_data
 from pin_orchestration.metrics import serve_metrics
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.sensors.run_failures import RUN_STATUS_SENSOR_PROCESS_LIMIT
 from pin_orchestration.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# What stops `pin up` when sent to its PID alone (kill PID, systemd, docker stop, Ctrl-C).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def prepare_dagster_home(settings: Settings, dagster_yaml: Path) -> Path:
@@ -161,9 +166,13 @@ def run_stack(
             "PIN_API_PORT": str(api_port),
         }
     )
+    env["PYTHONWARNINGS"] = pythonwarnings_value()
+    # The daemon reads this: how many failed runs record_failed_runs takes per tick.
+    env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))
     stoppers = start_local_services(settings, env, seed_demo=seed_demo)
     metrics_server = serve_metrics(engine, host, metrics_port)
     log.info("metrics on http://%s:%d/metrics", host, metrics_port)
+    dagster_home = Path(env["DAGSTER_HOME"])
     dagster = [
         sys.executable,
         "-m",
@@ -177,26 +186,29 @@ def run_stack(
         str(port),
     ]
     log.info("Dagster UI on http://%s:%d", host, port)
-    # A process started in the background inherits an ignored SIGINT, and dagster dev maps
-    # SIGTERM to whatever SIGINT does: give it the default back so it can be stopped.
+    # Its own session: a terminal's Ctrl-C reaches only `pin up`, which then tells dagster
+    # dev exactly once, the same way as for a signal sent to `pin up`'s PID alone.
+    # cwd is DAGSTER_HOME so dagster dev does not warn that the repository's dagster.yaml
+    # (the source of the copy there) is ignored. A process started in the background
+    # inherits an ignored SIGINT: give it the default back so it can be stopped.
     dagster_dev = subprocess.Popen(
-        dagster, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+        dagster,
+        env=env,
+        cwd=dagster_home,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
-    def forward(_signo: int, _frame: FrameType | None) -> None:
-        # Ctrl-C is how dagster dev stops its webserver, daemon and code servers cleanly.
+    def stop_dagster(_signo: int, _frame: FrameType | None) -> None:
+        # SIGINT is how dagster dev stops its webserver, daemon and code servers cleanly.
         dagster_dev.send_signal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = {signo: signal.signal(signo, stop_dagster) for signo in STOP_SIGNALS}
     try:
-        while True:
-            try:
-                return dagster_dev.wait()
-            except KeyboardInterrupt:
-                # Ctrl-C reached the whole process group; wait for dagster to wind down.
-                continue
+        return dagster_dev.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signo, handler in previous.items():
+            signal.signal(signo, handler)
         metrics_server.shutdown()
         for stop in reversed(stoppers):
             stop()

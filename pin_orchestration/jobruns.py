@@ -32,6 +32,18 @@ _INSERT = text(
     VALUES (:job_code, :run_id, :status, :started_at, now(), CAST(:result AS jsonb))
     """
 )
+# At most one 'failed' row per run: the run's own record (a run that caught its failure)
+# or the run-failure sensor's, whichever comes first; a replayed sensor tick adds nothing.
+_INSERT_FAILED_ONCE = text(
+    """
+    INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at, result)
+    SELECT :job_code, :run_id, 'failed', :started_at, now(), CAST(:result AS jsonb)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pin.job_runs
+        WHERE job_code = :job_code AND run_id = :run_id AND status = 'failed'
+    )
+    """
+)
 _LAST_SUCCESS = text(
     """
     SELECT max(finished_at) FROM pin.job_runs
@@ -67,6 +79,23 @@ def record_job_run(
                 "result": json.dumps(result, default=str),
             },
         )
+
+
+def record_failed_run(
+    engine: Engine, *, job_code: str, run_id: str, started_at: datetime, error: str
+) -> bool:
+    """Count a failed run once, however often it is reported; True if this call counted it."""
+    with engine.begin() as conn:
+        inserted = conn.execute(
+            _INSERT_FAILED_ONCE,
+            {
+                "job_code": job_code,
+                "run_id": run_id,
+                "started_at": started_at,
+                "result": json.dumps({"error": error}),
+            },
+        ).rowcount
+    return inserted == 1
 
 
 def last_successful_run_at(engine: Engine, job_code: str) -> datetime | None:

@@ -154,6 +154,9 @@ def test_fresh_machine_path_embedded_postgres() -> None:
         assert (home / "pgdata" / "PG_VERSION").exists()
         seeded = pin("demo", "seed", url=None, home=home)
         assert seeded.returncode == 0, seeded.stderr
+        # pgserver's own INFO chatter (initdb, pg_ctl command lines) is not the operator's.
+        for command in (upgrade, seeded):
+            assert "INFO pgserver" not in command.stderr, command.stderr
         run = pin("news", "reconcile", "--scope", "FullSweep", url=None, home=home)
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["drift_corrected"] > 0
@@ -171,3 +174,23 @@ def test_migrations_apply_on_a_fresh_database_in_process(empty_db_url: str) -> N
     engine = create_engine(empty_db_url)
     assert current_revision(engine) is not None
     engine.dispose()
+
+
+def test_definitions_load_without_dagster_preview_warnings() -> None:
+    """The preview/beta features used on purpose are acknowledged in one place, so code
+    servers and `pin` commands do not repeat Dagster's warnings about them."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "always",
+            "-c",
+            "from pin_orchestration.definitions import build_definitions; build_definitions()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    for warning in ("PreviewWarning", "BetaWarning", "SupersessionWarning"):
+        assert warning not in loaded.stderr, loaded.stderr

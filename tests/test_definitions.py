@@ -34,6 +34,19 @@ def test_code_location_snapshot() -> None:
         ("news_comment_reconcile_full_sweep", "0 4 * * 0", "Europe/Moscow", "RUNNING"),
         ("news_comment_reconcile_health_hourly", "17 * * * *", "Europe/Moscow", "RUNNING"),
     } <= set(schedules)
+    # Issue 10: alerts on the asset pages, the analysts' derived assets, failed runs counted.
+    assert {"news/daily_drift_by_post_status", "chessboard/building_free_share"} <= set(assets)
+    assert {
+        "chessboard/project_aggregates:recalc_queue_not_stalled",
+        "chessboard/project_aggregates:no_failed_runs_in_1h",
+        "scraping/results:scraping_queue_not_stalled",
+        "scraping/results:no_jobs_past_lease",
+        "scraping/results:no_failed_runs_in_1h",
+        "news/snapshot_detach_outbox:no_failed_runs_in_1h",
+    } <= set(checks)
+    assert "pin_alert_checks" in jobs
+    assert ("pin_alert_checks_every_5_minutes", "*/5 * * * *", None, "RUNNING") in schedules
+    assert {"record_failed_runs", "pin_analyst_automation"} <= {name for name, _ in sensors}
     assert all(status == "RUNNING" for _, status in sensors)
 
 

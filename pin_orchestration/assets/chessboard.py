@@ -31,6 +31,7 @@ from sqlalchemy import Engine
 from pin_orchestration.chessboard.drain import POISON_ALERT, force_recalc_project
 from pin_orchestration.chessboard.queue import poison_rows
 from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence
+from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
 PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
@@ -62,6 +63,9 @@ def recalc_metadata(recalc: RecalcResult) -> dict[str, object]:
 @asset(
     key=PROJECT_AGGREGATES,
     partitions_def=chessboard_projects,
+    # Analysts load a project's value (its stored aggregates) as a DataFrame from PostgreSQL.
+    # Bundled, so any Definitions holding the asset (tests, subsets) can load it.
+    io_manager_def=PostgresAssetReader(),
     group_name="chessboard",
     kinds={"postgres"},
     description="Denormalized counters and price/area bounds of one chessboard project, its "

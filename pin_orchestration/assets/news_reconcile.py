@@ -33,6 +33,7 @@ from pin_orchestration.news.reconcile import (
     run_reconcile,
 )
 from pin_orchestration.options import dagster_config
+from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
 POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
@@ -79,6 +80,9 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
     # dagster.yaml gives pools a limit of 1 at run granularity, so overlapping runs wait in
     # the queue instead of skipping on the distributed lock.
     pool="news_comment_reconcile",
+    # Analysts load a day's value (its reconcile runs) as a DataFrame from PostgreSQL.
+    # Bundled, so any Definitions holding the asset (tests, subsets) can load it.
+    io_manager_def=PostgresAssetReader(),
     group_name="news",
     kinds={"postgres"},
     description="news.posts.comments_count reconciled to the number of Visible comments "
@@ -103,6 +107,7 @@ def post_comment_counts(
             run_id=run_id,
             holder=default_holder(run_id),
             window_anchor=anchor,
+            partition=context.partition_key if context.has_partition_key else None,
             stop_requested=stop,
             logger=context.log,
         )

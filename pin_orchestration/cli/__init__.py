@@ -36,6 +36,9 @@ def main(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # pgserver logs every initdb/pg_ctl command line at INFO; only its problems concern
+    # an operator (-v shows the rest).
+    logging.getLogger("pgserver").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 for command in (

@@ -120,6 +120,9 @@ class ReconcileResult:
     backlog_remaining: bool = False
     duration_ms: int = 0
     error: str | None = None
+    # The Dagster partition (day) the run reconciled, when it ran for one: what analysts
+    # load `news/post_comment_counts` by.
+    partition: str | None = None
     corrections: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -324,6 +327,7 @@ def run_reconcile(
     run_id: str,
     holder: str,
     window_anchor: datetime | None = None,
+    partition: str | None = None,
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> ReconcileResult:
@@ -339,7 +343,7 @@ def run_reconcile(
     started_at = datetime.now(UTC)
     started = time.monotonic()
     scope = Scope(options.scope)
-    result = ReconcileResult(status=RunStatus.SUCCEEDED, scope=scope)
+    result = ReconcileResult(status=RunStatus.SUCCEEDED, scope=scope, partition=partition)
     own_window = None
     if scope == Scope.DAILY_WINDOW:
         end = window_anchor or started_at
@@ -474,5 +478,6 @@ def _finish(
         run_id=run_id,
         status=result.status.value,
         started_at=started_at,
-        result=result.summary(),
+        # The kept corrections too: analysts read them back per partition.
+        result={**result.summary(), "corrections": result.corrections},
     )

@@ -699,6 +699,12 @@ def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engi
         result = run_detach_retry(db_engine, c, NO_JITTER, run_id="demo", holder="demo")
     assert result.succeeded == 12
     assert statuses(db_engine) == {"Done": 12, "Quarantined": 2}
+    # Rows broken on purpose say so, so nobody chases a fake outage in the demo.
+    with db_engine.connect() as conn:
+        errors = conn.execute(
+            text("SELECT last_error FROM news.snapshot_detach_outbox WHERE status = 'Quarantined'")
+        ).scalars()
+        assert all(error.startswith("DEMO: quarantined on purpose") for error in errors)
 
 
 def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:

@@ -1,0 +1,87 @@
+"""The analysts' derived assets, one per area, materialized by automation as soon as their
+upstream partition is, lineage shown in the asset graph."""
+
+import pandas as pd
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    asset,
+)
+
+from pin_orchestration.analyst import building_free_share, drift_by_post_status, scraping_outcomes
+from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, chessboard_projects
+from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, news_daily_partitions
+from pin_orchestration.assets.scraping import RESULT_DAYS, SCRAPING_RESULTS
+from pin_orchestration.resources.database import DatabaseResource
+
+DRIFT_BY_POST_STATUS = AssetKey(["news", "daily_drift_by_post_status"])
+BUILDING_FREE_SHARE = AssetKey(["chessboard", "building_free_share"])
+SCRAPING_DAILY_OUTCOMES = AssetKey(["scraping", "daily_outcomes"])
+
+# eager() without its latest-day restriction: a backfilled or re-run past day gets its
+# derived partition too, which is what an analyst comparing days needs.
+FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_latest_time_window())
+
+
+@asset(
+    key=DRIFT_BY_POST_STATUS,
+    ins={"runs": AssetIn(POST_COMMENT_COUNTS)},
+    partitions_def=news_daily_partitions,
+    automation_condition=FOLLOW_UPSTREAM,
+    io_manager_key="pin_frames",
+    group_name="news",
+    kinds={"pandas"},
+    description="Per day and post status: posts the reconcile corrected and the total "
+    "change of their comments_count (negative: the counter had run ahead).",
+)
+def daily_drift_by_post_status(
+    context: AssetExecutionContext, runs: pd.DataFrame, database: DatabaseResource
+) -> pd.DataFrame:
+    return drift_by_post_status(database.get_engine(), runs)
+
+
+@asset(
+    key=BUILDING_FREE_SHARE,
+    ins={"aggregates": AssetIn(PROJECT_AGGREGATES)},
+    partitions_def=chessboard_projects,
+    automation_condition=FOLLOW_UPSTREAM,
+    io_manager_key="pin_frames",
+    group_name="chessboard",
+    kinds={"pandas"},
+    description="Per project and building: free property objects as a share of all.",
+)
+def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
+    return building_free_share(aggregates)
+
+
+@asset(
+    key=SCRAPING_DAILY_OUTCOMES,
+    ins={"jobs": AssetIn(SCRAPING_RESULTS)},
+    partitions_def=RESULT_DAYS,
+    automation_condition=FOLLOW_UPSTREAM,
+    io_manager_key="pin_frames",
+    group_name="scraping",
+    kinds={"pandas"},
+    description="Per UTC day, tenant, target domain and status: jobs, attempts and the "
+    "median seconds from acceptance to finish.",
+)
+def scraping_daily_outcomes(jobs: pd.DataFrame) -> pd.DataFrame:
+    return scraping_outcomes(jobs)
+
+
+# Dagster's default automation sensor starts stopped; this one runs from the start so the
+# derived assets follow their upstream without an operator switching anything on.
+pin_analyst_automation = AutomationConditionSensorDefinition(
+    name="pin_analyst_automation",
+    target=AssetSelection.assets(
+        DRIFT_BY_POST_STATUS, BUILDING_FREE_SHARE, SCRAPING_DAILY_OUTCOMES
+    ),
+    default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description="Materializes the analysts' derived assets after their upstream partitions",
+)
