@@ -41,8 +41,8 @@ def add_scraping_job(engine: Engine, created_at: str) -> uuid.UUID:
         ).scalar_one()
         conn.execute(
             text(
-                "INSERT INTO scraping.jobs (id, tenant_id, url, created_at) "
-                "VALUES (:id, :tenant, 'https://example.org/a', :at)"
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, created_at) "
+                "VALUES (:id, :tenant, 'https://example.org/a', 'example.org', :at)"
             ),
             {"id": job_id, "tenant": tenant, "at": created_at},
         )

@@ -223,8 +223,11 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
             enqueue(db_engine, tenant.id, f"{rated.url}/slow/{i}", ms=100)
         for i in range(12):
             enqueue(db_engine, tenant.id, f"{narrow.url}/slow/{i}", ms=500)
+        # Three slots each: the two domains have room for five at once, so one worker can
+        # never hold it all and the other always finds some (with eight slots the first
+        # worker took every place and the second, finding none for a second, went idle).
         options = WorkerOptions(
-            slots=8,
+            slots=3,
             lease_seconds=5,
             idle_exit_seconds=1.0,
             max_run_duration_seconds=60,
