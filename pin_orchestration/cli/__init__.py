@@ -1,7 +1,7 @@
 """`pin`: the operators' command line. One module per area, each a click group (or a few
 commands) added to `main` here: platform (up, db, demo, locks, metrics), news_reconcile
 (`pin news`), news_snapshot_detach (`pin detach`), chessboard, retention, scraping
-(`pin api`, `pin tenant`, `pin scraping`)."""
+(`pin api`, `pin tenant`, `pin scraping`), faults (`pin faults`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from pin_orchestration.cli.chessboard import chessboard
+from pin_orchestration.cli.faults import faults
 from pin_orchestration.cli.news_reconcile import news
 from pin_orchestration.cli.news_snapshot_detach import detach
 from pin_orchestration.cli.platform import db, demo, locks, metrics, up
@@ -54,5 +55,6 @@ for command in (
     api,
     tenant,
     scraping,
+    faults,
 ):
     main.add_command(command)

@@ -1,0 +1,1 @@
+"""One module per job; importing a module registers its scenarios (see faults.core)."""

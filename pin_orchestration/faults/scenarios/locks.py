@@ -1,0 +1,139 @@
+"""Locks: never two holders. Processes compete for one lock through `renewed_lock` (what
+every PIN job holds while it works) and record each step they do while holding it; the
+holders are SIGKILLed, and the database restarts under them. The record is the holders'
+own append-only file: no two holders' steps may overlap in time.
+
+Run as `python -m pin_orchestration.faults.scenarios.locks URL KEY RECORD SECONDS` it is
+one competing holder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
+
+TTL_SECONDS = 2.0
+STEP_SECONDS = 0.05
+
+
+def hold_and_record(database_url: str, key: str, record: Path, seconds: float) -> None:
+    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.locks import LockLost, renewed_lock
+
+    engine = create_db_engine(database_url)
+    holder = f"faults-{os.getpid()}"
+    end = time.monotonic() + seconds
+    with record.open("a", buffering=1) as out:
+        while time.monotonic() < end:
+            try:
+                with renewed_lock(engine, key, TTL_SECONDS, holder) as lease:
+                    if not lease.acquired:
+                        time.sleep(STEP_SECONDS)
+                        continue
+                    while time.monotonic() < end:
+                        lease.check()
+                        began = time.time()
+                        time.sleep(STEP_SECONDS)
+                        out.write(f"{holder} {began:.6f} {time.time():.6f}\n")
+            except LockLost:
+                continue
+            except Exception:  # the database is restarting: try again, as a job's next run
+                time.sleep(STEP_SECONDS)
+
+
+def read_steps(record: Path) -> list[tuple[str, float, float]]:
+    steps = []
+    for line in record.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:  # a line cut by SIGKILL mid-write is not a step
+            steps.append((parts[0], float(parts[1]), float(parts[2])))
+    return sorted(steps, key=lambda s: s[1])
+
+
+def overlapping_steps(steps: list[tuple[str, float, float]]) -> list[str]:
+    overlaps = []
+    for (h1, _, e1), (h2, b2, _) in zip(steps, steps[1:], strict=False):
+        if h1 != h2 and b2 < e1:
+            overlaps.append(f"{h1} until {e1:.3f} and {h2} from {b2:.3f}")
+    return overlaps
+
+
+def _steps_after(record: Path, moment: float) -> int:
+    return sum(1 for _, began, _ in read_steps(record) if began > moment) if record.exists() else 0
+
+
+def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome:
+    outcome = Outcome(job="locks", fault=fault)
+    url = ctx.postgres.create_database("locks")
+    record = ctx.workdir / "steps.log"
+    seconds = 6 + (kills + restarts) * (TTL_SECONDS + 2)
+    env = ctx.pin_env(url)
+    holders = [
+        ctx.spawn(
+            ["-m", __name__, url, "faults-lock", str(record), str(seconds)], env, name=f"h{i}"
+        )
+        for i in range(3)
+    ]
+    wait_until(lambda: _steps_after(record, 0) > 0, timeout=30, what="a first holder's step")
+    for _ in range(kills):
+        time.sleep(ctx.rng.uniform(0.2, 1.0))
+        alive = [h for h in holders if h.poll() is None]
+        # Kill whoever holds the lock now: the last one to record a step.
+        last_holder = read_steps(record)[-1][0]
+        victim = next((h for h in alive if f"faults-{h.pid}" == last_holder), None)
+        if victim is None:
+            continue
+        killed_at = time.time()
+        ctx.sigkill(victim)
+        outcome.faults_injected += 1
+        holders.append(
+            ctx.spawn(
+                ["-m", __name__, url, "faults-lock", str(record), str(seconds)],
+                env,
+                name=f"h{len(holders)}",
+            )
+        )
+        outcome.recovered_after(
+            wait_until(
+                lambda at=killed_at: _steps_after(record, at) > 0,
+                timeout=TTL_SECONDS * 5,
+                what="the lock taken over after its holder was killed",
+            )
+        )
+    for _ in range(restarts):
+        time.sleep(ctx.rng.uniform(0.2, 1.0))
+        restarted_at = time.time()
+        ctx.postgres.restart(down_seconds=ctx.rng.uniform(0.0, TTL_SECONDS))
+        outcome.faults_injected += 1
+        outcome.recovered_after(
+            wait_until(
+                lambda at=restarted_at: _steps_after(record, at) > 0,
+                timeout=30,
+                what="a holder's step after the database restarted",
+            )
+        )
+    ctx.stop_children()
+    steps = read_steps(record)
+    outcome.operations = len(steps)
+    overlaps = overlapping_steps(steps)
+    outcome.duplicated = len(overlaps)
+    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
+    return outcome
+
+
+@scenario("locks-sigkill", job="locks", fault="SIGKILL of the holder")
+def holders_killed(ctx: FaultContext) -> Outcome:
+    return _run(ctx, "SIGKILL of the holder", kills=ctx.scale(2, 10), restarts=0)
+
+
+@scenario("locks-pg-restart", job="locks", fault="PostgreSQL restarted")
+def database_restarted(ctx: FaultContext) -> Outcome:
+    return _run(ctx, "PostgreSQL restarted", kills=0, restarts=ctx.scale(1, 5))
+
+
+if __name__ == "__main__":
+    hold_and_record(sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4]))

@@ -1,0 +1,44 @@
+"""Run the fault suite against a deliberately broken copy of the package: a guard the
+design relies on is edited out, and the suite must fail naming the invariant it protects."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pin_orchestration
+
+PACKAGE = Path(pin_orchestration.__file__).parent
+
+
+def broken_copy(tmp_path: Path, relative_file: str, guard: str, broken: str) -> Path:
+    """A copy of the package in tmp_path with `guard` replaced by `broken` in one file;
+    returns the directory to put first on PYTHONPATH."""
+    root = tmp_path / "broken-build"
+    shutil.copytree(
+        PACKAGE, root / "pin_orchestration", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = root / "pin_orchestration" / relative_file
+    source = target.read_text()
+    assert source.count(guard) == 1, f"the guard is no longer in {relative_file}: {guard!r}"
+    target.write_text(source.replace(guard, broken))
+    return root
+
+
+def run_suite(
+    pythonpath: Path | None, *only: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """`pin faults run --quick --only …` in a child (the broken copy first on its path)."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "pin_orchestration.cli", "faults", "run", "--quick"]
+    for name in only:
+        args += ["--only", name]
+    # `python -m` puts the working directory first on sys.path: run from the broken copy,
+    # or the checkout's own package would shadow it.
+    cwd = pythonpath if pythonpath is not None else None
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)

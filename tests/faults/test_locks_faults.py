@@ -1,0 +1,23 @@
+"""The locks scenarios hold, and fail naming `locks.single_holder` when acquiring stops
+checking that the previous holder's TTL expired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.faults.broken_build import broken_copy, run_suite
+
+
+def test_locks_scenarios_hold() -> None:
+    result = run_suite(None, "locks-")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| locks | SIGKILL of the holder |" in result.stdout
+
+
+def test_taking_over_an_unexpired_lock_breaks_single_holder(tmp_path: Path) -> None:
+    root = broken_copy(
+        tmp_path, "locks.py", "        WHERE l.expires_at <= now()\n", "        WHERE true\n"
+    )
+    result = run_suite(root, "locks-sigkill")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "locks.single_holder" in result.stderr
