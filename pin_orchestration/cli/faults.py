@@ -19,7 +19,8 @@ def list_scenarios() -> None:
     from pin_orchestration.faults.runner import load_scenarios
 
     for item in load_scenarios():
-        click.echo(f"{item.name}\t{item.job}\t{item.fault}")
+        mode = "full only" if item.full_only else "quick and full"
+        click.echo(f"{item.name}\t{item.job}\t{item.fault}\t{mode}")
 
 
 @faults.command("run")
@@ -47,7 +48,7 @@ def run(quick: bool, only: tuple[str, ...], seed: int, write_to: Path | None) ->
     )
 
     try:
-        chosen = select(load_scenarios(), only)
+        chosen = select(load_scenarios(), only, quick=quick)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from exc
     outcomes = run_scenarios(chosen, quick=quick, seed=seed, echo=click.echo)

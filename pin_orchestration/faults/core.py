@@ -120,10 +120,29 @@ class FaultContext:
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
 
+    @staticmethod
+    def sigkill_tree(child: subprocess.Popen[bytes]) -> int:
+        """SIGKILL the child and every descendant, whatever session each one started (what
+        a host or container crash does to a service tree); returns how many died."""
+        import psutil
+
+        try:
+            tree = [*psutil.Process(child.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        psutil.wait_procs(tree, timeout=10)
+        return len(tree) + 1
+
     def stop_children(self) -> None:
         for child in self._children:
             if child.poll() is None:
-                self.sigkill(child)
+                self.sigkill_tree(child)
         self._children.clear()
 
 
@@ -149,16 +168,19 @@ class Scenario:
     job: str
     fault: str
     run: ScenarioFn
+    full_only: bool = False  # too slow for --quick (CI); run by the full suite
 
 
 SCENARIOS: list[Scenario] = []
 
 
-def scenario(name: str, *, job: str, fault: str) -> Callable[[ScenarioFn], ScenarioFn]:
+def scenario(
+    name: str, *, job: str, fault: str, full_only: bool = False
+) -> Callable[[ScenarioFn], ScenarioFn]:
     def register(fn: ScenarioFn) -> ScenarioFn:
         if any(s.name == name for s in SCENARIOS):
             raise ValueError(f"fault scenario {name!r} registered twice")
-        SCENARIOS.append(Scenario(name, job, fault, fn))
+        SCENARIOS.append(Scenario(name, job, fault, fn, full_only))
         return fn
 
     return register

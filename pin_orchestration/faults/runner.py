@@ -26,9 +26,13 @@ def load_scenarios() -> list[Scenario]:
     return list(SCENARIOS)
 
 
-def select(all_scenarios: Sequence[Scenario], only: Sequence[str]) -> list[Scenario]:
+def select(
+    all_scenarios: Sequence[Scenario], only: Sequence[str], *, quick: bool = False
+) -> list[Scenario]:
+    """The scenarios to run: those whose name contains one of `only` (all without it);
+    --quick leaves out the full-only ones unless named."""
     if not only:
-        return list(all_scenarios)
+        return [s for s in all_scenarios if not (quick and s.full_only)]
     chosen = [s for s in all_scenarios if any(o in s.name for o in only)]
     if not chosen:
         names = ", ".join(s.name for s in all_scenarios)
