@@ -43,7 +43,8 @@ def add_scraping_job(engine: Engine, status: str, minutes_ago: int) -> None:
             text(
                 """
                 INSERT INTO scraping.jobs
-                    (id, tenant_id, url, domain, status, next_attempt_at, lease_owner, lease_expires_at)
+                    (id, tenant_id, url, domain, status, next_attempt_at,
+                     lease_owner, lease_expires_at)
                 VALUES (:id, :tenant, 'https://example.org/', 'example.org', :status,
                         now() - make_interval(mins => :m),
                         CASE WHEN :status = 'running' THEN 'worker' END,
