@@ -137,6 +137,17 @@ class JobCreate(BaseModel):
         return value
 
 
+class RateLimited(BaseModel):
+    detail: str = Field(description="Which limit was reached, and when to come back")
+    limit: Literal["intake"] = Field(
+        description="The limit reached: intake = POST /jobs per tenant "
+        "(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
+    )
+    rate_per_second: float = Field(description="Jobs a tenant may submit per second")
+    burst: int = Field(description="Jobs a tenant may submit at once after a pause")
+    retry_after_seconds: int = Field(description="The Retry-After header's value")
+
+
 class Links(BaseModel):
     self: str
 
@@ -311,6 +322,22 @@ def _webhook_callbacks() -> APIRouter:
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+RATE_LIMITED = {
+    429: {
+        "model": RateLimited,
+        "description": "The tenant's intake rate limit is reached (a token bucket shared by "
+        "every API process: PIN_SCRAPING_INTAKE_RPS jobs/s, PIN_SCRAPING_INTAKE_BURST at "
+        "once). Nothing was stored; retry after Retry-After. A repeat of an accepted "
+        "request (same Idempotency-Key, same body) is answered 202 even then.",
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before the next POST /jobs (an integer ≥ 1)",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    }
+}
 
 
 def create_app(
@@ -355,6 +382,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.job_cache = job_cache
+    intake_limit = repository.IntakeLimit(rps=settings.intake_rps, burst=settings.intake_burst)
     bearer = HTTPBearer(auto_error=False)
     known_keys = ApiKeyCache(api_key_cache_seconds)
 
@@ -404,7 +432,10 @@ def create_app(
         "/jobs",
         status_code=202,
         response_model=Receipt,
-        responses={400: {"model": Error, "description": "The body could not be read as JSON"}},
+        responses={
+            400: {"model": Error, "description": "The body could not be read as JSON"},
+            **RATE_LIMITED,
+        },
         summary="Accept a job (202 with a receipt); never touches the target",
         callbacks=_webhook_callbacks().routes,
     )
@@ -428,6 +459,21 @@ def create_app(
             callback_url=body.callback_url,
         )
         try:
+            if intake_limit.enabled:
+                wait = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
+                if wait > 0:
+                    # A repeat of an accepted request costs one indexed read, only here:
+                    # it is answered as intake would, so a client retrying a lost 202 is
+                    # never refused (and spends no token while the bucket is empty).
+                    replayed = None
+                    if idempotency_key:
+                        with reading() as conn:
+                            replayed = repository.replayed_job(
+                                conn, caller.id, request, idempotency_key
+                            )
+                    if replayed is None:
+                        return rate_limited(wait)
+                    return receipt_response(replayed)
             submitted = repository.submit_job(
                 engine_provider(), caller.id, request, idempotency_key or None
             )
@@ -445,6 +491,9 @@ def create_app(
                     }
                 ],
             ) from None
+        return receipt_response(submitted)
+
+    def receipt_response(submitted: repository.Submitted) -> JSONResponse:
         receipt = Receipt(
             id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
         )
@@ -452,6 +501,24 @@ def create_app(
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
+
+    def rate_limited(wait_seconds: float) -> JSONResponse:
+        retry_after = max(1, math.ceil(wait_seconds))
+        answer = RateLimited(
+            detail=f"intake rate limit reached: a tenant may submit "
+            f"{intake_limit.rps:g} jobs/s, {intake_limit.burst} at once "
+            f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
+            f"retry after {retry_after} s",
+            limit="intake",
+            rate_per_second=intake_limit.rps,
+            burst=intake_limit.burst,
+            retry_after_seconds=retry_after,
+        )
+        return JSONResponse(
+            answer.model_dump(mode="json"),
+            status_code=429,
+            headers={"Retry-After": str(retry_after)},
+        )
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
     def read_job(job_id: JobId, caller: Caller) -> Response:

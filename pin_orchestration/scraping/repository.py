@@ -287,6 +287,56 @@ def submit_job(
     return Submitted(existing.id, existing.status, replayed=True)
 
 
+@dataclass(frozen=True)
+class IntakeLimit:
+    """The per-tenant intake rate limit of POST /jobs (PIN_SCRAPING_INTAKE_RPS / _BURST)."""
+
+    rps: float
+    burst: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.rps > 0
+
+
+def take_intake_token(engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit) -> float:
+    """Take one intake token from the tenant's bucket, shared by every API process (one
+    statement). 0.0: taken, go on; otherwise the seconds until a token is back."""
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        row = conn.execute(
+            _q("take_intake_token"),
+            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst},
+        ).one()
+    if row.taken is not None:
+        return 0.0
+    # The level read beside a refusal: a concurrent take may have moved it since, so the
+    # wait is a floor; a client told too short a wait is simply refused again.
+    level = row.level if row.level is not None else 0.0
+    return max((1.0 - level) / limit.rps, 0.001)
+
+
+def replayed_job(
+    conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str
+) -> Submitted | None:
+    """The job an earlier request with this Idempotency-Key made, while the key is
+    remembered; IdempotencyKeyReused when that request had another body. Lets the intake
+    limiter answer a repeat as intake would, without spending a token on it."""
+    row = conn.execute(
+        _q("remembered_job_by_idempotency_key"),
+        {
+            "tenant_id": tenant_id,
+            "idempotency_key": idempotency_key,
+            "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
+        },
+    ).one_or_none()
+    if row is None:
+        return None
+    if row.request_sha256 != request.sha256():
+        raise IdempotencyKeyReused(idempotency_key)
+    return Submitted(row.id, row.status, replayed=True)
+
+
 def get_job(conn: Connection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any] | None:
     row = conn.execute(_q("get_job"), {"id": job_id, "tenant_id": tenant_id}).one_or_none()
     return dict(row._mapping) if row else None

@@ -1,0 +1,197 @@
+"""Abuse of the API (issue 11): the per-tenant intake rate limit, body and header size
+limits, wrong and rotated keys, no secret in any log line, hostile strings stored byte for
+byte."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.settings import ScrapingSettings
+from pin_orchestration.scraping.store import LocalResultStore
+from tests.scraping.apiserver import api_process
+from tests.scraping.conftest import TEST_SETTINGS, auth
+
+
+def limited_client(
+    db_engine: Engine, store: LocalResultStore, *, rps: float, burst: int
+) -> TestClient:
+    settings = dataclasses.replace(TEST_SETTINGS, intake_rps=rps, intake_burst=burst)
+    return TestClient(create_app(lambda: db_engine, store, settings))
+
+
+def job_count(db_engine: Engine) -> int:
+    with db_engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one()
+
+
+# --- the intake rate limit -------------------------------------------------------------
+
+
+def test_intake_past_the_burst_is_429_with_retry_after_naming_the_limit(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    import time
+
+    _, shop = make_tenant("shop")
+    _, other = make_tenant("other")
+    with limited_client(db_engine, local_store, rps=2, burst=3) as client:
+        for i in range(3):
+            answer = client.post("/jobs", json={"url": f"https://e.com/{i}"}, headers=auth(shop))
+            assert answer.status_code == 202, answer.text
+        refused = client.post("/jobs", json={"url": "https://e.com/x"}, headers=auth(shop))
+        refused_at = time.monotonic()
+        assert refused.status_code == 429, refused.text
+        retry_after = refused.headers["Retry-After"]
+        assert retry_after.isdigit() and int(retry_after) == 1  # 0.5 s at 2/s, rounded up
+        body = refused.json()
+        assert body["limit"] == "intake"
+        assert (body["rate_per_second"], body["burst"], body["retry_after_seconds"]) == (2, 3, 1)
+        assert "PIN_SCRAPING_INTAKE_RPS" in body["detail"]
+        assert job_count(db_engine) == 3  # a refusal stores nothing
+        # a tenant's limit is its own
+        assert (
+            client.post("/jobs", json={"url": "https://e.com/o"}, headers=auth(other)).status_code
+            == 202
+        )
+        # other endpoints are not intake
+        assert client.get("/jobs", headers=auth(shop)).status_code == 200
+        # told to come back in 1 s: there is a token again then, and the bucket refills
+        # at 2/s only, so a rapid run of posts soon meets a 429 again
+        time.sleep(max(0.0, refused_at + int(retry_after) - time.monotonic()))
+        statuses = [
+            client.post(
+                "/jobs", json={"url": f"https://e.com/r{i}"}, headers=auth(shop)
+            ).status_code
+            for i in range(10)
+        ]
+        assert statuses[0] == 202 and 429 in statuses, statuses
+
+
+def test_zero_rps_switches_the_limit_off(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    _, shop = make_tenant("shop")
+    with limited_client(db_engine, local_store, rps=0, burst=1) as client:
+        statuses = {
+            client.post("/jobs", json={"url": f"https://e.com/{i}"}, headers=auth(shop)).status_code
+            for i in range(10)
+        }
+    assert statuses == {202}
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.intake_buckets")).scalar() == 0
+
+
+def test_an_idempotent_repeat_is_answered_while_the_bucket_is_empty(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    _, shop = make_tenant("shop")
+    body = {"url": "https://e.com/order", "params": {"n": 17}}
+    with limited_client(db_engine, local_store, rps=0.001, burst=1) as client:
+        first = client.post("/jobs", json=body, headers={**auth(shop), "Idempotency-Key": "k1"})
+        assert first.status_code == 202
+        # the bucket is empty: a new job is refused…
+        new = client.post("/jobs", json=body, headers={**auth(shop), "Idempotency-Key": "k2"})
+        assert new.status_code == 429
+        assert int(new.headers["Retry-After"]) >= 900  # 1 token at 0.001/s
+        # …but the client retrying its lost 202 gets it back, as often as it asks
+        for _ in range(3):
+            again = client.post("/jobs", json=body, headers={**auth(shop), "Idempotency-Key": "k1"})
+            assert again.status_code == 202, again.text
+            assert again.json()["id"] == first.json()["id"]
+            assert again.headers["Idempotent-Replayed"] == "true"
+        # and the same key with another body is still the 422 naming the header
+        changed = client.post(
+            "/jobs",
+            json={**body, "priority": "high"},
+            headers={**auth(shop), "Idempotency-Key": "k1"},
+        )
+        assert changed.status_code == 422
+        assert changed.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    assert job_count(db_engine) == 1
+
+
+def test_concurrent_requests_never_take_more_than_the_burst(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    _, shop = make_tenant("shop")
+    app = create_app(
+        lambda: db_engine,
+        local_store,
+        dataclasses.replace(TEST_SETTINGS, intake_rps=0.001, intake_burst=7),
+    )
+    barrier = threading.Barrier(16)
+
+    def post(i: int) -> int:
+        with TestClient(app) as client:
+            barrier.wait()
+            return client.post(
+                "/jobs", json={"url": f"https://e.com/{i}"}, headers=auth(shop)
+            ).status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = Counter(pool.map(post, range(16)))
+    assert statuses == {202: 7, 429: 9}
+    assert job_count(db_engine) == 7
+
+
+def test_the_limit_holds_across_several_api_processes(
+    db_url: str, db_engine: Engine, make_tenant, tmp_path: Path
+) -> None:
+    """Two `pin api` processes on one database: the tenant's bucket is one, not one each."""
+    _, shop = make_tenant("shop")
+    env = {"PIN_SCRAPING_INTAKE_RPS": "0.001", "PIN_SCRAPING_INTAKE_BURST": "10"}
+    with (
+        api_process(db_url, tmp_path / "a", env) as a,
+        api_process(db_url, tmp_path / "b", env) as b,
+    ):
+        urls = [a.url, b.url] * 15
+
+        def post(i: int) -> tuple[str, int, str | None]:
+            answer = requests.post(
+                f"{urls[i]}/jobs",
+                json={"url": f"https://e.com/{i}"},
+                headers=auth(shop),
+                timeout=10,
+            )
+            return urls[i], answer.status_code, answer.headers.get("Retry-After")
+
+        with ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(post, range(30)))
+    statuses = Counter(status for _, status, _ in answers)
+    assert statuses == {202: 10, 429: 20}
+    # both processes refused: each saw the other's takes
+    assert {url for url, status, _ in answers if status == 429} == {a.url, b.url}
+    assert all(ra and ra.isdigit() for _, status, ra in answers if status == 429)
+    assert job_count(db_engine) == 10
+
+
+def test_intake_limit_settings_default_on_and_a_bad_value_names_the_variable() -> None:
+    import pytest
+
+    from pin_orchestration.settings import SettingsError
+
+    default = ScrapingSettings.from_env({})
+    assert (default.intake_rps, default.intake_burst) == (28.0, 400)
+    tuned = ScrapingSettings.from_env(
+        {"PIN_SCRAPING_INTAKE_RPS": "0.5", "PIN_SCRAPING_INTAKE_BURST": "20"}
+    )
+    assert (tuned.intake_rps, tuned.intake_burst) == (0.5, 20)
+    assert ScrapingSettings.from_env({"PIN_SCRAPING_INTAKE_RPS": "0"}).intake_rps == 0
+    for name, value in [
+        ("PIN_SCRAPING_INTAKE_RPS", "fast"),
+        ("PIN_SCRAPING_INTAKE_RPS", "-1"),
+        ("PIN_SCRAPING_INTAKE_RPS", "nan"),
+        ("PIN_SCRAPING_INTAKE_BURST", "0"),
+        ("PIN_SCRAPING_INTAKE_BURST", "2.5"),
+    ]:
+        with pytest.raises(SettingsError, match=name):
+            ScrapingSettings.from_env({name: value})
