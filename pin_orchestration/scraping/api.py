@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import repository, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
+from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
     TERMINAL,
@@ -322,6 +323,15 @@ def _webhook_callbacks() -> APIRouter:
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+HEADERS_TOO_LARGE = {
+    431: {
+        "model": Error,
+        "description": f"The request's headers exceed {MAX_HEADER_BYTES} bytes in all",
+    }
+}
+BODY_TOO_LARGE = {
+    413: {"model": Error, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
+}
 RATE_LIMITED = {
     429: {
         "model": RateLimited,
@@ -415,7 +425,7 @@ def create_app(
 
     Caller = Annotated[Tenant, Depends(tenant)]
     JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
-    router = APIRouter(responses=UNAUTHORIZED)
+    router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
 
     def job_view(row: dict[str, Any]) -> JobView:
         result = None
@@ -434,6 +444,7 @@ def create_app(
         response_model=Receipt,
         responses={
             400: {"model": Error, "description": "The body could not be read as JSON"},
+            **BODY_TOO_LARGE,
             **RATE_LIMITED,
         },
         summary="Accept a job (202 with a receipt); never touches the target",
@@ -657,6 +668,7 @@ def create_app(
 
     _mount_local_results(app, store)
     _answer_405_with_every_allowed_method(app)
+    app.add_middleware(RequestSizeLimits)
     return app
 
 

@@ -195,3 +195,58 @@ def test_intake_limit_settings_default_on_and_a_bad_value_names_the_variable() -
     ]:
         with pytest.raises(SettingsError, match=name):
             ScrapingSettings.from_env({name: value})
+
+
+# --- body and header size limits -------------------------------------------------------
+
+
+def test_oversized_bodies_and_headers_through_a_real_uvicorn(
+    db_url: str, make_tenant, tmp_path: Path, db_engine: Engine
+) -> None:
+    """What a client sees from `pin api` itself (uvicorn, httptools), not a TestClient."""
+    import json
+
+    from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
+
+    _, key = make_tenant("shop")
+    headers = {**auth(key), "Content-Type": "application/json"}
+    big = json.dumps({"url": "https://e.com/", "params": {"blob": "x" * 1_000_000}}).encode()
+    with api_process(db_url, tmp_path / "api") as api:
+        # declared too large: refused from the Content-Length, before reading
+        declared = requests.post(f"{api.url}/jobs", data=big, headers=headers, timeout=10)
+        assert declared.status_code == 413, declared.text
+        assert str(MAX_BODY_BYTES) in declared.json()["detail"]
+
+        # chunked (no Content-Length): counted as it streams, cut at the limit
+        def chunks():
+            for i in range(0, len(big), 8192):
+                yield big[i : i + 8192]
+
+        streamed = requests.post(f"{api.url}/jobs", data=chunks(), headers=headers, timeout=10)
+        assert streamed.request.headers.get("Transfer-Encoding") == "chunked"
+        assert "Content-Length" not in streamed.request.headers
+        assert streamed.status_code == 413, streamed.text
+        assert str(MAX_BODY_BYTES) in streamed.json()["detail"]
+
+        # just under the limit: read, and judged by the API (params over 16 KiB → 422)
+        under = json.dumps({"url": "https://e.com/", "params": {"b": "x" * 60_000}}).encode()
+        assert len(under) < MAX_BODY_BYTES
+        for data in (under, iter([under[:30_000], under[30_000:]])):
+            answer = requests.post(f"{api.url}/jobs", data=data, headers=headers, timeout=10)
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["detail"][0]["loc"] == ["body", "params"]
+
+        # headers: one big one, or many small ones, over the limit in all
+        for extra in (
+            {"X-Padding": "a" * (MAX_HEADER_BYTES + 1)},
+            {f"X-Pad-{i}": "a" * 100 for i in range(200)},
+            {"X-Padding": "a" * 1_000_000},
+        ):
+            answer = requests.get(f"{api.url}/jobs", headers={**auth(key), **extra}, timeout=10)
+            assert answer.status_code == 431, answer.text
+            assert str(MAX_HEADER_BYTES) in answer.json()["detail"]
+
+        # and the server is fine afterwards
+        ok = requests.post(f"{api.url}/jobs", json={"url": "https://e.com/ok"}, headers=auth(key))
+        assert ok.status_code == 202
+    assert job_count(db_engine) == 1
