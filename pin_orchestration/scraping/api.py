@@ -9,6 +9,7 @@ hands out a signed, expiring URL of the results store.
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations,
 # some of them local to create_app, at definition time.
 
+import hmac
 import json
 import math
 import threading
@@ -229,16 +230,21 @@ class ApiKeyCache:
     def __init__(self, ttl_seconds: float, max_entries: int = 10_000) -> None:
         self._ttl = ttl_seconds
         self._max_entries = max_entries
-        self._entries: dict[bytes, tuple[Tenant, float]] = {}
+        self._entries: dict[bytes, tuple[bytes, Tenant, float]] = {}
         self._lock = threading.Lock()
 
     def get(self, api_key: str) -> Tenant | None:
         if self._ttl <= 0:
             return None
-        entry = self._entries.get(repository.api_key_digest(api_key))
-        if entry is None or entry[1] < time.monotonic():
+        # Keyed by digest, like the database (repository.tenant_for_api_key says why that
+        # is safe); the entry's own digest is compared in constant time.
+        digest = repository.api_key_digest(api_key)
+        entry = self._entries.get(digest)
+        if entry is None or entry[2] < time.monotonic():
             return None
-        return entry[0]
+        if not hmac.compare_digest(entry[0], digest):
+            return None
+        return entry[1]
 
     def put(self, api_key: str, tenant: Tenant) -> None:
         if self._ttl <= 0:
@@ -246,10 +252,8 @@ class ApiKeyCache:
         with self._lock:
             if len(self._entries) >= self._max_entries:
                 self._entries.clear()
-            self._entries[repository.api_key_digest(api_key)] = (
-                tenant,
-                time.monotonic() + self._ttl,
-            )
+            digest = repository.api_key_digest(api_key)
+            self._entries[digest] = (digest, tenant, time.monotonic() + self._ttl)
 
 
 class DeliveryView(BaseModel):

@@ -20,7 +20,7 @@ WHERE name = :name
 RETURNING id, name
 
 -- name: tenant_by_key
-SELECT id, name FROM scraping.tenants WHERE api_key_sha256 = :api_key_sha256
+SELECT id, name, api_key_sha256 FROM scraping.tenants WHERE api_key_sha256 = :api_key_sha256
 
 -- name: tenant_by_name
 SELECT id, name FROM scraping.tenants WHERE name = :name

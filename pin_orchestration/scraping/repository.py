@@ -8,6 +8,7 @@ when the function is a unit of work of its own.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 import uuid
@@ -94,10 +95,15 @@ def api_key_digest(api_key: str) -> bytes:
 
 
 def tenant_for_api_key(conn: Connection, api_key: str) -> Tenant | None:
-    # The key has 256 bits of entropy: looking up its hash reveals nothing about other keys.
+    """The tenant whose key this is. Only the key's sha256 is ever compared, never the key:
+    the index lookup's timing can tell an attacker at most how many leading bytes of a
+    *digest* matched, which does not help find a key whose digest matches more (a
+    preimage); the final comparison is constant-time all the same."""
     digest = api_key_digest(api_key)
     row = conn.execute(_q("tenant_by_key"), {"api_key_sha256": digest}).one_or_none()
-    return Tenant(row.id, row.name) if row else None
+    if row is None or not hmac.compare_digest(bytes(row.api_key_sha256), digest):
+        return None
+    return Tenant(row.id, row.name)
 
 
 def tenant_by_name(conn: Connection, name: str) -> Tenant | None:

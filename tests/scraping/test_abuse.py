@@ -250,3 +250,184 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
         ok = requests.post(f"{api.url}/jobs", json={"url": "https://e.com/ok"}, headers=auth(key))
         assert ok.status_code == 202
     assert job_count(db_engine) == 1
+
+
+# --- wrong, rotated keys; no secret in any log line -----------------------------------
+
+
+def test_keys_are_compared_in_constant_time_on_their_digests(
+    client: TestClient, make_tenant, monkeypatch
+) -> None:
+    import hashlib
+    import hmac
+
+    _, key = make_tenant("shop")
+    digest = hashlib.sha256(key.encode()).digest()
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def recording(a, b):  # type: ignore[no-untyped-def]
+        calls.append((bytes(a), bytes(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    assert client.get("/jobs", headers=auth(key)).status_code == 200  # PostgreSQL
+    assert client.get("/jobs", headers=auth(key)).status_code == 200  # the key cache
+    assert calls == [(digest, digest), (digest, digest)]
+    calls.clear()
+    for wrong in (key[:-1] + ("A" if key[-1] != "A" else "B"), key[:8], key + "x", "x" * 4000):
+        assert client.get("/jobs", headers=auth(wrong)).status_code == 401
+    # never the key itself: only 32-byte digests are ever compared
+    assert all(len(a) == len(b) == 32 for a, b in calls)
+
+
+def test_wrong_and_malformed_credentials_are_401(client: TestClient, make_tenant) -> None:
+    _, key = make_tenant("shop")
+    for headers in (
+        {},
+        {"Authorization": ""},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Bearer "},
+        {"Authorization": f"Basic {key}"},
+        {"Authorization": f"Token {key}"},
+        {"Authorization": f"Bearer {key.upper()}"},
+        {"Authorization": f"Bearer {key} extra"},
+        {"Authorization": "Bearer pin_' OR '1'='1"},
+    ):
+        answer = client.post("/jobs", json={"url": "https://e.com/"}, headers=headers)
+        assert answer.status_code == 401, (headers, answer.text)
+        assert answer.headers["WWW-Authenticate"] == "Bearer"
+        assert key not in answer.text
+
+
+def test_a_rotated_key_is_refused_by_every_api_process_despite_their_key_caches(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """Two API processes (two apps, two key caches) both remember the old key when it is
+    rotated: each refuses it within the cache's bound and never accepts it again, and the
+    new key works on both at once."""
+    import time
+
+    from pin_orchestration.scraping.repository import rotate_tenant_key
+
+    _, old = make_tenant("shop")
+    bound = 1.0
+    apps = [
+        create_app(lambda: db_engine, local_store, TEST_SETTINGS, api_key_cache_seconds=bound)
+        for _ in range(2)
+    ]
+    with TestClient(apps[0]) as one, TestClient(apps[1]) as two:
+        for c in (one, two):
+            assert c.get("/jobs", headers=auth(old)).status_code == 200
+        _, new = rotate_tenant_key(db_engine, "shop")
+        rotated = time.monotonic()
+        for c in (one, two):
+            assert c.get("/jobs", headers=auth(new)).status_code == 200
+        for c in (one, two):
+            while c.get("/jobs", headers=auth(old)).status_code != 401:
+                assert time.monotonic() - rotated < bound + 0.5, "old key still accepted"
+                time.sleep(0.02)
+        time.sleep(bound)  # past any entry a late request could have left
+        for c in (one, two):
+            assert c.get("/jobs", headers=auth(old)).status_code == 401
+            assert (
+                c.post("/jobs", json={"url": "https://e.com/"}, headers=auth(old)).status_code
+                == 401
+            )
+            assert c.get("/jobs", headers=auth(new)).status_code == 200
+
+
+def test_no_api_key_or_webhook_secret_in_any_log_line(
+    db_url: str,
+    db_engine: Engine,
+    local_store: LocalResultStore,
+    make_tenant,
+    work,
+    site,
+    tmp_path: Path,
+    caplog,
+) -> None:
+    """Everything logged at DEBUG in this process (the API, worker, webhook delivery,
+    repository) and by a real `uvicorn` with its access log on, while tenants are created,
+    jobs with callbacks submitted, fetched and announced, keys and secrets rotated, and
+    wrong keys tried — none of the keys or secrets appears."""
+    import logging
+    import random
+
+    from pin_orchestration.resources.scraping import webhook_fetch_policy_from
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.repository import rotate_tenant_key
+    from pin_orchestration.scraping.webhooks import (
+        DeliveryOptions,
+        WebhookPolicy,
+        run_deliveries,
+        tenant_webhook_secret,
+    )
+    from tests.scraping.conftest import _with_allowed
+    from tests.scraping.test_webhooks import Receiver
+
+    caplog.set_level(logging.DEBUG)
+    secrets: list[str] = []
+    shop, key = make_tenant("shop")
+    secrets.append(key)
+    secrets.append(tenant_webhook_secret(db_engine, "shop")["webhook_secret"])
+    receiver = Receiver()
+    try:
+        app = create_app(lambda: db_engine, local_store, TEST_SETTINGS)
+        with TestClient(app) as client:
+            for i, path in enumerate(("/page/hello", "/status/404")):
+                answer = client.post(
+                    "/jobs",
+                    json={"url": f"{site.url}{path}", "callback_url": receiver.url(f"/h{i}")},
+                    headers={**auth(key), "Idempotency-Key": f"k{i}"},
+                )
+                assert answer.status_code == 202, answer.text
+            work()
+            secrets.append(tenant_webhook_secret(db_engine, "shop", rotate=True)["webhook_secret"])
+            settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+            with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+                run_deliveries(
+                    db_engine,
+                    fetcher,
+                    WebhookPolicy(
+                        max_attempts=2,
+                        backoff_base_seconds=1,
+                        backoff_cap_seconds=1,
+                        timeout_seconds=2.5,
+                    ),
+                    DeliveryOptions(batch_size=10),
+                    rng=random.Random(1),
+                )
+            assert len(receiver.received) == 2
+            _, new_key = rotate_tenant_key(db_engine, "shop")
+            secrets.append(new_key)
+            wrong = "pin_" + "w" * 43
+            secrets.append(wrong)
+            assert client.get("/jobs", headers=auth(wrong)).status_code == 401
+            assert client.get("/jobs", headers=auth(new_key)).status_code == 200
+    finally:
+        receiver.close()
+
+    with api_process(
+        db_url,
+        tmp_path / "api",
+        uvicorn_args=("--access-log", "--log-level", "debug"),
+    ) as api:
+        for k in (key, new_key, wrong):
+            requests.post(
+                f"{api.url}/jobs?note=x",
+                json={"url": "https://e.com/", "callback_url": "https://e.com/hook"},
+                headers=auth(k),
+                timeout=10,
+            )
+            requests.get(f"{api.url}/jobs", headers=auth(k), timeout=10)
+        server_log = api.log()
+    in_process = "\n".join(
+        [caplog.text] + [str(r.__dict__) for r in caplog.records]  # args, extras and exceptions too
+    )
+    assert "POST /jobs?note=x" in server_log and "401" in server_log  # the access log ran
+    assert "webhook" in in_process.lower() or "job" in in_process.lower()
+    for secret in secrets:
+        assert secret not in server_log, "a key or secret in uvicorn's log"
+        assert secret not in in_process, "a key or secret in a log record"
+        assert secret[:16] not in server_log + in_process
