@@ -431,3 +431,128 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
         assert secret not in server_log, "a key or secret in uvicorn's log"
         assert secret not in in_process, "a key or secret in a log record"
         assert secret[:16] not in server_log + in_process
+
+
+# --- hostile strings stored and returned byte for byte ---------------------------------
+
+HOSTILE = [
+    "'",
+    '"',
+    "`",
+    "\\",
+    "; DROP TABLE scraping.jobs; --",
+    "' OR '1'='1",
+    "'); DELETE FROM scraping.tenants; --",
+    "$(rm -rf /)",
+    "`rm -rf /`",
+    "| cat /etc/passwd",
+    "&& shutdown -h now",
+    "${IFS}",
+    "%00",
+    "%27%20OR%201=1--",
+    "%%",
+    "%s%n%x",
+    "{{7*7}}",
+    "<script>alert(1)</script>",
+    "\u202e\u200b\ufeff",
+    "😀👩‍👩‍👧‍👦🏳️‍🌈",
+    "Ω≈ç√∫",
+    "\r\n",
+    "\t",
+    "$1",
+    ":name",
+    "?",
+    "E'\\x41'",
+    "$$;$$",
+]
+
+
+def _hostile_text():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    # any Unicode but NUL (jsonb refuses it: a 422 of its own) and lone surrogates (not
+    # encodable as UTF-8), mixed with the classic injection snippets
+    chars = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+    return st.lists(
+        st.one_of(st.sampled_from(HOSTILE), st.text(chars, max_size=8)), max_size=6
+    ).map("".join)
+
+
+def _url_path():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    # what a URL may hold after the host (no whitespace, no NUL): quotes, backticks, $(),
+    # ;, percent-encodings, non-ASCII
+    chars = st.characters(
+        exclude_categories=("Cs", "Zs", "Zl", "Zp", "Cc"), exclude_characters="\x00"
+    )
+    snippets = [s for s in HOSTILE if not any(c.isspace() for c in s) and "\x00" not in s]
+    return st.lists(
+        st.one_of(st.sampled_from(snippets), st.text(chars, max_size=6)), max_size=6
+    ).map("".join)
+
+
+def test_hostile_urls_and_params_come_back_byte_for_byte(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """`params` and URLs full of SQL and shell metacharacters, percent-encodings and any
+    Unicode are stored and returned exactly — by GET /jobs/{id}, by the list, and in the
+    row itself."""
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    _, key = make_tenant("shop")
+    app = create_app(
+        lambda: db_engine, local_store, dataclasses.replace(TEST_SETTINGS, intake_rps=0)
+    )
+    values = st.recursive(
+        st.one_of(_hostile_text(), st.integers(-(2**53), 2**53), st.booleans(), st.none()),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(_hostile_text(), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+    params_strategy = st.dictionaries(_hostile_text(), values, max_size=5)
+
+    accepted: list[str] = []
+    with TestClient(app) as client:
+
+        @settings(
+            max_examples=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        )
+        @given(path=_url_path(), query=_url_path(), params=params_strategy)
+        def round_trip(path: str, query: str, params: dict) -> None:
+            url = f"https://example.com/{path}?q={query}"
+            body = {"url": url, "params": params, "callback_url": f"https://cb.example/{path}"}
+            answer = client.post("/jobs", json=body, headers=auth(key))
+            if answer.status_code == 422:  # only when the URL parser refuses the path
+                assert answer.json()["detail"][0]["loc"][-1] in ("url", "callback_url"), answer.text
+                return
+            assert answer.status_code == 202, answer.text
+            job_id = answer.json()["id"]
+            accepted.append(job_id)
+            view = client.get(f"/jobs/{job_id}", headers=auth(key))
+            assert view.status_code == 200
+            job = view.json()
+            assert job["url"] == url and job["callback_url"] == body["callback_url"]
+            assert job["params"] == params
+            # the same bytes: the JSON of what was sent and of what came back
+            assert json.dumps(job["params"], sort_keys=True) == json.dumps(params, sort_keys=True)
+            assert job["url"].encode() == url.encode()
+            [listed] = client.get("/jobs", params={"limit": 1}, headers=auth(key)).json()["items"]
+            assert listed["id"] == job_id
+            assert listed["url"] == url and listed["params"] == params
+            with db_engine.connect() as conn:
+                row = conn.execute(
+                    text("SELECT url, params FROM scraping.jobs WHERE id = :id"), {"id": job_id}
+                ).one()
+            assert row.url == url and row.params == params
+
+        round_trip()
+    assert len(accepted) >= 30, f"only {len(accepted)} of the examples were accepted"
+    with db_engine.connect() as conn:  # and every table is still there
+        assert conn.execute(text("SELECT count(*) FROM scraping.tenants")).scalar() == 1
