@@ -327,6 +327,27 @@ def _webhook_callbacks() -> APIRouter:
 UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
 NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+
+
+def _job_links(*names: str) -> dict[str, Any]:
+    """OpenAPI links from an answer naming a job (its `id`) to the operations on that job:
+    clients and tools (schemathesis's stateful runs) follow them."""
+    operations = {
+        "GetJob": "read_job_jobs__job_id__get",
+        "CancelJob": "cancel_jobs__job_id__cancel_post",
+        "GetAttempts": "attempts_jobs__job_id__attempts_get",
+        "GetResult": "result_link_jobs__job_id__result_get",
+        "GetDeliveries": "deliveries_jobs__job_id__deliveries_get",
+    }
+    return {
+        name: {
+            "operationId": operations[name],
+            "parameters": {"job_id": "$response.body#/id"},
+        }
+        for name in names
+    }
+
+
 HEADERS_TOO_LARGE = {
     431: {
         "model": Error,
@@ -447,6 +468,11 @@ def create_app(
         status_code=202,
         response_model=Receipt,
         responses={
+            202: {
+                "links": _job_links(
+                    "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
+                )
+            },
             400: {"model": Error, "description": "The body could not be read as JSON"},
             **BODY_TOO_LARGE,
             **RATE_LIMITED,
@@ -614,7 +640,11 @@ def create_app(
     @router.post(
         "/jobs/{job_id}/cancel",
         response_model=CancelAnswer,
-        responses={**NOT_FOUND, **CONFLICT},
+        responses={
+            200: {"links": _job_links("GetJob", "GetAttempts", "CancelJob")},
+            **NOT_FOUND,
+            **CONFLICT,
+        },
         summary="Cancel: queued → cancelled now; running → at the worker's next check",
     )
     def cancel(job_id: JobId, caller: Caller) -> CancelAnswer:
