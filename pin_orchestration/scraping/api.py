@@ -9,6 +9,7 @@ hands out a signed, expiring URL of the results store.
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations,
 # some of them local to create_app, at definition time.
 
+import hmac
 import json
 import math
 import threading
@@ -29,6 +30,7 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import repository, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
+from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
     TERMINAL,
@@ -137,6 +139,17 @@ class JobCreate(BaseModel):
         return value
 
 
+class RateLimited(BaseModel):
+    detail: str = Field(description="Which limit was reached, and when to come back")
+    limit: Literal["intake"] = Field(
+        description="The limit reached: intake = POST /jobs per tenant "
+        "(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
+    )
+    rate_per_second: float = Field(description="Jobs a tenant may submit per second")
+    burst: int = Field(description="Jobs a tenant may submit at once after a pause")
+    retry_after_seconds: int = Field(description="The Retry-After header's value")
+
+
 class Links(BaseModel):
     self: str
 
@@ -217,16 +230,21 @@ class ApiKeyCache:
     def __init__(self, ttl_seconds: float, max_entries: int = 10_000) -> None:
         self._ttl = ttl_seconds
         self._max_entries = max_entries
-        self._entries: dict[bytes, tuple[Tenant, float]] = {}
+        self._entries: dict[bytes, tuple[bytes, Tenant, float]] = {}
         self._lock = threading.Lock()
 
     def get(self, api_key: str) -> Tenant | None:
         if self._ttl <= 0:
             return None
-        entry = self._entries.get(repository.api_key_digest(api_key))
-        if entry is None or entry[1] < time.monotonic():
+        # Keyed by digest, like the database (repository.tenant_for_api_key says why that
+        # is safe); the entry's own digest is compared in constant time.
+        digest = repository.api_key_digest(api_key)
+        entry = self._entries.get(digest)
+        if entry is None or entry[2] < time.monotonic():
             return None
-        return entry[0]
+        if not hmac.compare_digest(entry[0], digest):
+            return None
+        return entry[1]
 
     def put(self, api_key: str, tenant: Tenant) -> None:
         if self._ttl <= 0:
@@ -234,10 +252,8 @@ class ApiKeyCache:
         with self._lock:
             if len(self._entries) >= self._max_entries:
                 self._entries.clear()
-            self._entries[repository.api_key_digest(api_key)] = (
-                tenant,
-                time.monotonic() + self._ttl,
-            )
+            digest = repository.api_key_digest(api_key)
+            self._entries[digest] = (digest, tenant, time.monotonic() + self._ttl)
 
 
 class DeliveryView(BaseModel):
@@ -313,6 +329,52 @@ NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}
 CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
 
 
+def _job_links(*names: str) -> dict[str, Any]:
+    """OpenAPI links from an answer naming a job (its `id`) to the operations on that job:
+    clients and tools (schemathesis's stateful runs) follow them."""
+    operations = {
+        "GetJob": "read_job_jobs__job_id__get",
+        "CancelJob": "cancel_jobs__job_id__cancel_post",
+        "GetAttempts": "attempts_jobs__job_id__attempts_get",
+        "GetResult": "result_link_jobs__job_id__result_get",
+        "GetDeliveries": "deliveries_jobs__job_id__deliveries_get",
+    }
+    return {
+        name: {
+            "operationId": operations[name],
+            "parameters": {"job_id": "$response.body#/id"},
+        }
+        for name in names
+    }
+
+
+HEADERS_TOO_LARGE = {
+    431: {
+        "model": Error,
+        "description": f"The request's headers exceed {MAX_HEADER_BYTES} bytes in all",
+    }
+}
+BODY_TOO_LARGE = {
+    413: {"model": Error, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
+}
+RATE_LIMITED = {
+    429: {
+        "model": RateLimited,
+        "description": "The tenant's intake rate limit is reached (a token bucket shared by "
+        "every API process: PIN_SCRAPING_INTAKE_RPS jobs/s, PIN_SCRAPING_INTAKE_BURST at "
+        "once). Nothing was stored; retry after Retry-After. A repeat of an accepted "
+        "request (same Idempotency-Key, same body) is answered 202 even then.",
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds to wait before the next POST /jobs (an integer ≥ 1)",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    }
+}
+
+
 def create_app(
     engine_provider: Callable[[], Engine],
     store: ResultStore,
@@ -355,6 +417,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.job_cache = job_cache
+    intake_limit = repository.IntakeLimit(rps=settings.intake_rps, burst=settings.intake_burst)
     bearer = HTTPBearer(auto_error=False)
     known_keys = ApiKeyCache(api_key_cache_seconds)
 
@@ -387,7 +450,7 @@ def create_app(
 
     Caller = Annotated[Tenant, Depends(tenant)]
     JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
-    router = APIRouter(responses=UNAUTHORIZED)
+    router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
 
     def job_view(row: dict[str, Any]) -> JobView:
         result = None
@@ -404,7 +467,16 @@ def create_app(
         "/jobs",
         status_code=202,
         response_model=Receipt,
-        responses={400: {"model": Error, "description": "The body could not be read as JSON"}},
+        responses={
+            202: {
+                "links": _job_links(
+                    "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
+                )
+            },
+            400: {"model": Error, "description": "The body could not be read as JSON"},
+            **BODY_TOO_LARGE,
+            **RATE_LIMITED,
+        },
         summary="Accept a job (202 with a receipt); never touches the target",
         callbacks=_webhook_callbacks().routes,
     )
@@ -428,6 +500,21 @@ def create_app(
             callback_url=body.callback_url,
         )
         try:
+            if intake_limit.enabled:
+                wait = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
+                if wait > 0:
+                    # A repeat of an accepted request costs one indexed read, only here:
+                    # it is answered as intake would, so a client retrying a lost 202 is
+                    # never refused (and spends no token while the bucket is empty).
+                    replayed = None
+                    if idempotency_key:
+                        with reading() as conn:
+                            replayed = repository.replayed_job(
+                                conn, caller.id, request, idempotency_key
+                            )
+                    if replayed is None:
+                        return rate_limited(wait)
+                    return receipt_response(replayed)
             submitted = repository.submit_job(
                 engine_provider(), caller.id, request, idempotency_key or None
             )
@@ -445,6 +532,9 @@ def create_app(
                     }
                 ],
             ) from None
+        return receipt_response(submitted)
+
+    def receipt_response(submitted: repository.Submitted) -> JSONResponse:
         receipt = Receipt(
             id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
         )
@@ -452,6 +542,24 @@ def create_app(
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
+
+    def rate_limited(wait_seconds: float) -> JSONResponse:
+        retry_after = max(1, math.ceil(wait_seconds))
+        answer = RateLimited(
+            detail=f"intake rate limit reached: a tenant may submit "
+            f"{intake_limit.rps:g} jobs/s, {intake_limit.burst} at once "
+            f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
+            f"retry after {retry_after} s",
+            limit="intake",
+            rate_per_second=intake_limit.rps,
+            burst=intake_limit.burst,
+            retry_after_seconds=retry_after,
+        )
+        return JSONResponse(
+            answer.model_dump(mode="json"),
+            status_code=429,
+            headers={"Retry-After": str(retry_after)},
+        )
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
     def read_job(job_id: JobId, caller: Caller) -> Response:
@@ -532,7 +640,11 @@ def create_app(
     @router.post(
         "/jobs/{job_id}/cancel",
         response_model=CancelAnswer,
-        responses={**NOT_FOUND, **CONFLICT},
+        responses={
+            200: {"links": _job_links("GetJob", "GetAttempts", "CancelJob")},
+            **NOT_FOUND,
+            **CONFLICT,
+        },
         summary="Cancel: queued → cancelled now; running → at the worker's next check",
     )
     def cancel(job_id: JobId, caller: Caller) -> CancelAnswer:
@@ -590,6 +702,7 @@ def create_app(
 
     _mount_local_results(app, store)
     _answer_405_with_every_allowed_method(app)
+    app.add_middleware(RequestSizeLimits)
     return app
 
 

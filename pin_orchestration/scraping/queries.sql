@@ -20,7 +20,7 @@ WHERE name = :name
 RETURNING id, name
 
 -- name: tenant_by_key
-SELECT id, name FROM scraping.tenants WHERE api_key_sha256 = :api_key_sha256
+SELECT id, name, api_key_sha256 FROM scraping.tenants WHERE api_key_sha256 = :api_key_sha256
 
 -- name: tenant_by_name
 SELECT id, name FROM scraping.tenants WHERE name = :name
@@ -51,6 +51,12 @@ RETURNING id, status
 SELECT id, status, request_sha256
 FROM scraping.jobs
 WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
+
+-- name: remembered_job_by_idempotency_key
+SELECT id, status, request_sha256
+FROM scraping.jobs
+WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
+  AND created_at >= now() - make_interval(secs => :ttl_seconds)
 
 -- name: get_job
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
@@ -298,3 +304,43 @@ SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now
     cancel_requested_at = NULL, updated_at = now()
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
 RETURNING id
+
+-- name: take_intake_token
+-- The per-tenant intake limit (migration 0010): refill the tenant's bucket by the time
+-- elapsed since its last refill (capped at the burst) and take one token if there is one,
+-- in one statement whose row lock serialises the API processes. Time is PostgreSQL's
+-- clock, the same for every process. A refused request writes nothing (the DO UPDATE's
+-- WHERE is false): `taken` is then NULL and `level` is the bucket read from the
+-- statement's snapshot, from which the caller tells the client how long to wait.
+WITH now AS (SELECT clock_timestamp() AS t),
+taken AS (
+    INSERT INTO scraping.intake_buckets AS b (tenant_id, tokens, refilled_at)
+    SELECT :tenant_id, CAST(:burst AS double precision) - 1, now.t FROM now
+    ON CONFLICT (tenant_id) DO UPDATE
+    SET tokens = LEAST(
+            CAST(:burst AS double precision),
+            b.tokens + CAST(:rps AS double precision) * GREATEST(
+                0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
+            )
+        ) - 1,
+        refilled_at = GREATEST(b.refilled_at, EXCLUDED.refilled_at)
+    WHERE LEAST(
+            CAST(:burst AS double precision),
+            b.tokens + CAST(:rps AS double precision) * GREATEST(
+                0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
+            )
+        ) >= 1
+    RETURNING b.tokens
+)
+SELECT
+    (SELECT tokens FROM taken) AS taken,
+    (
+        SELECT LEAST(
+            CAST(:burst AS double precision),
+            b.tokens + CAST(:rps AS double precision) * GREATEST(
+                0, extract(epoch FROM now.t - b.refilled_at)::double precision
+            )
+        )
+        FROM scraping.intake_buckets b, now
+        WHERE b.tenant_id = :tenant_id
+    ) AS level

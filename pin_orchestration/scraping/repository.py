@@ -8,6 +8,7 @@ when the function is a unit of work of its own.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 import uuid
@@ -94,10 +95,15 @@ def api_key_digest(api_key: str) -> bytes:
 
 
 def tenant_for_api_key(conn: Connection, api_key: str) -> Tenant | None:
-    # The key has 256 bits of entropy: looking up its hash reveals nothing about other keys.
+    """The tenant whose key this is. Only the key's sha256 is ever compared, never the key:
+    the index lookup's timing can tell an attacker at most how many leading bytes of a
+    *digest* matched, which does not help find a key whose digest matches more (a
+    preimage); the final comparison is constant-time all the same."""
     digest = api_key_digest(api_key)
     row = conn.execute(_q("tenant_by_key"), {"api_key_sha256": digest}).one_or_none()
-    return Tenant(row.id, row.name) if row else None
+    if row is None or not hmac.compare_digest(bytes(row.api_key_sha256), digest):
+        return None
+    return Tenant(row.id, row.name)
 
 
 def tenant_by_name(conn: Connection, name: str) -> Tenant | None:
@@ -285,6 +291,56 @@ def submit_job(
     if existing.request_sha256 != digest:
         raise IdempotencyKeyReused(idempotency_key)
     return Submitted(existing.id, existing.status, replayed=True)
+
+
+@dataclass(frozen=True)
+class IntakeLimit:
+    """The per-tenant intake rate limit of POST /jobs (PIN_SCRAPING_INTAKE_RPS / _BURST)."""
+
+    rps: float
+    burst: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.rps > 0
+
+
+def take_intake_token(engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit) -> float:
+    """Take one intake token from the tenant's bucket, shared by every API process (one
+    statement). 0.0: taken, go on; otherwise the seconds until a token is back."""
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        row = conn.execute(
+            _q("take_intake_token"),
+            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst},
+        ).one()
+    if row.taken is not None:
+        return 0.0
+    # The level read beside a refusal: a concurrent take may have moved it since, so the
+    # wait is a floor; a client told too short a wait is simply refused again.
+    level = row.level if row.level is not None else 0.0
+    return max((1.0 - level) / limit.rps, 0.001)
+
+
+def replayed_job(
+    conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str
+) -> Submitted | None:
+    """The job an earlier request with this Idempotency-Key made, while the key is
+    remembered; IdempotencyKeyReused when that request had another body. Lets the intake
+    limiter answer a repeat as intake would, without spending a token on it."""
+    row = conn.execute(
+        _q("remembered_job_by_idempotency_key"),
+        {
+            "tenant_id": tenant_id,
+            "idempotency_key": idempotency_key,
+            "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
+        },
+    ).one_or_none()
+    if row is None:
+        return None
+    if row.request_sha256 != request.sha256():
+        raise IdempotencyKeyReused(idempotency_key)
+    return Submitted(row.id, row.status, replayed=True)
 
 
 def get_job(conn: Connection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> dict[str, Any] | None:

@@ -55,6 +55,12 @@ class ScrapingSettings:
 
     webhook_timeout_seconds: float = 10.0
     webhook_max_attempts: int = 8
+    # POST /jobs per tenant, shared by every API process (a token bucket in PostgreSQL):
+    # `intake_rps` jobs/s sustained, `intake_burst` at once; 0 rps switches it off. The
+    # defaults are the seed's whole peak intake (28 jobs/s) for one tenant, and a burst
+    # that lets the seed's crawler post its 400 jobs at once (README, "Abuse limits").
+    intake_rps: float = 28.0
+    intake_burst: int = 400
     webhook_backoff_base_seconds: float = 5.0
     webhook_backoff_cap_seconds: float = 3600.0
 
@@ -177,6 +183,19 @@ class ScrapingSettings:
                 d.webhook_backoff_cap_seconds,
                 "seconds > 0 (fractions allowed)",
             ),
+            intake_rps=read(
+                "PIN_SCRAPING_INTAKE_RPS",
+                _intake_rps,
+                d.intake_rps,
+                f"jobs per second per tenant, 0 (no limit) or between {MIN_INTAKE_RPS:g} "
+                f"and {MAX_INTAKE_RPS:g}",
+            ),
+            intake_burst=read(
+                "PIN_SCRAPING_INTAKE_BURST",
+                _intake_burst,
+                d.intake_burst,
+                f"an integer between 1 and {MAX_INTAKE_BURST} (jobs a tenant may post at once)",
+            ),
             result_retention_days=read(
                 "PIN_RESULT_RETENTION_DAYS",
                 _positive_float,
@@ -197,6 +216,28 @@ def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
+    return value
+
+
+# Below this a refused client would be told to wait more than 1000 s.
+MIN_INTAKE_RPS = 0.001
+MAX_INTAKE_RPS = 1_000_000.0
+MAX_INTAKE_BURST = 1_000_000
+
+
+def _intake_rps(raw: str) -> float:
+    value = float(raw)
+    if value == 0:
+        return 0.0
+    if not MIN_INTAKE_RPS <= value <= MAX_INTAKE_RPS:
+        raise ValueError("out of range")
+    return value
+
+
+def _intake_burst(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= MAX_INTAKE_BURST:
+        raise ValueError("out of range")
     return value
 
 
