@@ -18,7 +18,6 @@ import glob
 import os
 import time
 from dataclasses import dataclass
-from types import TracebackType
 
 import confluent_kafka
 from confluent_kafka import Consumer, TopicPartition
@@ -61,7 +60,8 @@ class TopicMessage:
 
 
 class MockKafka:
-    """One mock broker, reachable only through `proxy` (its address is `bootstrap`)."""
+    """One mock broker, reachable only through `proxy` (its address is `bootstrap`); use it
+    with contextlib.closing."""
 
     def __init__(self) -> None:
         self._lib = _librdkafka()
@@ -138,14 +138,3 @@ class MockKafka:
         self.proxy.close()
         self._lib.rd_kafka_mock_cluster_destroy(self._cluster)
         self._lib.rd_kafka_destroy(self._handle)
-
-    def __enter__(self) -> MockKafka:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -25,9 +25,11 @@ Run as `python -m pin_orchestration.faults.scenarios.recalc drain URL CLOCK SECO
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -124,7 +126,9 @@ def run_publish(database_url: str, bootstrap: str, seconds: float) -> None:
     engine = create_db_engine(database_url)
     sink = KafkaSink(bootstrap, message_timeout_ms=MESSAGE_TIMEOUT_MS, extra_config=FAST_RECONNECT)
     stop = threading.Event()
-    threading.Timer(seconds, stop.set).start()
+    lifetime = threading.Timer(seconds, stop.set)
+    lifetime.daemon = True
+    lifetime.start()
     while not stop.is_set():
         try:
             run_publisher(
@@ -416,8 +420,8 @@ class Rig:
     kafka: MockKafka
     world: list[Project] = field(default_factory=list)
     clock: JumpingClock | None = None
-    drains: list[Any] = field(default_factory=list)
-    publishers: list[Any] = field(default_factory=list)
+    drains: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    publishers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def spawn_drain(self) -> None:
         clock = str(self.clock.path) if self.clock else "-"
@@ -434,7 +438,7 @@ class Rig:
             )
         )
 
-    def alive(self, children: list[Any]) -> list[Any]:
+    def alive(self, children: list[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
         return [c for c in children if c.poll() is None]
 
     def db_now(self) -> datetime:
@@ -458,6 +462,14 @@ class Rig:
 
     def published(self, ids: set[int]) -> bool:
         return not (ids & self.unpublished_ids())
+
+    def recovered_when_drained(self, outcome: Outcome, moment: datetime, what: str) -> None:
+        """The recovery after a fault: until every request due by `moment` is drained."""
+        outcome.recovered_after(wait_until(lambda: self.due_by(moment) == 0, timeout=60, what=what))
+
+    def recovered_when_published(self, outcome: Outcome, ids: set[int], what: str) -> None:
+        """The recovery after a fault: until the events pending at it are delivered."""
+        outcome.recovered_after(wait_until(lambda: self.published(ids), timeout=30, what=what))
 
     def queue_depth(self) -> int:
         with self.engine.connect() as conn:
@@ -483,7 +495,7 @@ def _run(
     url = ctx.postgres.create_database("recalc")
     engine = create_db_engine(url)
     try:
-        with MockKafka() as kafka:
+        with contextlib.closing(MockKafka()) as kafka:
             rig = Rig(ctx, url, engine, kafka)
             if clock:
                 rig.clock = JumpingClock(ctx.workdir / "clock-offset")
@@ -568,13 +580,7 @@ def kill_drains(rig: Rig, outcome: Outcome) -> None:
         rig.ctx.sigkill(victim)
         outcome.faults_injected += 1
         rig.spawn_drain()
-        outcome.recovered_after(
-            wait_until(
-                lambda t=fault_at: rig.due_by(t) == 0,
-                timeout=30,
-                what="the requests due at a drain's kill drained",
-            )
-        )
+        rig.recovered_when_drained(outcome, fault_at, "the requests due at a drain's kill drained")
 
 
 def kill_publishers(rig: Rig, outcome: Outcome) -> None:
@@ -585,12 +591,8 @@ def kill_publishers(rig: Rig, outcome: Outcome) -> None:
         pending = rig.unpublished_ids()
         outcome.faults_injected += 1
         rig.spawn_publisher()
-        outcome.recovered_after(
-            wait_until(
-                lambda ids=pending: rig.published(ids),
-                timeout=30,
-                what="the events pending at a publisher's kill delivered",
-            )
+        rig.recovered_when_published(
+            outcome, pending, "the events pending at a publisher's kill delivered"
         )
 
 
@@ -616,12 +618,8 @@ def cut_kafka(rig: Rig, outcome: Outcome) -> None:
         pending = rig.unpublished_ids()
         proxy.set_mode("pass")
         outcome.faults_injected += 1
-        outcome.recovered_after(
-            wait_until(
-                lambda ids=pending: rig.published(ids),
-                timeout=30,
-                what=f"the events pending when Kafka came back ({mode}) delivered",
-            )
+        rig.recovered_when_published(
+            outcome, pending, f"the events pending when Kafka came back ({mode}) delivered"
         )
 
 
@@ -657,13 +655,7 @@ def restart_postgres(rig: Rig, outcome: Outcome) -> None:
         fault_at = rig.db_now()
         rig.ctx.postgres.restart(down_seconds=rig.ctx.rng.uniform(0.0, 1.0))
         outcome.faults_injected += 1
-        outcome.recovered_after(
-            wait_until(
-                lambda t=fault_at: rig.due_by(t) == 0,
-                timeout=60,
-                what="the requests due at the restart drained",
-            )
-        )
+        rig.recovered_when_drained(outcome, fault_at, "the requests due at the restart drained")
 
 
 def jump_clock(rig: Rig, outcome: Outcome) -> None:
@@ -681,12 +673,8 @@ def jump_clock(rig: Rig, outcome: Outcome) -> None:
         outcome.faults_injected += 1
         # Every request raised before the jump, on either side of it, drained.
         moment = max(before, clock.now()) + timedelta(seconds=RAISE_POLICY.debounce_seconds)
-        outcome.recovered_after(
-            wait_until(
-                lambda t=moment: rig.due_by(t) == 0,
-                timeout=60,
-                what=f"the requests raised before a clock jump of {seconds:+.0f} s drained",
-            )
+        rig.recovered_when_drained(
+            outcome, moment, f"the requests raised before a clock jump of {seconds:+.0f} s drained"
         )
 
 
