@@ -514,58 +514,40 @@ def _store_faults(world: World, outcome: Outcome, rounds: int) -> None:
         )
 
 
-@scenario("scraping-sigkill", job="scraping", fault="SIGKILL of the workers")
-def workers_killed(ctx: FaultContext) -> Outcome:
-    kills = ctx.scale(2, 10)
-    return _run(
-        ctx,
-        "SIGKILL of the workers",
-        lambda w, o: _kill_workers(w, o, kills),
-        jobs=ctx.scale(30, 300),
-    )
+Inject = Callable[[World, Outcome, int], None]
 
 
-@scenario("scraping-pg-restart", job="scraping", fault="PostgreSQL restarted")
-def database_restarted(ctx: FaultContext) -> Outcome:
-    restarts = ctx.scale(1, 4)
-    return _run(
-        ctx,
-        "PostgreSQL restarted",
-        lambda w, o: _restart_postgres(w, o, restarts),
-        jobs=ctx.scale(30, 200),
-    )
+def _register(name: str, fault: str, inject: Inject, *, faults: tuple[int, int], jobs: int) -> None:
+    """A scenario: `inject` gets the number of faults (quick, full) mid-stream of `jobs`
+    jobs in full mode (30 in quick)."""
+
+    @scenario(name, job="scraping", fault=fault)
+    def run(ctx: FaultContext) -> Outcome:
+        n = ctx.scale(*faults)
+        return _run(ctx, fault, lambda w, o: inject(w, o, n), jobs=ctx.scale(30, jobs))
 
 
-@scenario("scraping-s3", job="scraping", fault="S3 down/reset/hung/slow, moto restarted")
-def store_faults(ctx: FaultContext) -> Outcome:
-    rounds = ctx.scale(1, 3)
-    return _run(
-        ctx,
-        "S3 down/reset/hung/slow, moto restarted",
-        lambda w, o: _store_faults(w, o, rounds),
-        jobs=ctx.scale(30, 200),
-    )
-
-
-@scenario("scraping-target", job="scraping", fault="target down/reset/hung/slow")
-def target_faults(ctx: FaultContext) -> Outcome:
-    rounds = ctx.scale(1, 3)
-    return _run(
-        ctx,
+# (name, fault, inject, faults in quick and full mode, jobs in full mode). The webhook's
+# slow mode is slower than its timeout both ways: the receiver gets the call, the answer
+# comes too late, the delivery is retried (a redelivery, which at-least-once allows).
+SCENARIOS: list[tuple[str, str, Inject, tuple[int, int], int]] = [
+    ("scraping-sigkill", "SIGKILL of the workers", _kill_workers, (2, 10), 300),
+    ("scraping-pg-restart", "PostgreSQL restarted", _restart_postgres, (1, 4), 200),
+    ("scraping-s3", "S3 down/reset/hung/slow, moto restarted", _store_faults, (1, 3), 200),
+    (
+        "scraping-target",
         "target down/reset/hung/slow",
-        lambda w, o: _proxy_faults(w, o, w.target, rounds, slow_delay=0.3),
-        jobs=ctx.scale(30, 200),
-    )
-
-
-@scenario("scraping-webhook", job="scraping", fault="webhook receiver down/reset/hung/slow")
-def receiver_faults(ctx: FaultContext) -> Outcome:
-    rounds = ctx.scale(1, 3)
-    # Slower than the webhook timeout both ways: the receiver gets the call, the answer
-    # comes too late, the delivery is retried (a redelivery, which at-least-once allows).
-    return _run(
-        ctx,
+        lambda w, o, n: _proxy_faults(w, o, w.target, n, slow_delay=0.3),
+        (1, 3),
+        200,
+    ),
+    (
+        "scraping-webhook",
         "webhook receiver down/reset/hung/slow",
-        lambda w, o: _proxy_faults(w, o, w.hooks, rounds, slow_delay=0.6),
-        jobs=ctx.scale(30, 200),
-    )
+        lambda w, o, n: _proxy_faults(w, o, w.hooks, n, slow_delay=0.6),
+        (1, 3),
+        200,
+    ),
+]
+for _name, _fault, _inject, _faults, _jobs in SCENARIOS:
+    _register(_name, _fault, _inject, faults=_faults, jobs=_jobs)
