@@ -1,8 +1,13 @@
 """The scraping scenarios hold, and fail naming the invariant when a guard is edited out:
-- a worker that marks a job succeeded before its result is stored loses results to a kill
-  in between (`scraping.one_result_per_job`: succeeded without an object);
-- a claim that neither serialises claims nor locks the rows it picks hands one job to two
-  workers at once (`scraping.single_fetcher`: the target served it twice at the same time).
+a worker that marks a job succeeded before its result is stored loses results to a kill in
+between (`scraping.one_result_per_job`: succeeded without an object in the bucket).
+
+Not here: removing SKIP LOCKED from the claim (migration 0007). It is not what keeps a job
+to one worker: every claim holds one advisory lock, and a plain FOR UPDATE waits and then
+re-checks `status = 'queued'`, so the suite rightly holds on that build. Removing the
+advisory lock and the row locks as well allows two workers on one job
+(`scraping.single_fetcher` would see it at the target), but only when two claims overlap,
+which a quick run does not make happen reliably.
 """
 
 from __future__ import annotations
