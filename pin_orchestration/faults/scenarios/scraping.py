@@ -508,6 +508,9 @@ def _store_faults(world: World, outcome: Outcome, rounds: int) -> None:
         _proxy_faults(world, outcome, world.s3_proxy, 1, slow_delay=0.5)
         time.sleep(world.ctx.rng.uniform(0.2, 0.6))
         world.s3.restart(down_seconds=world.ctx.rng.uniform(0.5, 1.5))
+        # A crashed server's connections are reset by its kernel; moto stopped in-process
+        # leaves them open and unanswered, and boto3 would wait out its 60 s read timeout.
+        world.s3_proxy.reset_all()
         outcome.faults_injected += 1
         outcome.recovered_after(
             world.progress_after(time.monotonic(), what="a job done after moto restarted")
