@@ -15,13 +15,26 @@ jobs reach it (every other private address stays refused).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 DEFAULT_PORT = 8791
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answer the site sent: the site's own record of what a scraper was given."""
+
+    path: str  # without the query
+    status: int
+    sha256: str  # of the body sent
+    arrived: float  # time.monotonic() when the request was read
+    answered: float  # ... and when the answer was written
 
 
 class DemoSite:
@@ -33,6 +46,7 @@ class DemoSite:
         # politeness limit promises a site (two names of this server count apart).
         self.in_flight: Counter[str] = Counter()
         self.peak_in_flight: Counter[str] = Counter()
+        self.served: list[Served] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
@@ -58,6 +72,10 @@ class DemoSite:
             self.requests[path] += 1
             return self.requests[path]
 
+    def record(self, served: Served) -> None:
+        with self._lock:
+            self.served.append(served)
+
     def _enter(self, host: str) -> None:
         with self._lock:
             self.in_flight[host] += 1
@@ -74,6 +92,7 @@ def _handler_for(site: DemoSite) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+            self.arrived = time.monotonic()
             site._enter(host)
             try:
                 self._serve()
@@ -126,6 +145,15 @@ def _handler_for(site: DemoSite) -> type[BaseHTTPRequestHandler]:
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
+            site.record(
+                Served(
+                    urlsplit(self.path).path,
+                    status,
+                    hashlib.sha256(body).hexdigest(),
+                    self.arrived,
+                    time.monotonic(),
+                )
+            )
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass

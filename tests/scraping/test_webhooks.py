@@ -10,8 +10,6 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -34,6 +32,7 @@ from pin_orchestration.scraping.webhooks import (
     run_deliveries,
     tenant_webhook_secret,
 )
+from pin_orchestration.standins.webhook_receiver import Receiver
 from tests.contracts.test_integration_doc import blocks
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
 from tests.scraping.servers import TargetServer
@@ -43,59 +42,6 @@ from tests.scraping.servers import TargetServer
 POLICY = WebhookPolicy(
     max_attempts=4, backoff_base_seconds=30, backoff_cap_seconds=60, timeout_seconds=2.5
 )
-
-
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
-
-
-class Receiver:
-    """A webhook receiver on loopback: records every POST, answers `status`."""
-
-    def __init__(self, port: int = 0) -> None:
-        self.received: list[Received] = []
-        self.status = 204
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.received.append(Received(dict(self.headers.items()), body))
-                    status = receiver.status
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                pass
-
-        class Server(ThreadingHTTPServer):
-            # The default backlog of 5 makes concurrent deliveries wait for SYN retransmits.
-            request_queue_size = 128
-
-        self._server = Server(("127.0.0.1", port), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def events(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [json.loads(r.body) for r in self.received]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 @pytest.fixture

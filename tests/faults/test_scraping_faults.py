@@ -1,0 +1,54 @@
+"""The scraping scenarios hold, and fail naming the invariant when a guard is edited out:
+a worker that marks a job succeeded before its result is stored loses results to a kill in
+between (`scraping.one_result_per_job`: succeeded without an object in the bucket).
+
+Not here: removing SKIP LOCKED from the claim (migration 0007). It is not what keeps a job
+to one worker: every claim holds one advisory lock, and a plain FOR UPDATE waits and then
+re-checks `status = 'queued'`, so the suite rightly holds on that build. Removing the
+advisory lock and the row locks as well allows two workers on one job
+(`scraping.single_fetcher` would see it at the target), but only when two claims overlap,
+which a quick run does not make happen reliably.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.faults.broken_build import broken_copy, run_suite
+
+STORE_THEN_MARK = """        stored = store.put(
+            key,
+            fetched.body,
+            size=fetched.size,
+            sha256=fetched.sha256,
+            content_type=_storable_content_type(fetched.content_type),
+        )
+"""
+# The outcome (succeeded) goes to the main loop at once; the put happens behind it.
+MARK_THEN_STORE = """        from io import BytesIO
+
+        from pin_orchestration.scraping.store import StoredObject
+
+        body = BytesIO(fetched.body.read())
+        content_type = _storable_content_type(fetched.content_type)
+        stored = StoredObject(key, fetched.size, fetched.sha256, content_type or "x/y")
+        threading.Thread(
+            target=store.put,
+            args=(key, body),
+            kwargs={"size": stored.size, "sha256": stored.sha256, "content_type": content_type},
+        ).start()
+"""
+
+
+def test_scraping_scenarios_hold() -> None:
+    result = run_suite(None, "scraping-")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for fault in ("SIGKILL of the workers", "PostgreSQL restarted", "target down"):
+        assert f"| scraping | {fault}" in result.stdout
+
+
+def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
+    root = broken_copy(tmp_path, "scraping/worker.py", STORE_THEN_MARK, MARK_THEN_STORE)
+    result = run_suite(root, "scraping-sigkill")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "scraping.one_result_per_job" in result.stderr
