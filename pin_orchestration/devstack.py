@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from dagster import DagsterInstance
+
 from pin_orchestration.dagster_warnings import pythonwarnings_value
 from pin_orchestration.db import create_db_engine, dagster_storage_url, resolve_database_url
 from pin_orchestration.demo import seed_demo_data
@@ -26,6 +28,12 @@ from pin_orchestration.metrics import serve_metrics
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.sensors.run_failures import RUN_STATUS_SENSOR_PROCESS_LIMIT
 from pin_orchestration.settings import Settings
+from pin_orchestration.stack_recovery import (
+    clear_previous_stack,
+    fail_runs_left_behind,
+    forget_stack,
+    record_stack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +143,13 @@ def start_scraping_services(
     return [site.stop, stop_api]
 
 
+def _dagster_instance(env: dict[str, str]) -> DagsterInstance:
+    """The instance dagster dev is about to serve (its dagster.yaml reads the storage URL
+    from the environment)."""
+    os.environ["PIN_DAGSTER_PG_URL"] = env["PIN_DAGSTER_PG_URL"]
+    return DagsterInstance.from_config(env["DAGSTER_HOME"])
+
+
 def run_stack(
     *,
     settings: Settings,
@@ -169,6 +184,8 @@ def run_stack(
     env["PYTHONWARNINGS"] = pythonwarnings_value()
     # The daemon reads this: how many failed runs record_failed_runs takes per tick.
     env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))
+    if clear_previous_stack(settings.home):
+        fail_runs_left_behind(_dagster_instance(env))
     stoppers = start_local_services(settings, env, seed_demo=seed_demo)
     metrics_server = serve_metrics(engine, host, metrics_port)
     log.info("metrics on http://%s:%d/metrics", host, metrics_port)
@@ -204,9 +221,11 @@ def run_stack(
         dagster_dev.send_signal(signal.SIGINT)
 
     previous = {signo: signal.signal(signo, stop_dagster) for signo in STOP_SIGNALS}
+    record_stack(settings.home, dagster_dev_pid=dagster_dev.pid)
     try:
         return dagster_dev.wait()
     finally:
+        forget_stack(settings.home)
         for signo, handler in previous.items():
             signal.signal(signo, handler)
         metrics_server.shutdown()

@@ -1,0 +1,116 @@
+"""What `pin up` settles before it starts, when the previous stack on the same PIN_HOME died
+without stopping (SIGKILL, the OOM killer, a host crash).
+
+Dagster's default run launcher cannot tell that a run's worker process is gone, so a run
+that was in progress when the stack died stays STARTED in run storage forever. Every drain
+sensor sizes its runs by the runs in flight, and the tag limits of dagster.yaml count them
+too: two such ghosts stopped every scraping worker run and every recalc drain for good
+(found by the fault suite's `platform-pin-up-sigkill`). On this single-machine stack every
+run worker is a descendant of `pin up`, so once the previous `pin up` and its tree are gone
+no run it left in progress can still be running: those runs are marked failed (the run
+failure sensor then counts them) and their jobs' leases and locks bring the work back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import psutil
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+log = logging.getLogger(__name__)
+
+PIDS_FILE = "pin-up.pids"
+# Statuses in which a run needs a live worker of the stack that launched it. QUEUED runs
+# are not here: the new daemon's coordinator launches them.
+LEFT_BEHIND = [
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+class StackAlreadyRunning(RuntimeError):
+    pass
+
+
+def _ours(pid: int | None) -> psutil.Process | None:
+    """The process `pid` if it is alive and one of ours (a recycled PID is not)."""
+    if not pid:
+        return None
+    try:
+        process = psutil.Process(pid)
+        command = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return process if ("pin" in command or "dagster" in command) else None
+
+
+def clear_previous_stack(home: Path) -> bool:
+    """Refuse to start beside a live `pin up` on this home; kill what a dead one left
+    running (a `dagster dev` in its own session survives its parent's SIGKILL and would
+    fight the new stack for its ports and daemons). Returns True when a previous stack
+    ended without stopping."""
+    path = home / PIDS_FILE
+    if not path.exists():
+        return False
+    try:
+        pids = json.loads(path.read_text())
+    except ValueError:
+        pids = {}
+    if _ours(pids.get("pin_up")) is not None and pids.get("pin_up") != os.getpid():
+        raise StackAlreadyRunning(
+            f"pin up is already running on {home} (pid {pids['pin_up']}); stop it first, "
+            f"or set PIN_HOME to run another stack"
+        )
+    survivor = _ours(pids.get("dagster_dev"))
+    if survivor is not None:
+        tree = [survivor, *survivor.children(recursive=True)]
+        log.warning(
+            "the previous pin up died and left dagster dev (pid %d) and %d processes "
+            "running: killing them",
+            survivor.pid,
+            len(tree) - 1,
+        )
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(tree, timeout=10)
+    return True
+
+
+def record_stack(home: Path, *, dagster_dev_pid: int) -> None:
+    (home / PIDS_FILE).write_text(
+        json.dumps({"pin_up": os.getpid(), "dagster_dev": dagster_dev_pid})
+    )
+
+
+def forget_stack(home: Path) -> None:
+    """A clean stop: nothing is left behind."""
+    with contextlib.suppress(FileNotFoundError):
+        (home / PIDS_FILE).unlink()
+
+
+def fail_runs_left_behind(instance: DagsterInstance) -> list[str]:
+    """Mark every run the dead stack left in progress as failed (canceled if it was being
+    canceled); returns their run ids."""
+    settled = []
+    for record in instance.get_run_records(RunsFilter(statuses=LEFT_BEHIND)):
+        run = record.dagster_run
+        message = (
+            "Its run worker died with the previous `pin up` (the stack was killed without "
+            "stopping); marked by the next `pin up` at start."
+        )
+        if run.status == DagsterRunStatus.CANCELING:
+            instance.report_run_canceled(run, message)
+        else:
+            instance.report_run_failed(run, message)
+        settled.append(run.run_id)
+    if settled:
+        log.warning("%d run(s) left in progress by the previous pin up marked failed", len(settled))
+    return settled

@@ -1,0 +1,96 @@
+"""pin up after a stack that died without stopping: its survivors are killed, a live stack
+is not started beside, and the runs it left in progress are settled (else every drain
+sensor counts them as in flight forever)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+from pin_orchestration.stack_recovery import (
+    PIDS_FILE,
+    StackAlreadyRunning,
+    clear_previous_stack,
+    fail_runs_left_behind,
+    forget_stack,
+    record_stack,
+)
+
+
+def _sleeper(tag: str) -> subprocess.Popen[bytes]:
+    # "dagster" in its command line: what a survivor of a dead stack looks like.
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag])
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_clean_stop_leaves_nothing_to_clear(tmp_path: Path) -> None:
+    record_stack(tmp_path, dagster_dev_pid=_dead_pid())
+    forget_stack(tmp_path)
+    assert clear_previous_stack(tmp_path) is False
+
+
+def test_survivors_of_a_dead_stack_are_killed(tmp_path: Path) -> None:
+    survivor = _sleeper("dagster-dev-survivor")
+    try:
+        (tmp_path / PIDS_FILE).write_text(
+            json.dumps({"pin_up": _dead_pid(), "dagster_dev": survivor.pid})
+        )
+        assert clear_previous_stack(tmp_path) is True
+        survivor.wait(timeout=10)  # psutil reaped it already: gone is what counts
+        assert not psutil.pid_exists(survivor.pid)
+    finally:
+        survivor.kill()
+
+
+def test_a_live_stack_is_not_started_beside(tmp_path: Path) -> None:
+    live = _sleeper("pin-up-live")
+    try:
+        (tmp_path / PIDS_FILE).write_text(json.dumps({"pin_up": live.pid, "dagster_dev": 0}))
+        with pytest.raises(StackAlreadyRunning, match="already running"):
+            clear_previous_stack(tmp_path)
+        assert live.poll() is None
+    finally:
+        live.kill()
+
+
+def test_runs_left_in_progress_are_settled_and_finished_ones_kept() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        runs = {}
+        for status in (
+            DagsterRunStatus.STARTED,
+            DagsterRunStatus.STARTING,
+            DagsterRunStatus.CANCELING,
+            DagsterRunStatus.NOT_STARTED,
+            DagsterRunStatus.SUCCESS,
+        ):
+            run = DagsterRun(job_name="scraping_worker", run_id=str(uuid.uuid4()), status=status)
+            instance.add_run(run)
+            runs[status] = run.run_id
+        settled = fail_runs_left_behind(instance)
+        assert sorted(settled) == sorted(
+            runs[s]
+            for s in (
+                DagsterRunStatus.STARTED,
+                DagsterRunStatus.STARTING,
+                DagsterRunStatus.CANCELING,
+                DagsterRunStatus.NOT_STARTED,
+            )
+        )
+        status_of = {s: instance.get_run_by_id(i).status for s, i in runs.items()}
+        assert status_of[DagsterRunStatus.STARTED] == DagsterRunStatus.FAILURE
+        assert status_of[DagsterRunStatus.STARTING] == DagsterRunStatus.FAILURE
+        assert status_of[DagsterRunStatus.CANCELING] == DagsterRunStatus.CANCELED
+        assert status_of[DagsterRunStatus.NOT_STARTED] == DagsterRunStatus.FAILURE
+        assert status_of[DagsterRunStatus.SUCCESS] == DagsterRunStatus.SUCCESS
