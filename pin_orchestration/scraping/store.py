@@ -143,6 +143,10 @@ def _unique(keys: Sequence[str]) -> list[str]:
 # --- S3 ------------------------------------------------------------------------------------
 
 
+S3_CONNECT_TIMEOUT_SECONDS = 5.0
+S3_READ_TIMEOUT_SECONDS = 20.0
+
+
 def s3_client(*, endpoint_url: str | None, region_name: str | None) -> Any:
     """A boto3 S3 client that presigns with SigV4.
 
@@ -159,6 +163,10 @@ def s3_client(*, endpoint_url: str | None, region_name: str | None) -> Any:
         "signature_version": "s3v4",
         # What S3Resource configures: standard retry mode, five attempts.
         "retries": {"max_attempts": 5, "mode": "standard"},
+        # botocore's 60 s defaults let a hung store hold a worker slot for minutes (five
+        # attempts): the fault suite's S3 hang showed it. A put answers within seconds.
+        "connect_timeout": S3_CONNECT_TIMEOUT_SECONDS,
+        "read_timeout": S3_READ_TIMEOUT_SECONDS,
     }
     if endpoint_url is not None:
         # S3-compatible stores: bucket-in-hostname addressing needs wildcard DNS they rarely

@@ -568,3 +568,33 @@ def test_local_router_documents_its_responses(local_store: LocalResultStore) -> 
     assert responses["403"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ResultLinkError"
     }
+
+
+def test_a_hung_s3_store_fails_the_put_instead_of_holding_the_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that accepts connections and never answers: the put gives up after the
+    client's read timeout (its retries included) and raises, so the worker records a
+    transient failure and frees the slot, instead of botocore's 60 s × 5 attempts."""
+    from botocore.exceptions import ReadTimeoutError
+
+    from pin_orchestration.faults.proxy import FaultProxy
+    from pin_orchestration.scraping import store as store_module
+
+    monkeypatch.setattr(store_module, "S3_READ_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with FaultProxy("127.0.0.1", 9) as hung:  # upstream never used: every call hangs
+        hung.set_mode("hang")
+        client = store_module.s3_client(
+            endpoint_url=f"http://{hung.address}", region_name="us-east-1"
+        )
+        assert client.meta.config.read_timeout == 0.3
+        with pytest.raises(ReadTimeoutError):
+            S3ResultStore(client, "results").put(
+                "k/1",
+                io.BytesIO(b"x"),
+                size=1,
+                sha256=hashlib.sha256(b"x").hexdigest(),
+                content_type="text/plain",
+            )
