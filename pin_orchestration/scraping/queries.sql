@@ -173,7 +173,9 @@ RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
 WITH job AS (
     UPDATE scraping.jobs
     SET status = :status,
-        next_attempt_at = coalesce(CAST(:next_attempt_at AS timestamptz), next_attempt_at),
+        next_attempt_at = coalesce(
+            now() + make_interval(secs => CAST(:next_attempt_in AS double precision)),
+            next_attempt_at),
         lease_owner = NULL,
         lease_expires_at = NULL,
         last_error = :last_error,
@@ -200,12 +202,14 @@ WHERE a.job_id = job.id AND a.number = :attempt
 RETURNING a.job_id
 
 -- name: pause_domains
--- A 429 or Retry-After from a domain: no worker sends it anything before :until. Written
--- in the transaction of the attempts' outcomes, domains in name order (as the claim
--- writes its tokens), so the two never deadlock; a longer pause already set stands.
+-- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds
+-- (from the database's clock). Written in the transaction of the attempts' outcomes,
+-- domains in name order (as the claim writes its tokens), so the two never deadlock; a
+-- longer pause already set stands.
 INSERT INTO scraping.domains AS d (domain, blocked_until)
-SELECT p.domain, p.until
-FROM unnest(CAST(:domains AS text[]), CAST(:until AS timestamptz[])) AS p(domain, until)
+SELECT p.domain, now() + make_interval(secs => p.seconds)
+FROM unnest(CAST(:domains AS text[]), CAST(:paused_for AS double precision[]))
+    AS p(domain, seconds)
 ORDER BY p.domain
 ON CONFLICT (domain) DO UPDATE
 SET blocked_until = greatest(d.blocked_until, EXCLUDED.blocked_until), updated_at = now()

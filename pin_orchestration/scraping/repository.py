@@ -12,9 +12,9 @@ import hmac
 import json
 import secrets
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -507,12 +507,26 @@ class AttemptOutcome:
 
 
 def finish_attempts(
-    engine: Engine, *, worker: str, outcomes: Sequence[AttemptOutcome]
+    engine: Engine,
+    *,
+    worker: str,
+    outcomes: Sequence[AttemptOutcome],
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> set[uuid.UUID]:
     """Write a round of outcomes in one transaction; returns the jobs actually written (a
-    job whose lease this worker lost is left to its new owner)."""
+    job whose lease this worker lost is left to its new owner).
+
+    Retry and pause times were decided with the worker's `clock`; they are written as
+    delays from PostgreSQL's now(), the clock every claim compares with, so a worker host
+    whose clock is off does not move them by its skew (the fault suite's clock jump)."""
     if not outcomes:
         return set()
+
+    decided_at = clock()
+
+    def seconds_from_now(moment: datetime | None) -> float | None:
+        return None if moment is None else (moment - decided_at).total_seconds()
+
     written: set[uuid.UUID] = set()
     with engine.begin() as conn:
         for o in outcomes:
@@ -530,7 +544,7 @@ def finish_attempts(
                     "error_detail": detail,
                     "last_error": detail,
                     "duration_ms": o.duration_ms,
-                    "next_attempt_at": o.next_attempt_at,
+                    "next_attempt_in": seconds_from_now(o.next_attempt_at),
                     "result_key": o.result_key,
                     "result_size": o.result_size,
                     "result_sha256": o.result_sha256,
@@ -547,7 +561,8 @@ def finish_attempts(
         if pauses:
             names = sorted(pauses)
             conn.execute(
-                _q("pause_domains"), {"domains": names, "until": [pauses[n] for n in names]}
+                _q("pause_domains"),
+                {"domains": names, "paused_for": [seconds_from_now(pauses[n]) for n in names]},
             )
     return written
 

@@ -335,3 +335,45 @@ def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
     assert download.status_code == 200
     assert download.content == b"x" * 5000
     assert download.headers["Content-Type"] == "application/octet-stream"
+
+
+def test_retry_and_pause_times_follow_the_database_clock_whatever_the_workers_clock(
+    db_engine: Engine, tenant_id
+) -> None:
+    """A worker decides "retry in 10 s" and "leave the domain alone for 30 s" with its own
+    clock; the claim compares with PostgreSQL's now(). A worker host an hour ahead must not
+    push its retries an hour late (nor one behind make them due at once)."""
+    for skew in (timedelta(hours=1), timedelta(hours=-1)):
+        job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
+        [job] = repository.claim_due_jobs(
+            db_engine, worker="A", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
+        )
+        worker_now = datetime.now(UTC) + skew
+        outcome = AttemptOutcome(
+            job_id=job_id,
+            attempt=job.attempt,
+            status="queued",
+            outcome="retry",
+            error_class="http_429",
+            next_attempt_at=worker_now + timedelta(seconds=10),
+            domain=job.domain,
+            domain_paused_until=worker_now + timedelta(seconds=30),
+        )
+        assert repository.finish_attempts(
+            db_engine, worker="A", outcomes=[outcome], clock=lambda n=worker_now: n
+        ) == {job_id}
+        with db_engine.connect() as conn:
+            retry_in, paused_for = conn.execute(
+                text(
+                    "SELECT extract(epoch FROM j.next_attempt_at - now()),"
+                    "       extract(epoch FROM d.blocked_until - now())"
+                    " FROM scraping.jobs j JOIN scraping.domains d ON d.domain = j.domain"
+                    " WHERE j.id = :id"
+                ),
+                {"id": job_id},
+            ).one()
+        assert 8 <= retry_in <= 10, skew
+        assert 28 <= paused_for <= 30, skew
+        with db_engine.begin() as conn:
+            conn.execute(text("DELETE FROM scraping.jobs WHERE id = :id"), {"id": job_id})
+            conn.execute(text("DELETE FROM scraping.domains"))
