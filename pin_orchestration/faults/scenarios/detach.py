@@ -39,7 +39,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
 from pin_orchestration.faults.proxy import FaultProxy
@@ -65,6 +65,8 @@ RUN_OPTIONS = {
 }
 SETTLE_TIMEOUT_SECONDS = 90.0
 CLOCK_AHEAD_SECONDS = 5.0
+# The advisory lock the overlapping runners wait on before their first claim.
+START_LINE = 11_001
 
 _DONE_LOG = """
 CREATE TABLE public.faults_done_log (snapshot_id uuid NOT NULL, done_at timestamptz NOT NULL);
@@ -446,7 +448,9 @@ def clock_jumps(ctx: FaultContext) -> Outcome:
 def parallel_runners(ctx: FaultContext) -> Outcome:
     outcome = Outcome(job="detach", fault="two runners overlap, SIGKILLed")
     with detach_world(ctx, ctx.scale(80, 400)) as world:
+        start_line = _hold_start_line(world.engine)
         pair = [world.ticks(runner="unlocked"), world.ticks(runner="unlocked")]
+        _release_start_line(start_line, len(pair))
         for _ in range(ctx.scale(1, 6)):
             world.wait_for_calls(time.time() - 0.5, "detaches by the overlapping runners")
             time.sleep(ctx.rng.uniform(0.0, 0.4))
@@ -466,6 +470,32 @@ def parallel_runners(ctx: FaultContext) -> Outcome:
                 ticks.stop()
         check_invariants(world, outcome)
     return outcome
+
+
+def _hold_start_line(engine: Engine) -> Connection:
+    conn = engine.connect()
+    conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": START_LINE})
+    conn.commit()
+    return conn
+
+
+def _release_start_line(conn: Connection, runners: int) -> None:
+    """Once `runners` wait at the start line, let them go at once: two runners of one
+    tick (a failover) claim in the same instant, the case the claim's row lock is for."""
+
+    def waiting() -> bool:
+        query = text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :k "
+            "AND NOT granted"
+        )
+        return conn.execute(query, {"k": START_LINE}).scalar_one() >= runners
+
+    try:
+        wait_until(waiting, timeout=30, every=0.02, what="runners at the start line")
+        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": START_LINE})
+        conn.commit()
+    finally:
+        conn.close()
 
 
 # --- the runner process ----------------------------------------------------------------------
@@ -500,7 +530,11 @@ def run_runner(database_url: str, selections_url: str, mode: str, clock_file: st
         holder = f"faults-{uuid.uuid4().hex[:8]}"
         run_detach_retry(engine, client, options, run_id=holder, holder=holder, clock=clock)
         return
-    # Unlocked: drain until nothing is Pending (retries wait out their backoff meanwhile).
+    # Unlocked: wait at the start line (see _start_together), then drain until nothing
+    # is Pending (retries wait out their backoff meanwhile).
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock_shared(:k)"), {"k": START_LINE})
+        conn.execute(text("SELECT pg_advisory_unlock_shared(:k)"), {"k": START_LINE})
     while _pending(engine) != 0:
         drain(engine, client, options)
         time.sleep(0.1)  # a tick's interval, not a wait for a condition
