@@ -200,7 +200,6 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
         _, before = checkpoint(sweep.engine)
         sweep.wait_for_progress(before, "a run's next batch")
         time.sleep(ctx.rng.uniform(0.0, 0.3))  # a random moment mid-sweep
-        _, at_fault = checkpoint(sweep.engine)
         faulted_at = time.monotonic()
         if number < kills:
             if run.poll() is None:
@@ -211,6 +210,8 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
             ctx.postgres.restart(down_seconds=ctx.rng.uniform(0.0, 1.0))
             outcome.faults_injected += 1
             run.wait(timeout=RUN_TIMEOUT_SECONDS)
+        # Read once the faulted run can commit nothing more.
+        _, at_fault = checkpoint(sweep.engine)
         # The next run resumes from the checkpoint; recovered once it commits a batch
         # past where the fault hit (the first batch of a fresh pass, if that one ended).
         run = sweep.resume(at_fault)
