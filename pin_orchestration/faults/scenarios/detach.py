@@ -96,6 +96,9 @@ class RecordingSelections(SelectionsStandIn):
         super().__init__(**kwargs)
         self.log: list[Call] = []
         self._log_lock = threading.Lock()
+        # A connection reset by the fault proxy is the injected fault, not a server error
+        # worth a traceback on the suite's output.
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
 
     def detach(self, snapshot_id: str) -> tuple[int, dict[str, Any]]:
         arrived = time.time()
@@ -212,6 +215,15 @@ class Detach:
 
     def wait_for_calls(self, since: float, what: str) -> float:
         return wait_until(lambda: self.selections.detached_since(since) > 0, timeout=60, what=what)
+
+    def recovered(self, outcome: Outcome, since: float, what: str) -> bool:
+        """Count the fault just injected and wait for a detach after it; False when
+        nothing is left Pending (the next fault would hit an idle job)."""
+        outcome.faults_injected += 1
+        if _pending(self.engine) == 0:
+            return False
+        outcome.recovered_after(self.wait_for_calls(since, what))
+        return True
 
     def wait_settled(self) -> float:
         return wait_until(
@@ -337,12 +349,8 @@ def runs_killed(ctx: FaultContext) -> Outcome:
             killed_at = time.time()
             if not ticks.kill_current():
                 continue
-            outcome.faults_injected += 1
-            if _pending(world.engine) == 0:
+            if not world.recovered(outcome, killed_at, "a detach after the run was killed"):
                 break
-            outcome.recovered_after(
-                world.wait_for_calls(killed_at, "a detach after the run was killed")
-            )
         _recover(world, outcome, ticks)
     return outcome
 
@@ -395,12 +403,8 @@ def database_restarted(ctx: FaultContext) -> Outcome:
             world.engine.dispose()
             ctx.postgres.restart(down_seconds=ctx.rng.uniform(0.0, 1.0))
             restarted_at = time.time()
-            outcome.faults_injected += 1
-            if _pending(world.engine) == 0:
+            if not world.recovered(outcome, restarted_at, "a detach after PostgreSQL restarted"):
                 break
-            outcome.recovered_after(
-                world.wait_for_calls(restarted_at, "a detach after PostgreSQL restarted")
-            )
         _recover(world, outcome, ticks)
     return outcome
 
@@ -457,12 +461,8 @@ def parallel_runners(ctx: FaultContext) -> Outcome:
             killed_at = time.time()
             if not ctx.rng.choice(pair).kill_current():
                 continue
-            outcome.faults_injected += 1
-            if _pending(world.engine) == 0:
+            if not world.recovered(outcome, killed_at, "a detach after a runner was killed"):
                 break
-            outcome.recovered_after(
-                world.wait_for_calls(killed_at, "a detach after a runner was killed")
-            )
         try:
             world.wait_settled()
         finally:
