@@ -1,0 +1,33 @@
+"""The news scenarios (reconcile, detach) hold in quick mode, and fail naming
+`detach.one_call_at_a_time` when the detach claim stops locking the rows it claims.
+
+Only removing SKIP LOCKED (keeping FOR UPDATE) is not observable as a duplicate, by
+design: a second claimer then waits for the first's commit and PostgreSQL re-checks
+`next_attempt_at <= now` on the row the first claim stamped with its lease, so it skips
+it — slower, never twice. Without the row lock both claimers read the same due rows and
+both call selections for them at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.faults.broken_build import broken_copy, run_suite
+
+
+def test_news_scenarios_hold() -> None:
+    result = run_suite(None, "reconcile-", "detach-")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| reconcile | SIGKILL of `pin news reconcile` |" in result.stdout
+    assert "| detach | SIGKILL of `pin detach run` |" in result.stdout
+
+
+def test_claim_without_its_row_lock_breaks_one_call_at_a_time(tmp_path: Path) -> None:
+    root = broken_copy(
+        tmp_path,
+        "news/snapshot_detach/queries.sql",
+        "LIMIT :batch_size\nFOR UPDATE SKIP LOCKED\n",
+        "LIMIT :batch_size\n",
+    )
+    result = run_suite(root, "detach-parallel-runners")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "detach.one_call_at_a_time" in result.stderr
