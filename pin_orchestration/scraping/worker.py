@@ -152,11 +152,14 @@ def run_worker(
     rng: random.Random | None = None,
     on_round: Callable[[WorkerReport], None] | None = None,
     claim: ClaimFn = repository.claim_due_jobs,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> WorkerReport:
     """Drain due jobs until nothing is claimable for `idle_exit_seconds`, the max duration
     passes, or `stop` is set; jobs in flight finish (or are handed back) before returning.
 
-    `claim` is the pick; the FIFO baseline of bench/noisy_neighbour.py passes its own."""
+    `claim` is the pick; the FIFO baseline of bench/noisy_neighbour.py passes its own.
+    `clock` is the wall clock retries and pauses are decided with (the fault suite jumps
+    it); they reach the database as delays, so its skew does not move them."""
     options.validate()
     worker = worker_id or f"worker-{uuid.uuid4()}"
     stop = stop or threading.Event()
@@ -169,10 +172,12 @@ def run_worker(
 
     def process(flight: _Flight) -> None:
         try:
-            outcome = _attempt(flight, store, fetcher, retry_policy, rng)
+            outcome = _attempt(flight, store, fetcher, retry_policy, rng, clock)
         except Exception as exc:  # a bug must not strand the job in running
             log.exception("attempt of job %s failed unexpectedly", flight.job.id)
-            outcome = _retry_now(flight.job, "worker_error", f"{type(exc).__name__}: {exc}")
+            outcome = _retry_now(
+                flight.job, "worker_error", f"{type(exc).__name__}: {exc}", clock()
+            )
         if outcome is not None:
             outcomes.put((outcome, flight.job.created_at))
         with flights_lock:
@@ -193,7 +198,7 @@ def run_worker(
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
-                _write_outcomes(engine, worker, outcomes, report)
+                _write_outcomes(engine, worker, outcomes, report, clock)
                 now = time.monotonic()
                 if stop.is_set() or now - started >= options.max_run_duration_seconds:
                     break
@@ -235,7 +240,7 @@ def run_worker(
                     for flight in flights.values():
                         flight.stop("worker_stopped")
         # The pool has drained: every slot's outcome is queued.
-        _write_outcomes(engine, worker, outcomes, report)
+        _write_outcomes(engine, worker, outcomes, report, clock)
     finally:
         renewal_done.set()
         renewer.join(timeout=5)
@@ -248,6 +253,7 @@ def _attempt(
     fetcher: Fetcher,
     retry_policy: RetryPolicy,
     rng: random.Random,
+    clock: Callable[[], datetime],
 ) -> AttemptOutcome | None:
     job = flight.job
     begun = time.monotonic()
@@ -259,14 +265,14 @@ def _attempt(
         fetched = fetcher.fetch(job.url, job.params, should_stop=flight.should_stop)
     except FetchError as exc:
         if exc.error_class == "cancelled":
-            return _stopped(flight, elapsed_ms())
+            return _stopped(flight, elapsed_ms(), clock())
         decision = decide(
             attempt=job.budget_used,
             status_code=None,
             error_class=exc.error_class,
             retry_after=None,
             policy=retry_policy,
-            now=datetime.now(UTC),
+            now=clock(),
             rng=rng,
         )
         return _decided(job, decision, None, elapsed_ms())
@@ -277,7 +283,7 @@ def _attempt(
             error_class=None,
             retry_after=fetched.headers.get("Retry-After"),
             policy=retry_policy,
-            now=datetime.now(UTC),
+            now=clock(),
             rng=rng,
         )
         if decision.outcome != "succeeded":
@@ -285,13 +291,13 @@ def _attempt(
                 fetched.status_code,
                 fetched.headers.get("Retry-After"),
                 retry_policy,
-                datetime.now(UTC),
+                clock(),
             )
             return _decided(job, decision, fetched.status_code, elapsed_ms(), paused_until)
         if flight.lease_in_doubt():
             flight.stop("lease_lost")
         if flight.should_stop():
-            return _stopped(flight, elapsed_ms())
+            return _stopped(flight, elapsed_ms(), clock())
         key = result_key(job.tenant_id, job.id, job.created_at)
         stored = store.put(
             key,
@@ -346,7 +352,7 @@ def _decided(
     )
 
 
-def _stopped(flight: _Flight, duration_ms: int) -> AttemptOutcome | None:
+def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome | None:
     job = flight.job
     if flight.stop_reason == "cancelled":
         return AttemptOutcome(
@@ -361,10 +367,10 @@ def _stopped(flight: _Flight, duration_ms: int) -> AttemptOutcome | None:
     if flight.stop_reason == "lease_lost":
         # The job is someone else's now; the database would refuse any write of ours.
         return None
-    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back")
+    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", now)
 
 
-def _retry_now(job: ClaimedJob, error_class: str, detail: str) -> AttemptOutcome:
+def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) -> AttemptOutcome:
     return AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
@@ -372,7 +378,7 @@ def _retry_now(job: ClaimedJob, error_class: str, detail: str) -> AttemptOutcome
         outcome="retry",
         error_class=error_class,
         error_detail=detail,
-        next_attempt_at=datetime.now(UTC),
+        next_attempt_at=now,
     )
 
 
@@ -381,6 +387,7 @@ def _write_outcomes(
     worker: str,
     outcomes: queue.Queue[tuple[AttemptOutcome, datetime]],
     report: WorkerReport,
+    clock: Callable[[], datetime],
 ) -> None:
     batch: list[tuple[AttemptOutcome, datetime]] = []
     while True:
@@ -390,7 +397,9 @@ def _write_outcomes(
             break
     if not batch:
         return
-    written = repository.finish_attempts(engine, worker=worker, outcomes=[o for o, _ in batch])
+    written = repository.finish_attempts(
+        engine, worker=worker, outcomes=[o for o, _ in batch], clock=clock
+    )
     for outcome, created_at in batch:
         if outcome.job_id not in written:
             report.lease_lost += 1

@@ -52,3 +52,19 @@ def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
     result = run_suite(root, "scraping-sigkill")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "scraping.one_result_per_job" in result.stderr
+
+
+def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> None:
+    # finish_attempts measures the decided retry time against the machine's clock instead
+    # of the worker's: a worker an hour ahead parks its retries for an hour.
+    root = broken_copy(
+        tmp_path,
+        "scraping/repository.py",
+        "    decided_at = clock()\n",
+        "    decided_at = datetime.now(UTC)\n",
+    )
+    result = run_suite(root, "scraping-clock-jump")
+    assert result.returncode == 1, result.stdout + result.stderr
+    # Nothing recovers while the clock is ahead: the scenario names the stall.
+    assert "scraping.scenario_completed" in result.stderr
+    assert "with the clock +3600 s off: not within" in result.stderr

@@ -34,13 +34,13 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration.faults.clock import JumpingClock
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
 from pin_orchestration.faults.proxy import FaultProxy
 from pin_orchestration.standins.selections import SelectionsStandIn
@@ -423,17 +423,18 @@ def clock_jumps(ctx: FaultContext) -> Outcome:
     called after Done either way and that the rows settle once the clock is right."""
     outcome = Outcome(job="detach", fault=CLOCK_FAULT)
     clock_file = ctx.workdir / "clock-offset"
-    clock_file.write_text("0")
+    clock = JumpingClock(clock_file)
+    clock.set(0)
     with detach_world(ctx, ctx.scale(50, 400)) as world:
         ticks = world.ticks(runner="locked", clock_file=clock_file)
         # Failures first, so entries sit in their backoff when the clock leaps.
         world.selections.fail(503, count=ctx.scale(20, 150))
         for jump in [-3600.0, CLOCK_AHEAD_SECONDS] * ctx.scale(1, 3):
             world.wait_for_calls(time.time() - 0.5, "detaches before the clock jumps")
-            clock_file.write_text(str(jump))
+            clock.set(jump)
             outcome.faults_injected += 1
             time.sleep(ctx.rng.uniform(0.5, 1.5))
-            clock_file.write_text("0")
+            clock.set(0)
             back_at = time.time()
             if _pending(world.engine) == 0:
                 break
@@ -501,19 +502,6 @@ def _release_start_line(conn: Connection, runners: int) -> None:
 # --- the runner process ----------------------------------------------------------------------
 
 
-def _file_clock(path: Path) -> Any:
-    """The machine's time plus the offset the scenario writes into `path` (the fault)."""
-
-    def now() -> datetime:
-        try:
-            offset = float(path.read_text() or 0)
-        except (OSError, ValueError):
-            offset = 0.0
-        return datetime.now(UTC) + timedelta(seconds=offset)
-
-    return now
-
-
 def run_runner(database_url: str, selections_url: str, mode: str, clock_file: str) -> None:
     from pin_orchestration.db import create_db_engine
     from pin_orchestration.news.selections import SelectionsClient
@@ -526,7 +514,7 @@ def run_runner(database_url: str, selections_url: str, mode: str, clock_file: st
         selections_url, None, timeout_seconds=CALL_TIMEOUT_SECONDS, pool_size=4
     )
     if mode == "locked":
-        clock = _file_clock(Path(clock_file))
+        clock = JumpingClock(Path(clock_file)).now
         holder = f"faults-{uuid.uuid4().hex[:8]}"
         run_detach_retry(engine, client, options, run_id=holder, holder=holder, clock=clock)
         return

@@ -37,7 +37,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.chessboard.queue import RecalcPolicy, request_project_recalc
+from pin_orchestration.faults.clock import JumpingClock
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
 from pin_orchestration.faults.kafka import MockKafka, TopicMessage
 
@@ -66,30 +67,6 @@ TOPICS = {
 }
 STATUSES = ("Free", "Free", "Booked", "Sold", "Hidden")
 CHILD_LIFETIME_SECONDS = 900.0  # an upper bound: the scenario kills its children sooner
-
-
-# -- the injectable clock ---------------------------------------------------------------
-class JumpingClock:
-    """The machine's clock plus an offset kept in a file, so a drain process and the
-    raisers share one clock that the scenario can jump (the machine's stays as it is)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def jump(self, seconds: float) -> None:
-        offset = self.offset() + seconds
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(f"{offset}\n")
-        tmp.replace(self.path)  # atomic: a reader sees the old offset or the new one
-
-    def offset(self) -> float:
-        try:
-            return float(self.path.read_text())
-        except (FileNotFoundError, ValueError):
-            return 0.0
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.offset())
 
 
 # -- the processes the scenarios start and kill ------------------------------------------

@@ -22,15 +22,18 @@ import dataclasses
 import hashlib
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.faults.clock import JumpingClock
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
 from pin_orchestration.faults.proxy import FaultProxy
 
@@ -110,6 +113,8 @@ class World:
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     feeding: threading.Event = dataclasses.field(default_factory=threading.Event)
     keep_workers: bool = True
+    # Set: the workers run `run_worker` with this jumping clock instead of `pin scraping work`.
+    clock: JumpingClock | None = None
 
     def kill_workers(self) -> int:
         """SIGKILL every live worker process; returns how many."""
@@ -271,13 +276,13 @@ def _start_service(world: World, jobs: int, feed_seconds: float) -> None:
             return
         alive = [w for w in world.workers if w.poll() is None]
         for _ in range(WORKERS - len(alive)):
-            world.workers.append(
-                world.ctx.spawn_pin(
-                    ["scraping", "work", "--idle-exit-seconds", "3"],
-                    world.env,
-                    name=f"worker-{len(world.workers)}",
-                )
-            )
+            name = f"worker-{len(world.workers)}"
+            if world.clock is None:
+                args = ["scraping", "work", "--idle-exit-seconds", "3"]
+                world.workers.append(world.ctx.spawn_pin(args, world.env, name=name))
+            else:
+                args = ["-m", __name__, "worker", str(world.clock.path)]
+                world.workers.append(world.ctx.spawn(args, world.env, name=name))
 
     keep_workers()
     _forever(world, 0.2, keep_workers, "workers")
@@ -325,10 +330,17 @@ def _feed(world: World, tenant_id: uuid.UUID, jobs: int, feed_seconds: float) ->
 
 
 def _run(
-    ctx: FaultContext, fault: str, inject: Callable[[World, Outcome], None], *, jobs: int
+    ctx: FaultContext,
+    fault: str,
+    inject: Callable[[World, Outcome], None],
+    *,
+    jobs: int,
+    clock: bool = False,
 ) -> Outcome:
     outcome = Outcome(job="scraping", fault=fault)
     with _world(ctx) as world:
+        if clock:
+            world.clock = JumpingClock(ctx.workdir / "clock-offset")
         _start_service(world, jobs, feed_seconds=max(4.0, jobs / 10))
         # Faults land mid-stream: once work is flowing.
         wait_until(lambda: world.count("succeeded") > 0, timeout=60, what="a first job done")
@@ -520,14 +532,75 @@ def _store_faults(world: World, outcome: Outcome, rounds: int) -> None:
 Inject = Callable[[World, Outcome, int], None]
 
 
-def _register(name: str, fault: str, inject: Inject, *, faults: tuple[int, int], jobs: int) -> None:
+def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
+    """The workers' clock jumps an hour ahead, then an hour back, each while the target
+    is down, so retries (backoff) are decided with the jumped clock. Retry times
+    reach the database as delays from its now(): a worker an hour ahead must not park its
+    retries for an hour (every_job_ends would time out), nor one behind run them early."""
+    assert world.clock is not None
+    for _ in range(rounds):
+        for offset in (3600.0, -3600.0):
+            time.sleep(world.ctx.rng.uniform(0.2, 0.6))
+            world.clock.set(offset)
+            # Down resets the pooled keep-alive connections too: every fetch fails now.
+            world.target.set_mode("down")
+            time.sleep(world.ctx.rng.uniform(1.0, 2.0))
+            world.target.set_mode("pass")
+            outcome.faults_injected += 1
+            outcome.recovered_after(
+                world.progress_after(
+                    time.monotonic(), what=f"a job done with the clock {offset:+.0f} s off"
+                )
+            )
+            world.clock.set(0.0)
+
+
+def run_worker_on_a_jumping_clock(clock_file: str) -> None:
+    """What `pin scraping work` runs, with the wall clock read through the clock file."""
+    from pin_orchestration.db import engine_from_env
+    from pin_orchestration.resources.scraping import (
+        fetch_policy_from,
+        result_store_from,
+        retry_policy_from,
+    )
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+
+    settings = ScrapingSettings.from_env()
+    options = WorkerOptions(
+        slots=settings.slots,
+        lease_seconds=settings.lease_seconds,
+        idle_exit_seconds=3,
+        domain_rps=settings.domain_rps,
+        domain_concurrency=settings.domain_concurrency,
+    )
+    run_worker(
+        engine_from_env(),
+        result_store_from(settings),
+        Fetcher(fetch_policy_from(settings)),
+        retry_policy_from(settings),
+        options,
+        clock=JumpingClock(Path(clock_file)).now,
+    )
+
+
+def _register(
+    name: str,
+    fault: str,
+    inject: Inject,
+    *,
+    faults: tuple[int, int],
+    jobs: int,
+    clock: bool = False,
+) -> None:
     """A scenario: `inject` gets the number of faults (quick, full) mid-stream of `jobs`
     jobs in full mode (30 in quick)."""
 
     @scenario(name, job="scraping", fault=fault)
     def run(ctx: FaultContext) -> Outcome:
         n = ctx.scale(*faults)
-        return _run(ctx, fault, lambda w, o: inject(w, o, n), jobs=ctx.scale(30, jobs))
+        return _run(ctx, fault, lambda w, o: inject(w, o, n), jobs=ctx.scale(30, jobs), clock=clock)
 
 
 # (name, fault, inject, faults in quick and full mode, jobs in full mode). The webhook's
@@ -554,3 +627,14 @@ SCENARIOS: list[tuple[str, str, Inject, tuple[int, int], int]] = [
 ]
 for _name, _fault, _inject, _faults, _jobs in SCENARIOS:
     _register(_name, _fault, _inject, faults=_faults, jobs=_jobs)
+_register(
+    "scraping-clock-jump",
+    "workers' clock an hour ahead, then behind",
+    _jump_clock,
+    faults=(1, 3),
+    jobs=200,
+    clock=True,
+)
+
+if __name__ == "__main__" and sys.argv[1] == "worker":
+    run_worker_on_a_jumping_clock(sys.argv[2])
