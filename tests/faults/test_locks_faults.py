@@ -8,12 +8,6 @@ from pathlib import Path
 from tests.faults.broken_build import broken_copy, run_suite
 
 
-def test_locks_scenarios_hold() -> None:
-    result = run_suite(None, "locks-")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "| locks | SIGKILL of the holder |" in result.stdout
-
-
 def test_taking_over_an_unexpired_lock_breaks_single_holder(tmp_path: Path) -> None:
     root = broken_copy(
         tmp_path, "locks.py", "        WHERE l.expires_at <= now()\n", "        WHERE true\n"

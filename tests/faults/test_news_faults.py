@@ -14,13 +14,6 @@ from pathlib import Path
 from tests.faults.broken_build import broken_copy, run_suite
 
 
-def test_news_scenarios_hold() -> None:
-    result = run_suite(None, "reconcile-", "detach-")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "| reconcile | SIGKILL of `pin news reconcile` |" in result.stdout
-    assert "| detach | SIGKILL of `pin detach run` |" in result.stdout
-
-
 def test_claim_without_its_row_lock_breaks_one_call_at_a_time(tmp_path: Path) -> None:
     root = broken_copy(
         tmp_path,

@@ -40,13 +40,6 @@ MARK_THEN_STORE = """        from io import BytesIO
 """
 
 
-def test_scraping_scenarios_hold() -> None:
-    result = run_suite(None, "scraping-")
-    assert result.returncode == 0, result.stdout + result.stderr
-    for fault in ("SIGKILL of the workers", "PostgreSQL restarted", "target down"):
-        assert f"| scraping | {fault}" in result.stdout
-
-
 def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
     root = broken_copy(tmp_path, "scraping/worker.py", STORE_THEN_MARK, MARK_THEN_STORE)
     result = run_suite(root, "scraping-sigkill")

@@ -1,0 +1,25 @@
+"""`pin faults run --quick`, as CI runs it: every quick scenario of every job, and every
+invariant holds. (The full run, which writes docs/reliability.md, is run by hand.)"""
+
+from __future__ import annotations
+
+from pin_orchestration.faults.runner import load_scenarios
+from tests.faults.broken_build import run_suite
+
+
+def test_pin_faults_run_quick_passes_with_every_invariant_holding() -> None:
+    result = run_suite(None, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    rows = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| job |")
+    ]
+    quick = [s for s in load_scenarios() if not s.full_only]
+    assert len(rows) == len(quick)
+    for item in quick:
+        assert f"| {item.job} | {item.fault} |" in result.stdout, item.name
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        job, fault, lost, duplicated, invariants = cells[0], cells[1], cells[4], cells[5], cells[8]
+        assert (lost, duplicated, invariants) == ("0", "0", "hold"), f"{job}: {fault}: {row}"
