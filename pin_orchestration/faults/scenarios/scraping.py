@@ -548,8 +548,12 @@ def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
             world.target.set_mode("pass")
             outcome.faults_injected += 1
             outcome.recovered_after(
+                # Retries are due within the backoff cap (1 s) once the target is back; 15 s
+                # is ample, and a parked queue is told apart sooner than by the usual 30 s.
                 world.progress_after(
-                    time.monotonic(), what=f"a job done with the clock {offset:+.0f} s off"
+                    time.monotonic(),
+                    what=f"a job done with the clock {offset:+.0f} s off",
+                    timeout=15,
                 )
             )
             world.clock.set(0.0)
