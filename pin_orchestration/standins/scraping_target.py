@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -37,6 +37,9 @@ class Served:
     answered: float  # ... and when the answer was written
 
 
+SERVED_LOG_LIMIT = 100_000
+
+
 class DemoSite:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         if host not in ("127.0.0.1", "localhost"):
@@ -46,7 +49,9 @@ class DemoSite:
         # politeness limit promises a site (two names of this server count apart).
         self.in_flight: Counter[str] = Counter()
         self.peak_in_flight: Counter[str] = Counter()
-        self.served: list[Served] = []
+        # The site's own record of its answers (the fault suite checks results against it),
+        # bounded so a long-running `pin up` demo does not grow it forever.
+        self.served: deque[Served] = deque(maxlen=SERVED_LOG_LIMIT)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
