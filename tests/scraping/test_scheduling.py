@@ -251,7 +251,10 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
     assert rated.most_open <= 2
     assert narrow.most_open == 3
     arrivals = rated.arrivals()
-    assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.1)
+    # A quarter second of slack: under a loaded CI a claimed fetch can reach the target
+    # that much after its token was spent, which bunches arrivals (a limiter that did not
+    # hold would send these at 20/s and fail by far, and the spread below still holds).
+    assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
     # ... and the rate is what held rated back: 16 requests at 4/s after a burst of 4.
     assert arrivals[-1] - arrivals[0] >= (16 - 4) / 4 - 0.1
 
