@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import renewed_lock
@@ -42,9 +42,9 @@ OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], datetime]
-# A call's answer and when it ended (the backoff of a failure counts from there).
-_Attempt = tuple[CallResult, datetime]
+# A call's answer and when it ended on time.monotonic() (a failure's backoff counts from
+# there; the database adds what is left of it to its own now()).
+_Attempt = tuple[CallResult, float]
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,6 @@ class DrainResult:
         return data
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _never() -> bool:
     return False
 
@@ -103,7 +99,6 @@ def drain(
     caller: DetachCaller,
     options: DetachOptions,
     *,
-    clock: Clock = _utc_now,
     rand: RandomSource = random.random,
     should_stop: Callable[[], bool] = _never,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
@@ -119,7 +114,8 @@ def drain(
     backoff) covers the call, and a failure's next attempt counts from the end of the
     call. No transaction is open while a call is in flight: each claim and each group of
     outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
-    transaction, made on this thread.
+    transaction, made on this thread. Due times are the database's (see queries.sql):
+    the worker's wall clock is never read.
     """
     options.validate()
     result = DrainResult()
@@ -133,7 +129,7 @@ def drain(
         if should_stop():
             return None
         call = caller.detach(entry.snapshot_id, entry.reason)
-        return call, clock()
+        return call, time.monotonic()
 
     # Done calls whose outcome is not written yet: written in groups, one transaction each.
     finished: dict[Future[_Attempt | None], ClaimedEntry] = {}
@@ -146,16 +142,17 @@ def drain(
             try:
                 done = future.result()
             except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
-                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), clock()
+                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), last_write
             if done is None:
                 unstarted.append(entry)
             else:
                 call, ended_at = done
-                outcomes.append(decide(entry, call, options, ended_at, rand))
+                since = time.monotonic() - ended_at
+                outcomes.append(decide(entry, call, options, rand, since_call_ended_seconds=since))
         finished.clear()
         last_write = time.monotonic()
-        _apply_outcomes(engine, outcomes, clock(), result)
-        _release(engine, unstarted, clock(), result)
+        _apply_outcomes(engine, outcomes, result)
+        _release(engine, unstarted, result)
 
     def collect(timeout: float | None) -> None:
         done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
@@ -166,7 +163,7 @@ def drain(
         try:
             while True:
                 if should_stop():
-                    _release_unstarted(engine, inflight, clock(), result)
+                    _release_unstarted(engine, inflight, result)
                 elif more_due and len(inflight) < options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
@@ -183,7 +180,6 @@ def drain(
                         claimed = claim_batch(
                             engine,
                             options,
-                            clock(),
                             rand,
                             limit=options.max_concurrency - len(inflight),
                             call_timeout_seconds=caller.timeout_seconds,
@@ -217,7 +213,7 @@ def drain(
             result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
             result.backlog_remaining = True
             try:
-                _release_unstarted(engine, inflight, clock(), result)
+                _release_unstarted(engine, inflight, result)
                 while inflight:
                     collect(None)
                 settle()
@@ -236,22 +232,16 @@ def _is_interrupt(exc: BaseException) -> bool:
 def _release_unstarted(
     engine: Engine,
     inflight: dict[Future[_Attempt | None], ClaimedEntry],
-    now: datetime,
     result: DrainResult,
 ) -> None:
     unstarted = [future for future in inflight if future.cancel()]
-    _release(engine, [inflight.pop(future) for future in unstarted], now, result)
+    _release(engine, [inflight.pop(future) for future in unstarted], result)
 
 
-def _release(
-    engine: Engine,
-    entries: Sequence[ClaimedEntry],
-    now: datetime,
-    result: DrainResult,
-) -> None:
+def _release(engine: Engine, entries: Sequence[ClaimedEntry], result: DrainResult) -> None:
     if not entries:
         return
-    released = release_claims(engine, entries, now)
+    released = release_claims(engine, entries)
     result.released += released
     result.backlog_remaining = True
     log.warning(
@@ -265,11 +255,10 @@ def _release(
 def _apply_outcomes(
     engine: Engine,
     outcomes: Sequence[Outcome],
-    now: datetime,
     result: DrainResult,
 ) -> None:
     try:
-        applied = record_outcomes(engine, outcomes, now)
+        retry_at = record_outcomes(engine, outcomes)
     except Exception:  # noqa: BLE001 — rows stay Pending with their backoff; the run goes on
         log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
@@ -280,7 +269,7 @@ def _apply_outcomes(
         return
     for outcome in outcomes:
         entry = outcome.entry
-        if entry.id not in applied:
+        if entry.id not in retry_at:
             result.superseded += 1
             log.warning(
                 "entry outcome superseded: snapshotId=%s attempts=%d (a newer claim owns the row)",
@@ -303,7 +292,7 @@ def _apply_outcomes(
                 entry.snapshot_id,
                 entry.attempts,
                 outcome.last_error,
-                entry.next_attempt_at.isoformat(),
+                retry_at[entry.id].isoformat(),
             )
         else:
             result.failed += 1
@@ -329,7 +318,6 @@ def run_detach_retry(
     *,
     run_id: str,
     holder: str,
-    clock: Clock = _utc_now,
     rand: RandomSource = random.random,
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
@@ -341,7 +329,8 @@ def run_detach_retry(
     "no successful run" alert).
     """
     options.validate()
-    started_at = datetime.now(UTC)
+    with engine.connect() as conn:
+        started_at = conn.execute(text("SELECT now()")).scalar_one()
     with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
             logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
@@ -360,7 +349,6 @@ def run_detach_retry(
                 engine,
                 caller,
                 options,
-                clock=clock,
                 rand=rand,
                 should_stop=should_stop,
                 logger=logger,
