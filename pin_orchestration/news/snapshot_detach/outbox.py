@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -58,10 +59,17 @@ def _stamp_params(entries: Sequence[ClaimedEntry]) -> dict[str, list[Any]]:
     }
 
 
-def _relaxed_commit(conn: Connection) -> None:
-    """Don't wait for the WAL flush: a claim or an outcome lost to a database crash only
-    means one more (idempotent, INV-SNP-005) detach call after the backoff."""
-    conn.execute(text("SET LOCAL synchronous_commit = off"))
+@contextmanager
+def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
+    """A short transaction: on the connection a drain holds for its run (no pool checkout
+    and ping each time; after a disconnect SQLAlchemy reconnects it on next use), or on
+    one of the engine's."""
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    else:
+        with bind.begin():
+            yield bind
 
 
 def claim_due(
@@ -73,7 +81,7 @@ def claim_due(
     call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
     """Lock up to `limit` (default batch_size) rows due on the database's clock (SKIP
-    LOCKED) and stamp the attempt, leasing each row for its call's timeout plus the
+    LOCKED) and stamp the attempt, leasing each row for `call_timeout_seconds` plus the
     backoff from the database's now(); the caller commits."""
     size = options.batch_size if limit is None else min(limit, options.batch_size)
     rows = conn.execute(query("lock_due"), {"batch_size": size}).all()
@@ -108,7 +116,7 @@ def claim_due(
 
 
 def claim_batch(
-    engine: Engine,
+    bind: Engine | Connection,
     options: DetachOptions,
     rand: RandomSource = random.random,
     *,
@@ -116,20 +124,23 @@ def claim_batch(
     call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
     """The claim as its own transaction: committed (row locks released) on return."""
-    with engine.begin() as conn:
-        _relaxed_commit(conn)
+    with _transaction(bind) as conn:
         return claim_due(
             conn, options, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
         )
 
 
-def record_outcomes(engine: Engine, outcomes: Sequence[Outcome]) -> dict[uuid.UUID, datetime]:
-    """Write outcomes in one short transaction; return the rows actually updated, each
-    with its next_attempt_at (a Pending row's next attempt).
+def record_outcomes(
+    bind: Engine | Connection, outcomes: Sequence[Outcome]
+) -> dict[uuid.UUID, datetime]:
+    """Write outcomes in one short transaction; return the rows actually updated, each with its
+    next_attempt_at (a Pending row's next attempt).
 
     A Pending outcome sets the next attempt (counted from the end of its call). An outcome
     whose row no longer carries its claim's stamp (a newer claim took the row,
-    or an operator changed it) is not applied.
+    or an operator changed it) is not applied. Committed without waiting for the WAL
+    flush (set_config in the statement): an outcome lost to a crash only means one more
+    (idempotent) call.
     """
     if not outcomes:
         return {}
@@ -139,12 +150,11 @@ def record_outcomes(engine: Engine, outcomes: Sequence[Outcome]) -> dict[uuid.UU
         "last_errors": [o.last_error for o in outcomes],
         "retry_afters": [o.retry_after_seconds for o in outcomes],
     }
-    with engine.begin() as conn:
-        _relaxed_commit(conn)
+    with _transaction(bind) as conn:
         return dict(conn.execute(query("record_outcomes"), params).all())
 
 
-def release_claims(engine: Engine, entries: Sequence[ClaimedEntry]) -> int:
+def release_claims(bind: Engine | Connection, entries: Sequence[ClaimedEntry]) -> int:
     """Give back claims whose call never started (stop requested); returns rows released."""
     if not entries:
         return 0
@@ -153,7 +163,7 @@ def release_claims(engine: Engine, entries: Sequence[ClaimedEntry]) -> int:
         "previous_attempts": [e.previous_attempts for e in entries],
         "previous_next_attempt_ats": [e.previous_next_attempt_at for e in entries],
     }
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         return conn.execute(query("release_claims"), params).rowcount
 
 

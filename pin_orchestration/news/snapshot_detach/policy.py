@@ -124,9 +124,9 @@ def claim_lease_seconds(
     rand: RandomSource = random.random,
 ) -> float:
     """How long a claim keeps the row from being due (from the database's now()): the
-    call's whole timeout, then the backoff. Nobody can claim the row while its call may
-    still be in flight, and a run that dies mid-call leaves it to be retried after the
-    backoff, as a failure would."""
+    longest its call may still be in flight, then the backoff. Nobody can claim the row
+    while its call may still be in flight, and a run that dies mid-call leaves it to be
+    retried after the backoff, as a failure would."""
     return call_timeout_seconds + retry_delay_seconds(attempts, options, rand)
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import renewed_lock
@@ -109,10 +109,12 @@ def drain(
     retry, quarantined) to this module's logger, which a run shows as captured stderr —
     a large backlog must not turn into one event-log write per row.
 
-    At most `max_concurrency` calls are in flight, and a claim takes only as many rows as
-    there are free slots, so no claimed row waits in a queue: its lease (call timeout +
-    backoff) covers the call, and a failure's next attempt counts from the end of the
-    call. No transaction is open while a call is in flight: each claim and each group of
+    At most `max_concurrency` calls are in flight, and at most as many more claimed rows
+    wait in the pool's queue, so the calls go on while the next claim or the outcomes are
+    written. A queued row's call starts within one call timeout of its claim (every call
+    ahead of it started before the claim), so its lease — two call timeouts + the backoff
+    — covers its whole call; a failure's next attempt counts from the end of the call.
+    No transaction is open while a call is in flight: each claim and each group of
     outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
     transaction, made on this thread. Due times are the database's (see queries.sql):
     the worker's wall clock is never read.
@@ -151,20 +153,25 @@ def drain(
                 outcomes.append(decide(entry, call, options, rand, since_call_ended_seconds=since))
         finished.clear()
         last_write = time.monotonic()
-        _apply_outcomes(engine, outcomes, result)
-        _release(engine, unstarted, result)
+        _apply_outcomes(db, outcomes, result)
+        _release(db, unstarted, result)
 
     def collect(timeout: float | None) -> None:
         done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
         for future in done:
             finished[future] = inflight.pop(future)
 
-    with ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool:
+    # One connection for the run, used on this thread only: a pooled connection per
+    # transaction cost a checkout ping and a SET on top of BEGIN, the statements, COMMIT.
+    with (
+        engine.connect() as db,
+        ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool,
+    ):
         try:
             while True:
                 if should_stop():
-                    _release_unstarted(engine, inflight, result)
-                elif more_due and len(inflight) < options.max_concurrency:
+                    _release_unstarted(db, inflight, result)
+                elif more_due and len(inflight) <= options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
                         result.backlog_remaining = True
@@ -174,15 +181,16 @@ def drain(
                             options.max_run_duration_seconds,
                         )
                     else:
-                        # As many rows as there are free call slots: a claimed row is
-                        # called at once, so its lease (the call timeout + the backoff)
-                        # covers its whole call and nobody can claim it meanwhile.
+                        # Claimed only once a round of calls' worth of room is free
+                        # (claims of ~max_concurrency rows, not one per finished call).
+                        # The lease covers the wait in the queue (one call timeout) and
+                        # the call itself: nobody can claim the row meanwhile.
                         claimed = claim_batch(
-                            engine,
+                            db,
                             options,
                             rand,
-                            limit=options.max_concurrency - len(inflight),
-                            call_timeout_seconds=caller.timeout_seconds,
+                            limit=2 * options.max_concurrency - len(inflight),
+                            call_timeout_seconds=2 * caller.timeout_seconds,
                         )
                         # Claim again until a claim comes back empty: under SKIP LOCKED
                         # a short batch may only mean a parallel runner held some rows.
@@ -213,7 +221,7 @@ def drain(
             result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
             result.backlog_remaining = True
             try:
-                _release_unstarted(engine, inflight, result)
+                _release_unstarted(db, inflight, result)
                 while inflight:
                     collect(None)
                 settle()
@@ -230,18 +238,18 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 
 def _release_unstarted(
-    engine: Engine,
+    db: Connection,
     inflight: dict[Future[_Attempt | None], ClaimedEntry],
     result: DrainResult,
 ) -> None:
     unstarted = [future for future in inflight if future.cancel()]
-    _release(engine, [inflight.pop(future) for future in unstarted], result)
+    _release(db, [inflight.pop(future) for future in unstarted], result)
 
 
-def _release(engine: Engine, entries: Sequence[ClaimedEntry], result: DrainResult) -> None:
+def _release(db: Connection, entries: Sequence[ClaimedEntry], result: DrainResult) -> None:
     if not entries:
         return
-    released = release_claims(engine, entries)
+    released = release_claims(db, entries)
     result.released += released
     result.backlog_remaining = True
     log.warning(
@@ -253,12 +261,12 @@ def _release(engine: Engine, entries: Sequence[ClaimedEntry], result: DrainResul
 
 
 def _apply_outcomes(
-    engine: Engine,
+    db: Connection,
     outcomes: Sequence[Outcome],
     result: DrainResult,
 ) -> None:
     try:
-        retry_at = record_outcomes(engine, outcomes)
+        retry_at = record_outcomes(db, outcomes)
     except Exception:  # noqa: BLE001 — rows stay Pending with their backoff; the run goes on
         log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
