@@ -95,13 +95,13 @@ def stop_process_tree(root_pid: int, grace: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def no_survivors(what: str) -> Iterator[None]:
+def no_survivors(what: str, grace: float = GRACE_SECONDS) -> Iterator[None]:
     """A bench's run: fail naming any process it started that is still alive at its end."""
     marker = mark_session()
     try:
         yield
     finally:
-        left = end_survivors(marker)
+        left = end_survivors(marker, grace)
         if left:
             raise SystemExit(f"{what} left processes running (killed now): " + "; ".join(left))
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
+
+from tests.leftover_processes import MARKER_VARIABLE, no_survivors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +86,15 @@ def test_a_session_that_stops_what_it_started_passes(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "leaked" not in run.stdout
+
+
+def test_a_bench_that_leaves_a_process_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bench's marker replaces the session's while it runs; the session's comes back.
+    monkeypatch.setenv(MARKER_VARIABLE, os.environ[MARKER_VARIABLE])
+    with (
+        pytest.raises(SystemExit, match=r"bench/x\.py left processes running .*sleep 4322"),
+        no_survivors("bench/x.py", grace=0.5),
+    ):
+        leaked = subprocess.Popen(["sleep", "4322"], start_new_session=True)
+    leaked.wait(10)  # psutil reaped it already: gone is what counts
+    assert not psutil.pid_exists(leaked.pid)
