@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.db import create_db_engine, dagster_storage_url  # noqa: E402
 from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+from tests.leftover_processes import no_survivors, stop_process_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b"x" * 10_240
@@ -235,13 +236,10 @@ def pipeline(
             "p95_first_attempt_s": float(figures.p95_first_attempt_s),
         }
     finally:
+        # The daemon's code server ignores SIGTERM and would outlive the bench: each
+        # process goes with everything it started.
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process_tree(proc.pid, grace=20)
         engine.dispose()
         server = make_url(db_url)
         admin = create_db_engine(server.set(database="postgres").render_as_string(False))
@@ -304,4 +302,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with no_survivors("bench/scraping.py"):
+        main()
