@@ -31,7 +31,7 @@ def stored_job(
         engine, tenant.id, JobRequest(url="http://127.0.0.1:9/x", params={}), None
     ).id
     finished = NOW - timedelta(days=finished_days_ago)
-    key = result_key(tenant.id, job_id, finished)
+    key = result_key(tenant.id, job_id, finished, 1)
     body = f"result of {job_id}".encode()
     store.put(
         key,
