@@ -453,7 +453,10 @@ class LocalResultStore:
             with _locked_directory(path.parent):
                 # Sidecar first: from that moment the object reads as absent.
                 meta_path.unlink(missing_ok=True)
-                path.unlink(missing_ok=True)
+                # A directory under a key's name holds other keys (a job's pre-0012 key
+                # is the folder of its attempts' objects): no object by that name exists.
+                if not path.is_dir():
+                    path.unlink(missing_ok=True)
         return len(unique)
 
     def read_bytes(self, key: str) -> bytes:
