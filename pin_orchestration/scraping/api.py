@@ -718,20 +718,10 @@ def create_app(
 
     app.include_router(router)
 
-    @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        """The scraping metrics (the same as `pin metrics serve`'s) and this process's
-        read-cache counters. Operators' data (tenant names, target hosts): expose this
-        path on the internal network only."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-        from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(ScrapingCollector(engine_provider()))
-        if job_cache is not None:
-            registry.register(JobCacheCollector(job_cache))
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    if settings.metrics_token is not None:
+        _serve_metrics_to_operators(
+            app, engine_provider, job_cache, settings.metrics_token, settings
+        )
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -744,6 +734,47 @@ def create_app(
     _answer_422_with_only_safe_echoes(app)
     app.add_middleware(RequestSizeLimits)
     return app
+
+
+def _serve_metrics_to_operators(
+    app: FastAPI,
+    engine_provider: Callable[[], Engine],
+    job_cache: JobCache | None,
+    token: str,
+    settings: ScrapingSettings,
+) -> None:
+    """GET /metrics for the bearer of PIN_METRICS_TOKEN: the scraping metrics (the same as
+    `pin metrics serve`'s) and this process's read-cache counters. The gauges read from
+    PostgreSQL are computed at most once per PIN_METRICS_CACHE_SECONDS."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
+
+    expected = f"Bearer {token}".encode()
+    collectors: list[Any] = []
+
+    def registry() -> CollectorRegistry:
+        if not collectors:  # the engine exists once the app has started
+            collectors.append(
+                ScrapingCollector(engine_provider(), cache_seconds=settings.metrics_cache_seconds)
+            )
+            if job_cache is not None:
+                collectors.append(JobCacheCollector(job_cache))
+        built = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            built.register(collector)
+        return built
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        given = (authorization or "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse(
+                {"detail": "/metrics wants the operators' token (PIN_METRICS_TOKEN) as a bearer"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
