@@ -428,7 +428,9 @@ def create_app(
     settings = settings or ScrapingSettings.from_env()
     job_cache = (
         JobCache.from_url(
-            settings.redis_url, retention_seconds=settings.result_retention_days * 86400
+            settings.redis_url,
+            retention_seconds=settings.result_retention_days * 86400,
+            terminal_ttl_seconds=settings.cache_terminal_ttl_seconds,
         )
         if settings.redis_url
         else None

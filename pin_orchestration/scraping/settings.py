@@ -70,6 +70,8 @@ class ScrapingSettings:
     # The database-derived scraping gauges are computed at most once per this many seconds,
     # whatever the scrape rate (each computation reads the queue).
     metrics_cache_seconds: float = 15.0
+    # A finished job's copy in the read cache lives this long (bounded by the retention).
+    cache_terminal_ttl_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -214,6 +216,12 @@ class ScrapingSettings:
                 _non_negative_float,
                 d.metrics_cache_seconds,
                 "seconds >= 0 (0: computed at every scrape)",
+            ),
+            cache_terminal_ttl_seconds=read(
+                "PIN_CACHE_TERMINAL_TTL_SECONDS",
+                _positive_float,
+                d.cache_terminal_ttl_seconds,
+                "seconds > 0 (fractions allowed)",
             ),
             result_retention_days=read(
                 "PIN_RESULT_RETENTION_DAYS",
