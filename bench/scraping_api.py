@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.db import create_db_engine  # noqa: E402
 from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+from tests.leftover_processes import no_survivors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SLO_P99_MS = 200.0
@@ -449,4 +450,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with no_survivors("bench/scraping_api.py"):
+        main()

@@ -58,6 +58,12 @@ class RetentionOptions:
         "finished, marking the jobs' results expired (GET /jobs/{id}/result: 410); "
         "empty → PIN_RESULT_RETENTION_DAYS (default 30)",
     )
+    scraping_attempt_objects_days: float = option(
+        2,
+        "Delete the stored objects a scraping job ended without (attempts other than the "
+        "one it reports: lost to a lease race, cut by a killed worker, or of a job that "
+        "failed or was cancelled) this many days after it finished",
+    )
     batch_size: int = option(5000, "Rows per delete (one transaction each)")
     max_run_duration_seconds: float = option(
         30 * 60, "Stop after this long; the next run deletes the rest"
@@ -111,6 +117,9 @@ KINDS: tuple[RetentionKind, ...] = (
     RetentionKind("chessboard_published_events", "chessboard_published_days"),
     RetentionKind("job_runs", "job_runs_days"),
     RetentionKind("scraping_results", "scraping_results_days", deletes_stored_objects=True),
+    RetentionKind(
+        "scraping_attempt_objects", "scraping_attempt_objects_days", deletes_stored_objects=True
+    ),
 )
 
 # Builds the results store when a batch first has objects to delete (not before: a run

@@ -118,3 +118,36 @@ SET result_expired_at = now()
 FROM doomed
 WHERE j.id = doomed.id
 RETURNING j.result_key
+
+-- The objects a scraping job ended without (issue 16): each attempt stores its body under
+-- `…/{job_id}/{attempt}` (store.result_key), and the job keeps one of them as its result;
+-- the others — a losing attempt's, one whose worker died between its put and its finish,
+-- the attempts of a job that then failed or was cancelled — are deleted once the job has
+-- been over for the option's age. The keys are derived, attempts 1..attempts plus the
+-- pre-0012 key `…/{job_id}`, so nothing was recorded per put; absent keys delete as no-ops.
+-- Every swept job yields at least one key, so a short batch means the backlog is done.
+-- name: scraping_attempt_objects
+WITH doomed AS (
+    SELECT id FROM scraping.jobs
+    WHERE attempt_objects_swept_at IS NULL
+      AND status IN ('succeeded', 'failed', 'cancelled') AND finished_at < :cutoff
+    ORDER BY finished_at, id
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), swept AS (
+    UPDATE scraping.jobs AS j
+    SET attempt_objects_swept_at = now()
+    FROM doomed
+    WHERE j.id = doomed.id
+    RETURNING j.attempts, j.result_key,
+              format('results/%s/%s/%s', j.tenant_id,
+                     to_char(j.created_at AT TIME ZONE 'UTC', 'YYYY/MM/DD'), j.id) AS prefix
+)
+SELECT k.key
+FROM swept
+CROSS JOIN LATERAL (
+    SELECT swept.prefix AS key
+    UNION ALL
+    SELECT swept.prefix || '/' || n FROM generate_series(1, swept.attempts) AS n
+) AS k
+WHERE k.key IS DISTINCT FROM swept.result_key

@@ -22,8 +22,9 @@ from sqlalchemy.engine import make_url
 from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
 
-# Checks every event a test publishes against contracts/events (issue 12).
-pytest_plugins = ("tests.contracts.plugin",)
+# Checks every event a test publishes against contracts/events (issue 12); fails the
+# session naming any process it started that is still alive at its end (issue 20).
+pytest_plugins = ("tests.contracts.plugin", "tests.leftover_processes")
 
 
 @contextmanager

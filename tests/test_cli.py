@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
-from pin_orchestration.news.reconcile import Scope, read_checkpoint
+from pin_orchestration.news.reconcile import SLICE_SECONDS, Scope, read_checkpoint
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_post
 
@@ -116,20 +116,25 @@ def test_locks_list_and_release(db_url: str) -> None:
 
 def test_sigterm_stops_between_batches_keeping_committed_work(db_url: str) -> None:
     engine = create_db_engine(db_url)
-    posts = sorted(add_post(engine, comments_count=1) for _ in range(3000))
-    proc = subprocess.Popen(
-        [*PIN, "news", "reconcile", "--scope", "FullSweep", "--batch-size", "1"],
-        env={**os.environ, "PIN_DATABASE_URL": db_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while read_checkpoint(engine, Scope.FULL_SWEEP) is None:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    posts = sorted(add_post(engine, comments_count=1) for _ in range(20))
+    # The gate: the first batch waits on news.comments until the test lets it go. It waits
+    # longer than a slice, so the procedure returns after that batch and the stop request,
+    # sent meanwhile, is seen before the next one, however fast the batches are.
+    with engine.connect() as gate:
+        gate.execute(text("LOCK TABLE news.comments IN ACCESS EXCLUSIVE MODE"))
+        proc = subprocess.Popen(
+            [*PIN, "news", "reconcile", "--scope", "FullSweep", "--batch-size", "1"],
+            env={**os.environ, "PIN_DATABASE_URL": db_url},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait_for_a_batch_blocked_past_a_slice(engine, proc)
+            proc.send_signal(signal.SIGTERM)
+        finally:
+            gate.rollback()
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     summary = json.loads(out)
     assert summary["status"] == "cancelled"
@@ -142,6 +147,21 @@ def test_sigterm_stops_between_batches_keeping_committed_work(db_url: str) -> No
         counts = dict(conn.execute(text("SELECT id, comments_count FROM news.posts")).all())
     # Exactly the committed batches were corrected; nothing after the checkpoint.
     assert [counts[p] for p in posts] == [0] * done + [1] * (len(posts) - done)
+
+
+def _wait_for_a_batch_blocked_past_a_slice(engine: Engine, proc: subprocess.Popen) -> None:
+    blocked_past_a_slice = text(
+        "SELECT count(*) FROM pg_locks WHERE relation = 'news.comments'::regclass "
+        "AND NOT granted AND clock_timestamp() - waitstart > make_interval(secs => :slice)"
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        with engine.connect() as conn:
+            if conn.execute(blocked_past_a_slice, {"slice": SLICE_SECONDS}).scalar_one():
+                return
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the reconcile's first batch never waited"
+        time.sleep(0.05)
 
 
 def test_fresh_machine_path_embedded_postgres() -> None:

@@ -49,6 +49,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
+from pin_orchestration import tracing
 from pin_orchestration.chessboard.metrics import LOCK_CONFLICTS, add_metrics, record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
@@ -136,6 +137,20 @@ def finish_claim(engine: Engine, claim: Claim) -> bool:
     return False
 
 
+@tracing.traced(
+    "project-aggregates-recalc.project",
+    result_attributes=lambda outcome: (
+        {"claimed": False}
+        if outcome is None
+        else {
+            "ProjectId": str(outcome.project_id),
+            "TenantId": str(outcome.tenant_id),
+            "LastReason": outcome.last_reason,
+            "result": outcome.result,
+            "requeued": outcome.requeued,
+        }
+    ),
+)
 def process_next_due(
     engine: Engine,
     *,
@@ -283,6 +298,11 @@ def _record_failure(
     )
 
 
+@tracing.traced(
+    "project-aggregates-recalc.tick",
+    lambda a: {"correlationId": str(uuid.uuid4())},
+    lambda tick: {"projects": len(tick.outcomes), "stopped": tick.stopped},
+)
 def drain_tick(
     engine: Engine,
     *,

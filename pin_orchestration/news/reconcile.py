@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
+from pin_orchestration import tracing
 from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import LockLease, renewed_lock
 from pin_orchestration.options import option
@@ -256,6 +257,16 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
                 conn.execute(text("RESET ALL"))
 
 
+@tracing.traced(
+    f"{JOB_CODE}.batches",
+    lambda a: {"cursor": str(a["cursor"]), "batchSize": a["batch_size"]},
+    lambda piece: {
+        "batches": piece.batches,
+        "rows": piece.candidates,
+        "corrected": piece.corrections_count,
+        "skippedLocked": piece.skipped_locked,
+    },
+)
 def reconcile_slice(
     conn: Connection,
     scope: Scope,
@@ -320,6 +331,21 @@ def plan_pass(
     ], window
 
 
+@tracing.traced(
+    JOB_CODE,
+    lambda a: {
+        "jobRunId": a["run_id"],
+        "scope": str(a["options"].scope),
+        "batchSize": a["options"].batch_size,
+    },
+    lambda result: {
+        "status": result.status.value,
+        "postsReconciled": result.posts_reconciled,
+        "driftCorrected": result.drift_corrected,
+        "batchesProcessed": result.batches_processed,
+        "backlogRemaining": result.backlog_remaining,
+    },
+)
 def run_reconcile(
     engine: Engine,
     options: ReconcileOptions,

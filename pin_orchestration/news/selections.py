@@ -15,6 +15,8 @@ from typing import Protocol
 import requests
 from requests.adapters import HTTPAdapter
 
+from pin_orchestration import tracing
+
 
 class CallKind(StrEnum):
     DETACHED = "detached"  # 2xx: detached now, or already Detached (no-op success)
@@ -81,7 +83,11 @@ class SelectionsClient:
     def detach(self, snapshot_id: uuid.UUID, reason: str) -> CallResult:
         try:
             response = self.session.post(
-                self.detach_url(snapshot_id), json={"reason": reason}, timeout=self.timeout_seconds
+                self.detach_url(snapshot_id),
+                json={"reason": reason},
+                timeout=self.timeout_seconds,
+                # The attempt's trace context: selections' spans join the attempt's trace.
+                headers=tracing.trace_headers(),
             )
         except requests.Timeout:
             return CallResult(CallKind.TRANSIENT, "timeout")

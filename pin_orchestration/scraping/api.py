@@ -43,6 +43,9 @@ from pin_orchestration.scraping.store import ResultStore
 
 MAX_URL_LENGTH = 2048
 MAX_PARAMS_BYTES = 16 * 1024
+# Levels of arrays and objects inside `params` (a job's query parameters are flat; this
+# bounds the work of checking and storing them).
+MAX_PARAMS_DEPTH = 32
 # What the schema can say of a URL (scheme, a host, no whitespace); _check_url says the rest.
 URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
 
@@ -56,11 +59,25 @@ class Error(BaseModel):
     detail: str = Field(description="What was wrong, naming the field or header")
 
 
+def _has_lone_surrogate(value: str) -> bool:
+    """JSON's \\ud800 escapes decode to code points UTF-8 (and PostgreSQL) cannot hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _check_url(value: str, field: str) -> str:
     if len(value) > MAX_URL_LENGTH:
         raise ValueError(f"{field} is longer than {MAX_URL_LENGTH} characters")
     if "\x00" in value or any(c.isspace() for c in value):
         raise ValueError(f"{field} must not contain whitespace or NUL characters")
+    if _has_lone_surrogate(value):
+        raise ValueError(
+            f"{field} contains a lone UTF-16 surrogate (such as \\ud800), which is not text: "
+            "percent-encode the bytes you mean"
+        )
     try:
         parts = urlsplit(value)
         port = parts.port
@@ -68,6 +85,11 @@ def _check_url(value: str, field: str) -> str:
         raise ValueError(f"{field} is not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"{field} must be an http:// or https:// URL")
+    if "@" in parts.netloc:
+        # They would be stored and shown in every read of the job (and sent on redirects).
+        raise ValueError(
+            f"{field}: credentials in a URL are not accepted (remove the user:password@ part)"
+        )
     if not parts.hostname:
         raise ValueError(f"{field} has no host")
     if port == 0:
@@ -80,22 +102,39 @@ def _check_url(value: str, field: str) -> str:
 
 
 def _check_json_value(value: Any, path: str) -> None:
-    """PostgreSQL's jsonb refuses NUL characters and JSON has no NaN/Infinity: say so as a
-    422 naming the place instead of failing at insert."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{path} contains a NUL character")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{path} is not a finite number")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if "\x00" in k:
-                raise ValueError(f"{path} has a key containing a NUL character")
-            _check_json_value(v, f"{path}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_json_value(v, f"{path}[{i}]")
+    """PostgreSQL's jsonb refuses NUL characters and lone surrogates, and JSON has no
+    NaN/Infinity (Python's parser reads them, and 1e400, as floats): say so as a 422
+    naming the place instead of failing at insert. Walked without recursion, to a bounded
+    depth."""
+    pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while pending:
+        item, where, depth = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError(f"{where} contains a NUL character")
+            if _has_lone_surrogate(item):
+                raise ValueError(f"{where} contains a lone UTF-16 surrogate (such as \\ud800)")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(
+                    f"{where} is not a finite number (NaN, Infinity and numbers beyond "
+                    "double precision have no JSON value)"
+                )
+        elif isinstance(item, dict | list):
+            if depth >= MAX_PARAMS_DEPTH:
+                raise ValueError(f"{where} is nested deeper than {MAX_PARAMS_DEPTH} levels")
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    if "\x00" in k:
+                        raise ValueError(f"{where} has a key containing a NUL character")
+                    if _has_lone_surrogate(k):
+                        raise ValueError(
+                            f"{where} has a key containing a lone UTF-16 surrogate (such as "
+                            "\\ud800)"
+                        )
+                    pending.append((v, f"{where}.{k}", depth + 1))
+            else:
+                pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
 
 
 class JobCreate(BaseModel):
@@ -389,7 +428,9 @@ def create_app(
     settings = settings or ScrapingSettings.from_env()
     job_cache = (
         JobCache.from_url(
-            settings.redis_url, retention_seconds=settings.result_retention_days * 86400
+            settings.redis_url,
+            retention_seconds=settings.result_retention_days * 86400,
+            terminal_ttl_seconds=settings.cache_terminal_ttl_seconds,
         )
         if settings.redis_url
         else None
@@ -679,20 +720,10 @@ def create_app(
 
     app.include_router(router)
 
-    @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        """The scraping metrics (the same as `pin metrics serve`'s) and this process's
-        read-cache counters. Operators' data (tenant names, target hosts): expose this
-        path on the internal network only."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-        from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(ScrapingCollector(engine_provider()))
-        if job_cache is not None:
-            registry.register(JobCacheCollector(job_cache))
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    if settings.metrics_token is not None:
+        _serve_metrics_to_operators(
+            app, engine_provider, job_cache, settings.metrics_token, settings
+        )
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
@@ -702,8 +733,50 @@ def create_app(
 
     _mount_local_results(app, store)
     _answer_405_with_every_allowed_method(app)
+    _answer_422_with_only_safe_echoes(app)
     app.add_middleware(RequestSizeLimits)
     return app
+
+
+def _serve_metrics_to_operators(
+    app: FastAPI,
+    engine_provider: Callable[[], Engine],
+    job_cache: JobCache | None,
+    token: str,
+    settings: ScrapingSettings,
+) -> None:
+    """GET /metrics for the bearer of PIN_METRICS_TOKEN: the scraping metrics (the same as
+    `pin metrics serve`'s) and this process's read-cache counters. The gauges read from
+    PostgreSQL are computed at most once per PIN_METRICS_CACHE_SECONDS."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from pin_orchestration.scraping.metrics import JobCacheCollector, ScrapingCollector
+
+    expected = f"Bearer {token}".encode()
+    collectors: list[Any] = []
+
+    def registry() -> CollectorRegistry:
+        if not collectors:  # the engine exists once the app has started
+            collectors.append(
+                ScrapingCollector(engine_provider(), cache_seconds=settings.metrics_cache_seconds)
+            )
+            if job_cache is not None:
+                collectors.append(JobCacheCollector(job_cache))
+        built = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            built.register(collector)
+        return built
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(authorization: Annotated[str | None, Header()] = None) -> Response:
+        given = (authorization or "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse(
+                {"detail": "/metrics wants the operators' token (PIN_METRICS_TOKEN) as a bearer"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
@@ -726,6 +799,62 @@ def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
         return await http_exception_handler(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]
+
+
+def _printable(value: Any) -> Any:
+    """A string as UTF-8 can carry it (lone surrogates written as \\udXXX escapes)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _safe_validation_error(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error as the 422 may show it: a URL's input is not echoed (it may hold
+    credentials), nor an input JSON cannot carry (lone surrogates, NaN, Infinity)."""
+    safe = {**error, "loc": [_printable(p) for p in error.get("loc", ())]}
+    safe["msg"] = _printable(error.get("msg", ""))
+    safe.pop("ctx", None)
+    if "input" in safe:
+        named = [p for p in safe["loc"] if isinstance(p, str)]
+        if named and named[-1] in ("url", "callback_url"):
+            del safe["input"]
+        else:
+            try:
+                json.dumps(safe["input"], allow_nan=False, ensure_ascii=False, default=str).encode(
+                    "utf-8"
+                )
+            except (ValueError, TypeError, RecursionError):
+                del safe["input"]
+    return safe
+
+
+def _answer_422_with_only_safe_echoes(app: FastAPI) -> None:
+    """FastAPI's 422 echoes the input, and fails (a 500) on input JSON cannot carry; and the
+    400 of a body nested past the JSON parser's depth becomes the 422 it is."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import Request
+
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
+        errors = [_safe_validation_error(dict(e)) for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
+
+    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
+    http_errors = app.exception_handlers[StarletteHTTPException]
+
+    async def unparsable(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            error = {
+                "type": "json_too_deep",
+                "loc": ["body"],
+                "msg": f"the JSON body is nested too deeply (params: at most "
+                f"{MAX_PARAMS_DEPTH} levels)",
+            }
+            return JSONResponse(status_code=422, content={"detail": [error]})
+        return await http_errors(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, unparsable)  # type: ignore[arg-type]
 
 
 def _mount_local_results(app: FastAPI, store: ResultStore) -> None:

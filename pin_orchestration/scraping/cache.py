@@ -6,10 +6,11 @@ scraping.jobs NOTIFYs `scraping_job_finished` when a job enters or leaves a term
 (migration 0008), and `InvalidationListener`, a thread of the API process, drops the key.
 
 - Key `job:{tenant}:{id}`: a tenant's lookup can only ever find its own jobs.
-- TTL: SHORT_TTL_SECONDS while the job is not terminal; once terminal, until its results
-  fall out of retention (`PIN_RESULT_RETENTION_DAYS` from the job's acceptance) — but only
-  while the listener is connected, since a long-lived copy is safe only if its
-  invalidation cannot be missed.
+- TTL: SHORT_TTL_SECONDS while the job is not terminal; once terminal,
+  `PIN_CACHE_TERMINAL_TTL_SECONDS` (an hour: the cache holds about an hour of finished
+  jobs, not a month), and never past its results' retention (`PIN_RESULT_RETENTION_DAYS`
+  from the job's acceptance) — but only while the listener is connected, since a
+  long-lived copy is safe only if its invalidation cannot be missed.
 - Invalidation writes a short-lived tombstone instead of deleting, and fills use SET NX:
   a reader that read the row just before the job finished and stores it just after the
   event cannot overwrite the tombstone with the stale status (the cache-aside race the
@@ -45,6 +46,8 @@ SHORT_TTL_SECONDS = 2.0
 SOCKET_TIMEOUT_SECONDS = 0.05
 BREAKER_SECONDS = 1.0
 KEY_PATTERN = "job:*"
+# How long a finished job's copy is kept by default (PIN_CACHE_TERMINAL_TTL_SECONDS).
+TERMINAL_TTL_SECONDS = 3600.0
 # Marks a key invalidated a moment ago; lives as long as a non-terminal copy would.
 TOMBSTONE = b"-"
 
@@ -74,11 +77,13 @@ class JobCache:
         client: redis.Redis,
         *,
         retention_seconds: float,
+        terminal_ttl_seconds: float = TERMINAL_TTL_SECONDS,
         short_ttl_seconds: float = SHORT_TTL_SECONDS,
         breaker_seconds: float = BREAKER_SECONDS,
     ) -> None:
         self._redis = client
         self.retention_seconds = retention_seconds
+        self.terminal_ttl_seconds = terminal_ttl_seconds
         self.short_ttl_seconds = short_ttl_seconds
         self._breaker_seconds = breaker_seconds
         self._lock = threading.Lock()
@@ -90,7 +95,13 @@ class JobCache:
         self.invalidation_live = threading.Event()
 
     @classmethod
-    def from_url(cls, url: str, *, retention_seconds: float) -> JobCache:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        retention_seconds: float,
+        terminal_ttl_seconds: float = TERMINAL_TTL_SECONDS,
+    ) -> JobCache:
         client = redis.Redis.from_url(
             url,
             socket_timeout=SOCKET_TIMEOUT_SECONDS,
@@ -99,7 +110,9 @@ class JobCache:
             # seconds per request. A failed call is a miss; the breaker does the rest.
             retry=Retry(NoBackoff(), 0),
         )
-        return cls(client, retention_seconds=retention_seconds)
+        return cls(
+            client, retention_seconds=retention_seconds, terminal_ttl_seconds=terminal_ttl_seconds
+        )
 
     # --- reads and fills (the API's request threads) -----------------------------------
 
@@ -134,7 +147,7 @@ class JobCache:
         ttl = self.short_ttl_seconds
         if terminal and self.invalidation_live.is_set():
             age = (datetime.now(UTC) - created_at).total_seconds()
-            ttl = max(ttl, self.retention_seconds - age)
+            ttl = max(ttl, min(self.terminal_ttl_seconds, self.retention_seconds - age))
         try:
             stored = self._redis.set(
                 job_key(tenant_id, job_id), body, px=max(1, int(ttl * 1000)), nx=True

@@ -1,13 +1,16 @@
 """The scraping service's metrics for Prometheus (SCR-12, seed step 31).
 
 `ScrapingCollector` reads PostgreSQL at scrape time (worker runs are short-lived
-processes and keep nothing), so `pin metrics serve` and the API's `/metrics` expose the
-same figures. `JobCacheCollector` is the exception: the read cache's hits and misses are
-counted in the API process that served them, so only that process's `/metrics` has them.
+processes and keep nothing), so `pin metrics serve` and the API's `/metrics` (for the
+bearer of PIN_METRICS_TOKEN only) expose the same figures; it computes them at most once per
+PIN_METRICS_CACHE_SECONDS, whatever the scrape rate (the queries read the queue).
+`JobCacheCollector` is the exception: the read cache's hits and misses are counted in the
+API process that served them, so only that process's `/metrics` has them.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,13 +42,35 @@ def _window_start_id(window_seconds: float) -> uuid.UUID:
 
 
 class ScrapingCollector(Collector):
-    """scraping_* gauges, one short read of PostgreSQL per scrape."""
+    """scraping_* gauges, one short read of PostgreSQL per cache period."""
 
-    def __init__(self, engine: Engine, *, window_seconds: float = RECENT_WINDOW_SECONDS) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        window_seconds: float = RECENT_WINDOW_SECONDS,
+        cache_seconds: float | None = None,
+    ) -> None:
+        if cache_seconds is None:
+            from pin_orchestration.scraping.settings import ScrapingSettings
+
+            cache_seconds = ScrapingSettings.from_env().metrics_cache_seconds
         self.engine = engine
         self.window_seconds = window_seconds
+        self.cache_seconds = cache_seconds
+        self._lock = threading.Lock()
+        self._computed: tuple[float, list[Metric]] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        # Concurrent scrapes wait for one computation instead of each running the queries.
+        with self._lock:
+            now = time.monotonic()
+            if self._computed is None or now - self._computed[0] >= self.cache_seconds:
+                self._computed = (now, list(self._compute()))
+            metrics = self._computed[1]
+        yield from metrics
+
+    def _compute(self) -> Iterator[Metric]:
         since_id = _window_start_id(self.window_seconds)
         with self.engine.connect() as conn:
             depth = conn.execute(_q("queue_depth")).all()

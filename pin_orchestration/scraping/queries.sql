@@ -169,26 +169,37 @@ RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
 -- name: finish_attempt
 -- The attempt's outcome and the job's next state, written only while the lease is still
 -- this attempt's (status running, owner and attempt number match): a swept and re-claimed
--- job is never overwritten by a late worker.
+-- job is never overwritten by a late worker. A cancel requested while the attempt ran
+-- wins over whatever it ended with (a retry, a failure, even a success): the job ends
+-- cancelled and keeps no result; the caller deletes the object it stored. The SET reads
+-- the row as it is when the UPDATE gets its lock, so a cancel committed first is seen.
 WITH job AS (
     UPDATE scraping.jobs
-    SET status = :status,
+    SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE :status END,
         next_attempt_at = coalesce(
             now() + make_interval(secs => CAST(:next_attempt_in AS double precision)),
             next_attempt_at),
         lease_owner = NULL,
         lease_expires_at = NULL,
-        last_error = :last_error,
-        last_error_class = :error_class,
-        result_key = coalesce(:result_key, result_key),
-        result_size = coalesce(:result_size, result_size),
-        result_sha256 = coalesce(:result_sha256, result_sha256),
-        result_content_type = coalesce(:result_content_type, result_content_type),
-        finished_at = CASE WHEN :status IN ('succeeded', 'failed', 'cancelled') THEN now()
+        last_error = CASE WHEN cancel_requested_at IS NOT NULL
+                          THEN 'cancelled by the client while running'
+                          ELSE :last_error END,
+        last_error_class = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                                ELSE :error_class END,
+        result_key = CASE WHEN cancel_requested_at IS NOT NULL THEN result_key
+                          ELSE coalesce(:result_key, result_key) END,
+        result_size = CASE WHEN cancel_requested_at IS NOT NULL THEN result_size
+                           ELSE coalesce(:result_size, result_size) END,
+        result_sha256 = CASE WHEN cancel_requested_at IS NOT NULL THEN result_sha256
+                             ELSE coalesce(:result_sha256, result_sha256) END,
+        result_content_type = CASE WHEN cancel_requested_at IS NOT NULL THEN result_content_type
+                                   ELSE coalesce(:result_content_type, result_content_type) END,
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL
+                             OR :status IN ('succeeded', 'failed', 'cancelled') THEN now()
                            ELSE finished_at END,
         updated_at = now()
     WHERE id = :job_id AND status = 'running' AND lease_owner = :worker AND attempts = :attempt
-    RETURNING id
+    RETURNING id, status
 )
 UPDATE scraping.job_attempts a
 SET finished_at = now(),
@@ -199,7 +210,16 @@ SET finished_at = now(),
     duration_ms = :duration_ms
 FROM job
 WHERE a.job_id = job.id AND a.number = :attempt
-RETURNING a.job_id
+RETURNING a.job_id, job.status
+
+-- name: attempts_written
+-- Which of these attempts have their outcome written (not swept as lost), with their job's
+-- status: a worker whose finish was refused learns that an earlier write of its own landed.
+SELECT a.job_id, a.number, j.status
+FROM unnest(CAST(:job_ids AS uuid[]), CAST(:numbers AS integer[])) AS w(job_id, number)
+JOIN scraping.job_attempts a ON a.job_id = w.job_id AND a.number = w.number
+JOIN scraping.jobs j ON j.id = a.job_id
+WHERE a.outcome IS NOT NULL AND a.outcome <> 'lost'
 
 -- name: pause_domains
 -- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds
@@ -305,7 +325,8 @@ SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now
     finished_at = NULL,
     -- Its next finish is announced again (from attempt 1).
     finish_published_at = NULL, webhook_attempts = 0, webhook_next_attempt_at = NULL,
-    cancel_requested_at = NULL, updated_at = now()
+    -- Its new attempts' objects are swept again once it ends.
+    cancel_requested_at = NULL, attempt_objects_swept_at = NULL, updated_at = now()
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
 RETURNING id
 

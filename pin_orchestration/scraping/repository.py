@@ -512,22 +512,24 @@ def finish_attempts(
     worker: str,
     outcomes: Sequence[AttemptOutcome],
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> set[uuid.UUID]:
-    """Write a round of outcomes in one transaction; returns the jobs actually written (a
-    job whose lease this worker lost is left to its new owner).
+) -> dict[uuid.UUID, str]:
+    """Write a round of outcomes in one transaction; returns the jobs actually written with
+    the status each now has — `cancelled` where a cancel was requested while the attempt
+    ran, whatever the outcome said (a job whose lease this worker lost is left to its new
+    owner, and missing).
 
     Retry and pause times were decided with the worker's `clock`; they are written as
     delays from PostgreSQL's now(), the clock every claim compares with, so a worker host
     whose clock is off does not move them by its skew (the fault suite's clock jump)."""
     if not outcomes:
-        return set()
+        return {}
 
     decided_at = clock()
 
     def seconds_from_now(moment: datetime | None) -> float | None:
         return None if moment is None else (moment - decided_at).total_seconds()
 
-    written: set[uuid.UUID] = set()
+    written: dict[uuid.UUID, str] = {}
     with engine.begin() as conn:
         for o in outcomes:
             detail = o.error_detail[:512] if o.error_detail else None
@@ -552,7 +554,7 @@ def finish_attempts(
                 },
             ).one_or_none()
             if row is not None:
-                written.add(o.job_id)
+                written[o.job_id] = row.status
         pauses: dict[str, datetime] = {}
         for o in outcomes:
             if o.domain and o.domain_paused_until is not None:
@@ -565,6 +567,21 @@ def finish_attempts(
                 {"domains": names, "paused_for": [seconds_from_now(pauses[n]) for n in names]},
             )
     return written
+
+
+def attempts_written(
+    engine: Engine, attempts: Sequence[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], str]:
+    """(job id, attempt) → the job's status, for those of `attempts` whose outcome is
+    written (by the finish whose acknowledgement the caller may have missed)."""
+    if not attempts:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            _q("attempts_written"),
+            {"job_ids": [str(j) for j, _ in attempts], "numbers": [n for _, n in attempts]},
+        ).all()
+    return {(r.job_id, r.number): r.status for r in rows}
 
 
 def sweep_expired_leases(engine: Engine, *, max_attempts: int, limit: int = 1000) -> list[Any]:

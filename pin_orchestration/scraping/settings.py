@@ -63,6 +63,15 @@ class ScrapingSettings:
     intake_burst: int = 400
     webhook_backoff_base_seconds: float = 5.0
     webhook_backoff_cap_seconds: float = 3600.0
+    # The API's /metrics (tenant names, queue depths, failing hosts: operators' data) is
+    # served only to a bearer of this token; unset, it is not served there at all and
+    # operators scrape `pin metrics serve` on their own port.
+    metrics_token: str | None = None
+    # The database-derived scraping gauges are computed at most once per this many seconds,
+    # whatever the scrape rate (each computation reads the queue).
+    metrics_cache_seconds: float = 15.0
+    # A finished job's copy in the read cache lives this long (bounded by the retention).
+    cache_terminal_ttl_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -196,6 +205,24 @@ class ScrapingSettings:
                 d.intake_burst,
                 f"an integer between 1 and {MAX_INTAKE_BURST} (jobs a tenant may post at once)",
             ),
+            metrics_token=read(
+                "PIN_METRICS_TOKEN",
+                _metrics_token,
+                None,
+                "a token of at least 16 characters (letters, digits, -._~+/=)",
+            ),
+            metrics_cache_seconds=read(
+                "PIN_METRICS_CACHE_SECONDS",
+                _non_negative_float,
+                d.metrics_cache_seconds,
+                "seconds >= 0 (0: computed at every scrape)",
+            ),
+            cache_terminal_ttl_seconds=read(
+                "PIN_CACHE_TERMINAL_TTL_SECONDS",
+                _positive_float,
+                d.cache_terminal_ttl_seconds,
+                "seconds > 0 (fractions allowed)",
+            ),
             result_retention_days=read(
                 "PIN_RESULT_RETENTION_DAYS",
                 _positive_float,
@@ -203,6 +230,21 @@ class ScrapingSettings:
                 "days > 0 (fractions allowed)",
             ),
         )
+
+
+def _metrics_token(raw: str) -> str:
+    if len(raw) < 16:
+        raise ValueError("is shorter than 16 characters")
+    if not raw.isascii() or not all(c.isalnum() or c in "-._~+/=" for c in raw):
+        raise ValueError("has characters a bearer token cannot carry")
+    return raw
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be >= 0 and finite")
+    return value
 
 
 def _positive_int(raw: str) -> int:

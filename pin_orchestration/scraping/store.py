@@ -42,15 +42,21 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _S3_DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request
 
 
-def result_key(tenant_id: UUID, job_id: UUID, stored_at: datetime) -> str:
-    """`results/{tenant_id}/{yyyy}/{mm}/{dd}/{job_id}`, dated by the UTC day of `stored_at`.
+def result_key(tenant_id: UUID, job_id: UUID, stored_at: datetime, attempt: int) -> str:
+    """`results/{tenant_id}/{yyyy}/{mm}/{dd}/{job_id}/{attempt}`, dated by the UTC day of
+    `stored_at` (the job's creation).
 
-    The date sits before the job id so retention can drop whole days by prefix.
+    The date sits before the job id so retention can drop whole days by prefix. Each attempt
+    writes an object of its own, so a late worker's put never replaces the object a job
+    reports (its finish records the winner's key); retention.sql's
+    scraping_attempt_objects derives the same keys to delete the others.
     """
     if stored_at.tzinfo is None:
         raise ValueError("stored_at must be timezone-aware (the key is dated in UTC)")
+    if attempt < 1:
+        raise ValueError(f"attempt must be >= 1 (got {attempt})")
     day = stored_at.astimezone(UTC)
-    return f"results/{tenant_id}/{day:%Y}/{day:%m}/{day:%d}/{job_id}"
+    return f"results/{tenant_id}/{day:%Y}/{day:%m}/{day:%d}/{job_id}/{attempt}"
 
 
 @dataclass(frozen=True)
@@ -447,7 +453,10 @@ class LocalResultStore:
             with _locked_directory(path.parent):
                 # Sidecar first: from that moment the object reads as absent.
                 meta_path.unlink(missing_ok=True)
-                path.unlink(missing_ok=True)
+                # A directory under a key's name holds other keys (a job's pre-0012 key
+                # is the folder of its attempts' objects): no object by that name exists.
+                if not path.is_dir():
+                    path.unlink(missing_ok=True)
         return len(unique)
 
     def read_bytes(self, key: str) -> bytes:

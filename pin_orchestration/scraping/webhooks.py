@@ -3,11 +3,13 @@
 At least once, through the database: a finished job with a callback owes a delivery while
 `scraping.jobs.finish_published_at` is NULL (the finishing transaction leaves it so). A
 delivery loop claims due deliveries with a lease (`FOR UPDATE SKIP LOCKED`, committed
-before any call), POSTs outside any transaction through the Fetcher — the same SSRF guard,
-timeout and deadline as the scraper's fetches — and records each attempt: a 2xx closes
-the delivery, anything else is retried after a backoff with full jitter until
-`max_attempts`, when it is given up (recorded, and closed). A refused or malformed
-callback address is given up at once: no packet is ever sent to it.
+before any call) only as slots free up, each tenant up to its share of the slots (one
+tenant's hanging receiver cannot hold everyone's), POSTs outside any transaction
+through the Fetcher — the same SSRF guard, timeout and deadline as the scraper's
+fetches — and records each attempt: a 2xx closes the delivery, anything else is retried
+after a backoff with full jitter until `max_attempts`, when it is given up (recorded, and
+closed). A refused or malformed callback address is given up at once: no packet is ever
+sent to it.
 
 Signature (docs/integration.md, "Verifying a webhook"): `X-Pin-Timestamp` = Unix
 seconds, `X-Pin-Signature` = `sha256=` + hex HMAC-SHA256 of `<timestamp>.<raw body>`
@@ -26,8 +28,9 @@ import secrets
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,6 +49,9 @@ SIGNATURE_PREFIX = "sha256="
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
 _MAX_DETAIL_CHARS = 300
+# While deliveries are in flight, how often the loop looks for newly due ones (another
+# tenant's, or one whose turn came) even if no slot has freed.
+IDLE_POLL_SECONDS = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +95,24 @@ class WebhookPolicy:
 
     @property
     def lease_seconds(self) -> float:
-        # The claim must outlive the call (the Fetcher's deadline) and the recording.
+        # The claim must outlive the call (the Fetcher's deadline) and the recording; a
+        # delivery is claimed only when a slot sends it at once, so one call is all it spans.
         return 2 * self.timeout_seconds + 30
 
 
 @dataclass(frozen=True)
 class DeliveryOptions:
-    batch_size: int = option(50, "Deliveries claimed per round (one short transaction)")
+    batch_size: int = option(
+        50,
+        "Deliveries claimed per round at most (one short transaction; never more than "
+        "the free slots)",
+    )
     concurrency: int = option(8, "Deliveries in flight at once")
+    per_tenant: int = option(
+        4,
+        "Deliveries of one tenant in flight at once (at most `concurrency`): the other "
+        "slots stay free for the other tenants while one tenant's receiver hangs",
+    )
     max_run_duration_seconds: float = option(
         240.0, "Stop claiming after this long; the sensor launches the next run"
     )
@@ -104,9 +120,13 @@ class DeliveryOptions:
     def validate(self) -> None:
         problems = [
             f"{name} must be > 0 (got {getattr(self, name)})"
-            for name in ("batch_size", "concurrency", "max_run_duration_seconds")
+            for name in ("batch_size", "concurrency", "per_tenant", "max_run_duration_seconds")
             if not getattr(self, name) > 0
         ]
+        if self.per_tenant > self.concurrency:
+            problems.append(
+                f"per_tenant must be <= concurrency ({self.concurrency}) (got {self.per_tenant})"
+            )
         if problems:
             raise WebhookConfigError("invalid webhook delivery options: " + "; ".join(problems))
 
@@ -196,6 +216,7 @@ class DeliveryReport:
 @dataclass(frozen=True)
 class _Claimed:
     id: uuid.UUID
+    tenant_id: uuid.UUID
     callback_url: str
     status: str
     finished_at: datetime
@@ -231,19 +252,40 @@ def run_deliveries(
     rng = rng or random.Random()
     report = DeliveryReport()
     started = time.monotonic()
+    in_flight: dict[Future[_Attempt], _Claimed] = {}
     with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
-        while not (stop is not None and stop.is_set()):
-            if time.monotonic() - started >= options.max_run_duration_seconds:
-                break
-            claimed = _claim(engine, options.batch_size, policy.lease_seconds)
-            if not claimed:
-                break
-            report.claimed += len(claimed)
-            attempts = list(
-                pool.map(lambda job: _deliver(fetcher, policy, job, rng, clock), claimed)
+        while True:
+            claiming = not (stop is not None and stop.is_set()) and (
+                time.monotonic() - started < options.max_run_duration_seconds
             )
-            _record(engine, list(zip(claimed, attempts, strict=True)))
-            for attempt in attempts:
+            claimed: list[_Claimed] = []
+            free = options.concurrency - len(in_flight)
+            if claiming and free > 0:
+                busy = Counter(job.tenant_id for job in in_flight.values())
+                claimed = _claim(
+                    engine,
+                    min(free, options.batch_size),
+                    policy.lease_seconds,
+                    options.per_tenant,
+                    busy,
+                )
+                report.claimed += len(claimed)
+                for job in claimed:
+                    future = pool.submit(_deliver, fetcher, policy, job, rng, clock)
+                    in_flight[future] = job
+            if not in_flight:
+                break  # nothing due that this loop may take, nothing in flight
+            # A slot freed, or a while to look for what fell due (or a tenant's turn).
+            done, _ = wait(
+                in_flight,
+                timeout=None if not claiming else IDLE_POLL_SECONDS,
+                return_when=FIRST_COMPLETED,
+            )
+            if not done:
+                continue
+            finished = [(in_flight.pop(f), f.result()) for f in done]
+            _record(engine, finished)
+            for _, attempt in finished:
                 if attempt.outcome == "delivered":
                     report.delivered += 1
                 elif attempt.outcome == "retry":
@@ -257,14 +299,29 @@ def run_deliveries(
     return report
 
 
-def _claim(engine: Engine, limit: int, lease_seconds: float) -> list[_Claimed]:
+def _claim(
+    engine: Engine, limit: int, lease_seconds: float, per_tenant: int, busy: Counter[uuid.UUID]
+) -> list[_Claimed]:
     with engine.begin() as conn:
         rows = conn.execute(
-            _q("claim_webhooks"), {"limit": limit, "lease_seconds": lease_seconds}
+            _q("claim_webhooks"),
+            {
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "per_tenant": per_tenant,
+                "busy_tenants": [str(t) for t in busy],
+                "busy_counts": list(busy.values()),
+            },
         ).all()
     return [
         _Claimed(
-            r.id, r.callback_url, r.status, r.finished_at, r.webhook_attempts, r.webhook_secret
+            r.id,
+            r.tenant_id,
+            r.callback_url,
+            r.status,
+            r.finished_at,
+            r.webhook_attempts,
+            r.webhook_secret,
         )
         for r in rows
     ]

@@ -12,18 +12,41 @@ WHERE callback_url IS NOT NULL AND finish_published_at IS NULL
   AND status IN ('succeeded', 'failed', 'cancelled')
 
 -- name: claim_webhooks
--- Take up to :limit due deliveries, skipping rows another loop is claiming; each gets its
--- attempt number and a lease (webhook_next_attempt_at pushed past the call's timeout), so
--- a loop killed mid-call leaves the delivery due again once the lease ends.
-WITH picked AS (
-    SELECT id
-    FROM scraping.jobs
-    WHERE callback_url IS NOT NULL AND finish_published_at IS NULL
-      AND status IN ('succeeded', 'failed', 'cancelled')
-      AND coalesce(webhook_next_attempt_at, finished_at) <= now()
-    ORDER BY coalesce(webhook_next_attempt_at, finished_at), id
+-- Take up to :limit due deliveries (the loop's free slots: each is sent the moment it is
+-- claimed, so its lease — webhook_next_attempt_at pushed past one call's timeout — never
+-- runs out while it waits behind others), skipping rows another loop is claiming. Fair
+-- between tenants: each tenant's oldest due deliveries up to its free share
+-- (:per_tenant minus what this loop has in flight for it), taken in turns across tenants,
+-- so one tenant whose receiver hangs holds at most its share of the slots. A loop killed
+-- mid-call leaves the delivery due again once the lease ends.
+WITH candidates AS (
+    SELECT d.id, d.due_at,
+           row_number() OVER (PARTITION BY t.id ORDER BY d.due_at, d.id) AS turn,
+           coalesce(busy.in_flight, 0) AS in_flight
+    FROM scraping.tenants t
+    CROSS JOIN LATERAL (
+        SELECT j.id, coalesce(j.webhook_next_attempt_at, j.finished_at) AS due_at
+        FROM scraping.jobs j
+        WHERE j.tenant_id = t.id
+          AND j.callback_url IS NOT NULL AND j.finish_published_at IS NULL
+          AND j.status IN ('succeeded', 'failed', 'cancelled')
+          AND coalesce(j.webhook_next_attempt_at, j.finished_at) <= now()
+        ORDER BY coalesce(j.webhook_next_attempt_at, j.finished_at), j.id
+        LIMIT :per_tenant
+    ) AS d
+    LEFT JOIN unnest(CAST(:busy_tenants AS uuid[]), CAST(:busy_counts AS integer[]))
+        AS busy(tenant_id, in_flight) ON busy.tenant_id = t.id
+), picked AS (
+    SELECT j.id
+    FROM scraping.jobs j
+    JOIN candidates c ON c.id = j.id
+    WHERE c.turn + c.in_flight <= :per_tenant
+      -- Read again on the locked row: another loop may have claimed it meanwhile.
+      AND j.finish_published_at IS NULL
+      AND coalesce(j.webhook_next_attempt_at, j.finished_at) <= now()
+    ORDER BY c.turn, c.due_at, j.id
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE scraping.jobs j
 SET webhook_attempts = j.webhook_attempts + 1,

@@ -11,8 +11,14 @@ never overwrites the job's new owner.
 
 Order that keeps "succeeded" honest: the body is written to the results store first, and
 only then is the job marked succeeded, in the same transaction that records the attempt.
-A worker killed in between leaves a stored object and a running job; the sweeper requeues
-it and the next attempt overwrites the same key (one object per job: the key is the job's).
+Each attempt writes an object of its own (`…/{job}/{attempt}`), so a late worker's put never
+replaces the object the job reports; an attempt whose finish is refused (its lease lost) or
+overruled (a cancel asked while it ran) deletes its object, and pin-retention deletes what a
+worker killed in between left.
+
+The database may go away (restarted, cut, hung) while jobs are in flight: claims, renewals
+and outcome writes are retried with backoff, and outcomes stay in memory until written (also
+when the run is stopped), so what was fetched is not fetched again.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ log = logging.getLogger(__name__)
 
 # The longest a worker with free slots waits before asking for due jobs again.
 MAX_POLL_SECONDS = 1.0
+# Backoff between tries of a database call that failed (claim, renewal, outcome write).
+DB_RETRY_FIRST_SECONDS = 0.25
+DB_RETRY_MAX_SECONDS = 5.0
+# How long a stopping run keeps trying to write its outcomes to an unreachable database,
+# at least (a lease's length when longer: past it the jobs are the sweeper's anyway).
+FINAL_WRITE_MIN_SECONDS = 30.0
 
 
 class ClaimFn(Protocol):
@@ -168,6 +180,9 @@ def run_worker(
     flights: dict[uuid.UUID, _Flight] = {}
     flights_lock = threading.Lock()
     outcomes: queue.Queue[tuple[AttemptOutcome, datetime]] = queue.Queue()
+    # Outcomes taken from the queue and not yet written (the database unreachable).
+    unwritten: list[tuple[AttemptOutcome, datetime]] = []
+    database = _Backoff()
     wake = threading.Event()
 
     def process(flight: _Flight) -> None:
@@ -198,19 +213,27 @@ def run_worker(
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
-                _write_outcomes(engine, worker, outcomes, report, clock)
+                _drain(outcomes, unwritten)
+                if unwritten and database.due():
+                    _try_write(engine, worker, store, unwritten, report, clock, database)
                 now = time.monotonic()
                 if stop.is_set() or now - started >= options.max_run_duration_seconds:
                     break
                 with flights_lock:
                     free = options.slots - len(flights)
-                claimed = claim(
-                    engine,
-                    worker=worker,
-                    limit=free,
-                    lease_seconds=options.lease_seconds,
-                    domain_defaults=options.domain_defaults,
-                )
+                claimed: list[ClaimedJob] = []
+                if free > 0 and database.due():
+                    try:
+                        claimed = claim(
+                            engine,
+                            worker=worker,
+                            limit=free,
+                            lease_seconds=options.lease_seconds,
+                            domain_defaults=options.domain_defaults,
+                        )
+                        database.succeeded()
+                    except Exception as exc:
+                        database.failed("claim", exc)
                 report.claimed += len(claimed)
                 with flights_lock:
                     for job in claimed:
@@ -220,7 +243,9 @@ def run_worker(
                 report.peak_in_flight = max(report.peak_in_flight, in_flight)
                 for flight in new:
                     pool.submit(process, flight)
-                if in_flight == 0:
+                # Idle: nothing in flight and nothing owed to the database (an unreachable
+                # database with nothing to hand over also ends the run: nothing is lost).
+                if in_flight == 0 and not unwritten:
                     idle_since = idle_since if idle_since is not None else now
                     if now - idle_since >= options.idle_exit_seconds:
                         break
@@ -233,18 +258,69 @@ def run_worker(
                 # limit: asking again at once only holds the claim lock), but at once when a
                 # job of ours finishes, since that frees a connection of its domain.
                 empty_claims = empty_claims + 1 if free > 0 and not claimed else 0
-                wake.wait(min(options.poll_seconds * 2 ** min(empty_claims, 10), MAX_POLL_SECONDS))
+                wait = min(options.poll_seconds * 2 ** min(empty_claims, 10), MAX_POLL_SECONDS)
+                wake.wait(min(wait, database.wait_seconds()))
                 wake.clear()
             if stop.is_set():
                 with flights_lock:
                     for flight in flights.values():
                         flight.stop("worker_stopped")
-        # The pool has drained: every slot's outcome is queued.
-        _write_outcomes(engine, worker, outcomes, report, clock)
+        # The pool has drained: every slot's outcome is queued. They are written before the
+        # run ends, through a database outage of up to a lease's length.
+        _drain(outcomes, unwritten)
+        deadline = time.monotonic() + max(options.lease_seconds, FINAL_WRITE_MIN_SECONDS)
+        while unwritten:
+            database.sleep_until_due()
+            if _try_write(engine, worker, store, unwritten, report, clock, database):
+                break
+            if time.monotonic() >= deadline:
+                log.error(
+                    "%d outcomes could not be written (database unreachable); the sweeper "
+                    "requeues their jobs when their leases run out",
+                    len(unwritten),
+                )
+                break
     finally:
         renewal_done.set()
         renewer.join(timeout=5)
     return report
+
+
+class _Backoff:
+    """When a failing database may be tried again: exponential backoff with jitter, reset
+    by a success. Shared by the main loop's claims and writes (one database, one verdict)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self._next_try = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_try
+
+    def wait_seconds(self) -> float:
+        return max(self._next_try - time.monotonic(), 0.0) if self.failures else MAX_POLL_SECONDS
+
+    def sleep_until_due(self) -> None:
+        time.sleep(max(self._next_try - time.monotonic(), 0.0))
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info("the database answers again after %d failed calls", self.failures)
+        self.failures = 0
+        self._next_try = 0.0
+
+    def failed(self, what: str, exc: Exception) -> None:
+        delay = min(DB_RETRY_FIRST_SECONDS * 2**self.failures, DB_RETRY_MAX_SECONDS)
+        delay *= random.uniform(0.5, 1.0)
+        self.failures += 1
+        self._next_try = time.monotonic() + delay
+        log.warning(
+            "%s failed (%s: %s); retrying in %.2f s",
+            what,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+            delay,
+        )
 
 
 def _attempt(
@@ -298,7 +374,7 @@ def _attempt(
             flight.stop("lease_lost")
         if flight.should_stop():
             return _stopped(flight, elapsed_ms(), clock())
-        key = result_key(job.tenant_id, job.id, job.created_at)
+        key = result_key(job.tenant_id, job.id, job.created_at, job.attempt)
         stored = store.put(
             key,
             fetched.body,
@@ -382,40 +458,74 @@ def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) ->
     )
 
 
-def _write_outcomes(
-    engine: Engine,
-    worker: str,
+def _drain(
     outcomes: queue.Queue[tuple[AttemptOutcome, datetime]],
-    report: WorkerReport,
-    clock: Callable[[], datetime],
+    unwritten: list[tuple[AttemptOutcome, datetime]],
 ) -> None:
-    batch: list[tuple[AttemptOutcome, datetime]] = []
     while True:
         try:
-            batch.append(outcomes.get_nowait())
+            unwritten.append(outcomes.get_nowait())
         except queue.Empty:
-            break
-    if not batch:
-        return
-    written = repository.finish_attempts(
-        engine, worker=worker, outcomes=[o for o, _ in batch], clock=clock
-    )
+            return
+
+
+def _try_write(
+    engine: Engine,
+    worker: str,
+    store: ResultStore,
+    unwritten: list[tuple[AttemptOutcome, datetime]],
+    report: WorkerReport,
+    clock: Callable[[], datetime],
+    database: _Backoff,
+) -> bool:
+    """Write the outcomes owed (one transaction); True when written. On a database error
+    they stay in `unwritten` for the next try."""
+    try:
+        written = repository.finish_attempts(
+            engine, worker=worker, outcomes=[o for o, _ in unwritten], clock=clock
+        )
+        refused = [o for o, _ in unwritten if o.job_id not in written]
+        # A refusal may be our own earlier write whose commit was acknowledged too late
+        # (the connection cut after COMMIT): the attempt row tells.
+        landed = repository.attempts_written(engine, [(o.job_id, o.attempt) for o in refused])
+    except Exception as exc:
+        database.failed(f"writing {len(unwritten)} outcomes", exc)
+        return False
+    database.succeeded()
+    batch, unwritten[:] = list(unwritten), []
+    unwanted: list[str] = []
     for outcome, created_at in batch:
-        if outcome.job_id not in written:
+        status = written.get(outcome.job_id)
+        if status is None and (outcome.job_id, outcome.attempt) in landed:
+            status = landed[outcome.job_id, outcome.attempt]
+        if status is None:
             report.lease_lost += 1
+            if outcome.result_key is not None:
+                unwanted.append(outcome.result_key)
             continue
         day = report.day(created_at.astimezone(UTC).date())
-        if outcome.status == "succeeded":
+        if status == "succeeded":
             report.succeeded += 1
             day.jobs_stored += 1
             day.bytes += outcome.result_size or 0
-        elif outcome.status == "queued":
+        elif status == "queued":
             report.retried += 1
-        elif outcome.status == "failed":
+        elif status == "failed":
             report.failed += 1
             day.failures_by_class[outcome.error_class or "unknown"] += 1
-        elif outcome.status == "cancelled":
+        elif status == "cancelled":
             report.cancelled += 1
+            if outcome.result_key is not None:  # fetched, then overruled by the cancel
+                unwanted.append(outcome.result_key)
+    if unwanted:
+        try:
+            store.delete_many(unwanted)
+        except Exception:
+            log.exception(
+                "deleting %d unwanted result objects failed; pin-retention deletes them",
+                len(unwanted),
+            )
+    return True
 
 
 def _renew_leases_until(
@@ -426,9 +536,13 @@ def _renew_leases_until(
     flights_lock: threading.Lock,
     done: threading.Event,
 ) -> None:
-    # Three renewals per lease: one slow round trip does not cost the lease.
+    # Three renewals per lease: one slow round trip does not cost the lease. A failed one is
+    # tried again sooner, with backoff, so the lease is back as soon as the database is.
     interval = lease_seconds / 3
-    while not done.wait(interval):
+    wait = interval
+    failures = 0
+    while not done.wait(wait):
+        wait = interval
         with flights_lock:
             ids = list(flights)
         if not ids:
@@ -439,9 +553,12 @@ def _renew_leases_until(
             held = repository.renew_leases(
                 engine, worker=worker, job_ids=ids, lease_seconds=lease_seconds
             )
-        except Exception:
-            log.exception("lease renewal failed; retrying in %.1f s", interval)
+        except Exception as exc:
+            wait = min(DB_RETRY_FIRST_SECONDS * 2**failures, interval)
+            failures += 1
+            log.warning("lease renewal failed (%s); retrying in %.2f s", exc, wait)
             continue
+        failures = 0
         with flights_lock:
             for job_id in ids:
                 flight = flights.get(job_id)

@@ -12,9 +12,13 @@ which a quick run does not make happen reliably.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.faults.broken_build import broken_copy, run_suite
+
+# A wait of the clock-jump scenario that found no job done (the queue parked).
+STALLED = r"(a job done with the clock [+-]3600 s off|every job ended and announced): not within"
 
 STORE_THEN_MARK = """        stored = store.put(
             key,
@@ -58,6 +62,10 @@ def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> N
     )
     result = run_suite(root, "scraping-clock-jump")
     assert result.returncode == 1, result.stdout + result.stderr
-    # Nothing recovers while the clock is ahead: the scenario names the stall.
+    # The retries decided an hour ahead are parked for an hour: the scenario names the
+    # stall. Which of its waits sees it first depends on how many jobs were still fresh (not
+    # yet failed) at each jump, which the machine's speed decides: after the +3600 s jump
+    # fresh jobs may still complete, then the -3600 s jump or the final wait for every job
+    # finds only parked ones. Any of them is the parked queue; none passes.
     assert "scraping.scenario_completed" in result.stderr
-    assert "with the clock +3600 s off: not within" in result.stderr
+    assert re.search(STALLED, result.stderr), result.stderr[-3000:]

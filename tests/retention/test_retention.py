@@ -113,6 +113,7 @@ def test_deletes_what_is_older_than_its_age_in_batches_and_nothing_else(
         "chessboard_published_events": 2,
         "job_runs": 5,
         "scraping_results": 0,
+        "scraping_attempt_objects": 0,
     }
     assert result.batches > 3  # two rows per transaction
     assert remaining(db_engine, "SELECT status FROM news.snapshot_detach_outbox") == Counter(
@@ -130,6 +131,7 @@ def test_deletes_what_is_older_than_its_age_in_batches_and_nothing_else(
         "chessboard_published_events": 0,
         "job_runs": 0,
         "scraping_results": 0,
+        "scraping_attempt_objects": 0,
     }
 
 

@@ -222,3 +222,12 @@ def redis_url() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+def stored_objects(store: LocalResultStore, job_id: uuid.UUID) -> list[str]:
+    """The keys of every object the local store holds for a job (each attempt's own)."""
+    return sorted(
+        str(p.relative_to(store.root))
+        for p in store.root.rglob("*")
+        if p.is_file() and str(job_id) in p.parts and not p.name.endswith(".meta.json")
+    )

@@ -96,3 +96,61 @@ def _handler_for(target: RecordingTarget) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+class GatedTarget:
+    """A loopback target that holds every request until the test opens the gate, then
+    answers `status` with a body naming the request's number (so two fetches of one page
+    store different bytes). `arrived` lets a test wait until N requests are held."""
+
+    def __init__(self, host: str = "127.0.0.1", *, status: int = 200) -> None:
+        if not host.startswith("127."):
+            raise ValueError(f"test targets listen on loopback only (got {host!r})")
+        self.status = status
+        self.gate = threading.Event()
+        self.paths: list[str] = []
+        self._arrivals = threading.Condition()
+        self._server = ThreadingHTTPServer((host, 0), _gated_handler_for(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def wait_for_requests(self, n: int, timeout: float = 30) -> None:
+        with self._arrivals:
+            if not self._arrivals.wait_for(lambda: len(self.paths) >= n, timeout):
+                raise AssertionError(f"{len(self.paths)} requests arrived, waited for {n}")
+
+    def stop(self) -> None:
+        self.gate.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _arrive(self, path: str) -> int:
+        with self._arrivals:
+            self.paths.append(path)
+            self._arrivals.notify_all()
+            return len(self.paths)
+
+
+def _gated_handler_for(target: GatedTarget) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            number = target._arrive(self.path)
+            target.gate.wait()
+            body = f"answer {number} to {self.path}\n".encode()
+            self.send_response(target.status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    return Handler

@@ -19,6 +19,7 @@ from pin_orchestration.db import dagster_storage_url
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.standins.scraping_target import DemoSite
+from tests.leftover_processes import stop_process_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,11 +88,9 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
             assert time.monotonic() < deadline, f"{left} jobs not done"
             time.sleep(0.5)
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        # The daemon's code server and the worker runs it launched go with it: the code
+        # server ignores SIGTERM and would outlive the suite.
+        stop_process_tree(daemon.pid)
 
     with db_engine.connect() as conn:
         attempts = conn.execute(

@@ -18,7 +18,7 @@ from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
 from pin_orchestration.standins.scraping_target import DemoSite
-from tests.scraping.conftest import TEST_SETTINGS, Worker
+from tests.scraping.conftest import TEST_SETTINGS, Worker, stored_objects
 
 
 def in_flight_attempts(engine: Engine) -> int:
@@ -117,7 +117,6 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
     assert {r.attempts for r in rows} == {2}
     assert {tuple(o) for _, o in outcomes} == {("lost", "succeeded")}
     for row in rows:
-        objects = [p for p in local_store.root.rglob(str(row.id)) if p.is_file()]
-        assert len(objects) == 1, objects
+        assert stored_objects(local_store, row.id) == [row.result_key]
         assert local_store.head(row.result_key).size == row.result_size
     assert {r.id for r in rows} == set(ids) and all(isinstance(i, uuid.UUID) for i in ids)

@@ -176,13 +176,15 @@ def test_the_api_serves_them_with_its_cache_hit_ratio(
     db_engine: Engine, local_store: LocalResultStore, make_tenant, redis_url: str
 ) -> None:
     _, key = make_tenant("shop")
-    settings = dataclasses.replace(TEST_SETTINGS, redis_url=redis_url)
+    settings = dataclasses.replace(
+        TEST_SETTINGS, redis_url=redis_url, metrics_token="operators-only-0123456789"
+    )
     app = create_app(lambda: db_engine, local_store, settings, listen_for_invalidations=False)
     with TestClient(app) as client:
         job_id = client.post("/jobs", json={"url": "https://a.example/"}, headers=auth(key))
         for _ in range(4):  # 1 miss, then 3 hits
             client.get(f"/jobs/{job_id.json()['id']}", headers=auth(key))
-        answer = client.get("/metrics")
+        answer = client.get("/metrics", headers=auth("operators-only-0123456789"))
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain")
     got = samples(answer.text)
@@ -191,3 +193,47 @@ def test_the_api_serves_them_with_its_cache_hit_ratio(
     assert got[("scraping_job_cache_hit_ratio", ())] == 0.75
     assert got[("scraping_queue_depth", (("priority", "normal"), ("tenant", "shop")))] == 1
     assert ("scraping_oldest_queued_job_age_seconds", ()) in got
+
+
+METRICS_TOKEN = "operators-only-0123456789"
+
+
+def test_the_api_port_serves_metrics_only_to_the_operators_token(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """Tenant names, queue depths and failing hosts are operators' data: without
+    PIN_METRICS_TOKEN the API does not serve /metrics at all; with it, only to its bearer —
+    not to a tenant's key, nor to nobody."""
+    _, key = make_tenant("shop")
+    with TestClient(create_app(lambda: db_engine, local_store, TEST_SETTINGS)) as client:
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/metrics", headers=auth(key)).status_code == 404
+    settings = dataclasses.replace(TEST_SETTINGS, metrics_token=METRICS_TOKEN)
+    with TestClient(create_app(lambda: db_engine, local_store, settings)) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=auth(key)).status_code == 401
+        assert client.get("/metrics", headers=auth(METRICS_TOKEN + "x")).status_code == 401
+        answer = client.get("/metrics", headers=auth(METRICS_TOKEN))
+        assert answer.status_code == 200
+        assert ("scraping_oldest_queued_job_age_seconds", ()) in samples(answer.text)
+
+
+def test_the_database_gauges_are_computed_once_per_cache_period(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """Scrapes within PIN_METRICS_CACHE_SECONDS answer the gauges computed by the first (a
+    job accepted in between is not counted yet); with a period of 0 every scrape reads."""
+    _, key = make_tenant("shop")
+    depth = ("scraping_queue_depth", (("priority", "normal"), ("tenant", "shop")))
+    for cache_seconds, expected in ((15.0, 1), (0.0, 2)):
+        settings = dataclasses.replace(
+            TEST_SETTINGS, metrics_token=METRICS_TOKEN, metrics_cache_seconds=cache_seconds
+        )
+        with TestClient(create_app(lambda: db_engine, local_store, settings)) as client:
+            client.post("/jobs", json={"url": "https://a.example/"}, headers=auth(key))
+            first = samples(client.get("/metrics", headers=auth(METRICS_TOKEN)).text)
+            client.post("/jobs", json={"url": "https://a.example/b"}, headers=auth(key))
+            second = samples(client.get("/metrics", headers=auth(METRICS_TOKEN)).text)
+        assert second[depth] == first[depth] + expected - 1, cache_seconds
+        with db_engine.begin() as conn:
+            conn.execute(text("DELETE FROM scraping.jobs"))

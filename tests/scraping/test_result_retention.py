@@ -31,7 +31,7 @@ def stored_job(
         engine, tenant.id, JobRequest(url="http://127.0.0.1:9/x", params={}), None
     ).id
     finished = NOW - timedelta(days=finished_days_ago)
-    key = result_key(tenant.id, job_id, finished)
+    key = result_key(tenant.id, job_id, finished, 1)
     body = f"result of {job_id}".encode()
     store.put(
         key,
@@ -149,3 +149,62 @@ def test_a_failing_store_marks_nothing(
             is None
         )
     assert local_store.head(object_key) is not None
+
+
+def test_objects_a_job_ended_without_are_deleted_and_its_result_kept(
+    db_engine: Engine,
+    local_store: ResultStore,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+) -> None:
+    """What attempts left behind — a worker killed between its put and its finish, an
+    attempt whose job then failed or was cancelled — goes once the job has been over for
+    `scraping_attempt_objects_days`; the object the job reports stays."""
+    tenant, _ = make_tenant("acme")
+
+    def ended(status: str, attempts: int, stored: list[int], days_ago: float) -> list[str]:
+        job_id = submit_job(
+            db_engine, tenant.id, JobRequest(url="http://127.0.0.1:9/x", params={}), None
+        ).id
+        at = NOW - timedelta(days=days_ago)
+        keys = [result_key(tenant.id, job_id, at, n) for n in stored]
+        for key in keys:
+            body = key.encode()
+            local_store.put(
+                key,
+                io.BytesIO(body),
+                size=len(body),
+                sha256=hashlib.sha256(body).hexdigest(),
+                content_type=None,
+            )
+        with db_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = :status, attempts = :attempts, "
+                    "result_key = :result, created_at = :at, finished_at = :at WHERE id = :id"
+                ),
+                {
+                    "id": job_id,
+                    "status": status,
+                    "attempts": attempts,
+                    "at": at,
+                    "result": keys[-1] if status == "succeeded" else None,
+                },
+            )
+        return keys
+
+    *orphan, result = ended("succeeded", 2, [1, 2], days_ago=3)
+    failed = ended("failed", 3, [1, 3], days_ago=3)
+    cancelled = ended("cancelled", 1, [1], days_ago=5)
+    recent = ended("failed", 1, [1], days_ago=1)
+
+    deleted = retain(db_engine, local_store, batch_size=2).deleted  # type: ignore[attr-defined]
+
+    assert deleted["scraping_attempt_objects"] >= 4
+    assert [local_store.head(k) for k in orphan + failed + cancelled] == [None] * 4
+    assert local_store.head(result) is not None and local_store.head(recent[0]) is not None
+    with db_engine.connect() as conn:
+        unswept = conn.execute(
+            text("SELECT count(*) FROM scraping.jobs WHERE attempt_objects_swept_at IS NULL")
+        ).scalar_one()
+    assert unswept == 1  # the recent one
+    assert retain(db_engine, local_store).deleted["scraping_attempt_objects"] == 0  # type: ignore[attr-defined]

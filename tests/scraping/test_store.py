@@ -51,7 +51,7 @@ def put_bytes(store: Any, key: str, data: bytes, content_type: str | None) -> St
 
 
 def new_key() -> str:
-    return result_key(uuid.uuid4(), uuid.uuid4(), datetime.now(UTC))
+    return result_key(uuid.uuid4(), uuid.uuid4(), datetime.now(UTC), 1)
 
 
 # --- keys ----------------------------------------------------------------------------------
@@ -61,12 +61,12 @@ def test_result_key_is_dated_by_the_utc_day() -> None:
     tenant, job = uuid.uuid4(), uuid.uuid4()
     # 01:30 in Moscow is still the previous day in UTC.
     stored_at = datetime(2026, 12, 1, 1, 30, tzinfo=timezone(timedelta(hours=3)))
-    assert result_key(tenant, job, stored_at) == f"results/{tenant}/2026/11/30/{job}"
+    assert result_key(tenant, job, stored_at, 2) == f"results/{tenant}/2026/11/30/{job}/2"
 
 
 def test_result_key_refuses_a_naive_datetime() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        result_key(uuid.uuid4(), uuid.uuid4(), datetime(2026, 12, 1, 12, 0))
+        result_key(uuid.uuid4(), uuid.uuid4(), datetime(2026, 12, 1, 12, 0), 1)
 
 
 # --- S3 (moto server on loopback) ----------------------------------------------------------

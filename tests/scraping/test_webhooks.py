@@ -5,9 +5,11 @@ address."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -396,3 +398,102 @@ def test_two_delivery_loops_at_once_send_each_event_once(
     assert sorted(ids) == sorted(jobs)  # every event, none twice
     assert sum(r.delivered for r in reports) == 60
     assert all(r.claimed > 0 for r in reports)  # both loops took part
+
+
+class HangingReceiver:
+    """A loopback receiver that holds every POST until released (a tenant's receiver that
+    hangs), counting the calls it holds."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.release = threading.Event()
+        self.held = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with lock:
+                    outer.held += 1
+                outer.release.wait(60)
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+) -> None:
+    """Ten deliveries of a tenant whose receiver hangs fall due first, then three of
+    another tenant: those three arrive while the ten are still held (not after the hang
+    ends), and no delivery is claimed before a slot can send it — so its lease, sized to
+    one call, cannot run out while it waits behind others."""
+    hanging = HangingReceiver()
+    try:
+        slow, _ = make_tenant("slow")
+        quick, _ = make_tenant("quick")
+        for _ in range(10):
+            finished_job(db_engine, slow, hanging.url())
+        with db_engine.begin() as conn:  # the slow tenant's deliveries are due first
+            conn.execute(text("UPDATE scraping.jobs SET finished_at = now() - interval '1 min'"))
+        quick_jobs = {finished_job(db_engine, quick, receiver.url()) for _ in range(3)}
+        settings = dataclasses.replace(
+            _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), webhook_timeout_seconds=60
+        )
+        policy = WebhookPolicy(max_attempts=4, timeout_seconds=60)
+        reports: list[DeliveryReport] = []
+
+        def loop() -> None:
+            with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+                reports.append(
+                    run_deliveries(
+                        db_engine,
+                        fetcher,
+                        policy,
+                        DeliveryOptions(batch_size=50, concurrency=4, per_tenant=2),
+                    )
+                )
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(receiver.events()) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {uuid.UUID(e["id"]) for e in receiver.events()} == quick_jobs
+            assert not hanging.release.is_set()
+            with db_engine.connect() as conn:
+                claimed = conn.execute(
+                    text(
+                        "SELECT count(*) FROM scraping.jobs WHERE finish_published_at IS NULL "
+                        "AND webhook_attempts > 0"
+                    )
+                ).scalar_one()
+            assert claimed <= 4  # claimed only as slots free up
+        finally:
+            hanging.release.set()
+            thread.join(timeout=60)
+        assert reports[0].delivered == 13
+    finally:
+        hanging.close()

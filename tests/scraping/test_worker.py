@@ -60,7 +60,7 @@ def test_200_is_stored_then_succeeded(
     assert row.result_size == len(body)
     assert row.result_content_type == "text/html; charset=utf-8"
     day = row.created_at.astimezone(UTC)
-    assert row.result_key == f"results/{tenant_id}/{day:%Y/%m/%d}/{job_id}"
+    assert row.result_key == f"results/{tenant_id}/{day:%Y/%m/%d}/{job_id}/1"
     [attempt] = attempts(db_engine, job_id)
     assert (attempt.outcome, attempt.http_status) == ("succeeded", 200)
 
@@ -258,7 +258,7 @@ def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
     late = AttemptOutcome(
         job_id=job_id, attempt=1, status="failed", outcome="failed", error_class="http_404"
     )
-    assert repository.finish_attempts(db_engine, worker="A", outcomes=[late]) == set()
+    assert repository.finish_attempts(db_engine, worker="A", outcomes=[late]) == {}
     row = job_row(db_engine, job_id)
     assert (row.status, row.lease_owner, row.attempts) == ("running", "B", 2)
     assert [(a.number, a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
@@ -361,7 +361,7 @@ def test_retry_and_pause_times_follow_the_database_clock_whatever_the_workers_cl
         )
         assert repository.finish_attempts(
             db_engine, worker="A", outcomes=[outcome], clock=lambda n=worker_now: n
-        ) == {job_id}
+        ) == {job_id: "queued"}
         with db_engine.connect() as conn:
             retry_in, paused_for = conn.execute(
                 text(

@@ -46,6 +46,10 @@ WEBHOOK_TIMEOUT_SECONDS = 1.0
 # there. Below 2/3 of the lease: a dead worker's last fetch has ended at the target before
 # its lease (renewed every third of it) can run out and the job be fetched again.
 PAGE_MS = 250
+# The PostgreSQL hang scenario: how long each hang lasts, and the workers' lease there (a
+# worker that cannot renew for longer than its lease loses its jobs, by design).
+HANG_SECONDS = (5.0, 15.0, 30.0)
+HANG_LEASE_SECONDS = 45.0
 WORKERS = 2
 SLOTS = 6
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -108,6 +112,8 @@ class World:
     target: FaultProxy
     receiver: Any  # Receiver
     hooks: FaultProxy
+    # Between the workers and PostgreSQL when the scenario hangs the database (else unused).
+    database: FaultProxy
     accepted: list[uuid.UUID] = dataclasses.field(default_factory=list)
     workers: list[Any] = dataclasses.field(default_factory=list)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -195,8 +201,12 @@ def _worker_env(ctx: FaultContext, url: str, s3_proxy: FaultProxy, bucket: str) 
 
 
 @contextlib.contextmanager
-def _world(ctx: FaultContext) -> Iterator[World]:
+def _world(ctx: FaultContext, *, database_via_proxy: bool = False) -> Iterator[World]:
+    """The service's stand-ins. With `database_via_proxy` the workers reach PostgreSQL
+    through `world.database` (the feeder, sweeper and deliveries do not: a hang is the
+    workers' alone), with leases longer than the hangs and connects that time out."""
     from pin_orchestration.db import create_db_engine
+    from pin_orchestration.faults.postgres import database_url_via
     from pin_orchestration.standins.scraping_target import DemoSite
     from pin_orchestration.standins.webhook_receiver import Receiver
 
@@ -211,11 +221,16 @@ def _world(ctx: FaultContext) -> Iterator[World]:
         FaultProxy(s3.host, s3.port) as s3_proxy,
         FaultProxy(host, int(port)) as target,
         FaultProxy("127.0.0.1", receiver.port) as hooks,
+        FaultProxy(*ctx.postgres.tcp_address) as database,
     ):
+        env = _worker_env(ctx, url, s3_proxy, bucket)
+        if database_via_proxy:
+            env["PIN_DATABASE_URL"] = f"{database_url_via(url, database)}?connect_timeout=5"
+            env["PIN_SCRAPING_LEASE_SECONDS"] = str(HANG_LEASE_SECONDS)
         world = World(
             ctx=ctx,
             engine=create_db_engine(url),
-            env=_worker_env(ctx, url, s3_proxy, bucket),
+            env=env,
             s3=s3,
             bucket=bucket,
             s3_proxy=s3_proxy,
@@ -223,6 +238,7 @@ def _world(ctx: FaultContext) -> Iterator[World]:
             target=target,
             receiver=receiver,
             hooks=hooks,
+            database=database,
         )
         try:
             yield world
@@ -336,9 +352,10 @@ def _run(
     *,
     jobs: int,
     clock: bool = False,
+    database_via_proxy: bool = False,
 ) -> Outcome:
     outcome = Outcome(job="scraping", fault=fault)
-    with _world(ctx) as world:
+    with _world(ctx, database_via_proxy=database_via_proxy) as world:
         if clock:
             world.clock = JumpingClock(ctx.workdir / "clock-offset")
         _start_service(world, jobs, feed_seconds=max(4.0, jobs / 10))
@@ -378,7 +395,26 @@ def _overlapping_fetches(served: list[Any]) -> list[str]:
     return overlaps
 
 
+def _sweep_attempt_objects(world: World) -> int:
+    """pin-retention's sweep of the objects jobs ended without, run now for every ended job
+    (not after its two days): what is left in the bucket must then be exactly the results."""
+    from datetime import UTC, datetime, timedelta
+
+    from pin_orchestration.retention import KINDS, delete_batch
+    from pin_orchestration.scraping.store import S3ResultStore
+
+    [kind] = [k for k in KINDS if k.name == "scraping_attempt_objects"]
+    store = S3ResultStore(world.s3.client(), world.bucket)
+    cutoff = datetime.now(UTC) + timedelta(days=1)
+    deleted = 0
+    while batch := delete_batch(world.engine, kind, cutoff, 1000, lambda: store):
+        deleted += batch
+    return deleted
+
+
 def check(world: World, outcome: Outcome) -> None:
+    swept = _sweep_attempt_objects(world)
+    log.info("scraping check: retention deleted %d keys jobs ended without", swept)
     with world.engine.connect() as conn:
         jobs = {
             r.id: r
@@ -389,8 +425,8 @@ def check(world: World, outcome: Outcome) -> None:
         attempts = conn.execute(text("SELECT job_id, outcome FROM scraping.job_attempts")).all()
     objects = _object_hashes(world)
     objects_of: dict[str, list[str]] = defaultdict(list)
-    for key in objects:
-        objects_of[key.rsplit("/", 1)[-1]].append(key)
+    for key in objects:  # results/{tenant}/{yyyy}/{mm}/{dd}/{job}/{attempt}
+        objects_of[key.split("/")[5]].append(key)
     served: dict[str, set[str]] = defaultdict(set)
     fetches: Counter[str] = Counter()
     for s in list(world.site.served):
@@ -411,8 +447,8 @@ def check(world: World, outcome: Outcome) -> None:
             continue
         keys = objects_of.get(str(job_id), [])
         path = job.url.split("//", 1)[1].split("/", 1)[1].split("?", 1)[0]
-        if len(keys) > 1:
-            extra.append(f"{job_id}: {keys}")
+        if len(keys) > 1 or (keys and job.status != "succeeded"):
+            extra.append(f"{job_id} ({job.status}): {keys}")
         if job.status == "succeeded":
             if not keys:
                 unstored.append(str(job_id))
@@ -439,7 +475,7 @@ def check(world: World, outcome: Outcome) -> None:
         "one_result_per_job",
         not unstored and not extra,
         f"{len(unstored)} succeeded without an object in the bucket {unstored[:3]}; "
-        f"{len(extra)} with more than one {extra[:3]}",
+        f"{len(extra)} with more than one, or one without succeeding {extra[:3]}",
     )
     outcome.check(
         "result_matches_source",
@@ -492,6 +528,24 @@ def _restart_postgres(world: World, outcome: Outcome, restarts: int) -> None:
         outcome.faults_injected += 1
         outcome.recovered_after(
             world.progress_after(time.monotonic(), what="a job done after PostgreSQL restarted")
+        )
+
+
+def _hang_postgres(world: World, outcome: Outcome, hangs: int) -> None:
+    """Blackhole the workers' PostgreSQL (connections open, nothing answered, new ones
+    accepted and never served) mid-stream, for 5 s, then longer, up to 30 s. Odd hangs end
+    by lifting (held queries go through late), even ones by resetting every connection
+    (what a client's TCP timeout would end with): the workers' calls fail and are retried."""
+    for n in range(hangs):
+        time.sleep(world.ctx.rng.uniform(0.3, 1.0))
+        world.database.set_mode("hang")
+        time.sleep(HANG_SECONDS[min(n, len(HANG_SECONDS) - 1)])
+        if n % 2:
+            world.database.reset_all()
+        world.database.set_mode("pass")
+        outcome.faults_injected += 1
+        outcome.recovered_after(
+            world.progress_after(time.monotonic(), what="a job done after PostgreSQL hung")
         )
 
 
@@ -597,6 +651,7 @@ def _register(
     faults: tuple[int, int],
     jobs: int,
     clock: bool = False,
+    database_via_proxy: bool = False,
 ) -> None:
     """A scenario: `inject` gets the number of faults (quick, full) mid-stream of `jobs`
     jobs in full mode (30 in quick)."""
@@ -604,7 +659,14 @@ def _register(
     @scenario(name, job="scraping", fault=fault)
     def run(ctx: FaultContext) -> Outcome:
         n = ctx.scale(*faults)
-        return _run(ctx, fault, lambda w, o: inject(w, o, n), jobs=ctx.scale(30, jobs), clock=clock)
+        return _run(
+            ctx,
+            fault,
+            lambda w, o: inject(w, o, n),
+            jobs=ctx.scale(30, jobs),
+            clock=clock,
+            database_via_proxy=database_via_proxy,
+        )
 
 
 # (name, fault, inject, faults in quick and full mode, jobs in full mode). The webhook's
@@ -638,6 +700,15 @@ _register(
     faults=(1, 3),
     jobs=200,
     clock=True,
+)
+
+_register(
+    "scraping-pg-hang",
+    "PostgreSQL hung (blackholed), 5 s to 30 s",
+    _hang_postgres,
+    faults=(1, 3),
+    jobs=200,
+    database_via_proxy=True,
 )
 
 if __name__ == "__main__" and sys.argv[1] == "worker":

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration import tracing
 from pin_orchestration.jobruns import RunStatus, record_job_run
 from pin_orchestration.locks import renewed_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
@@ -126,11 +127,16 @@ def drain(
     inflight: dict[Future[_Attempt | None], ClaimedEntry] = {}
     more_due = True
 
+    run_trace = tracing.current_context()
+
     def attempt(entry: ClaimedEntry) -> _Attempt | None:
         # Stop is honoured between records: a queued call not yet started is not made.
         if should_stop():
             return None
-        call = caller.detach(entry.snapshot_id, entry.reason)
+        attributes = {"snapshotId": str(entry.snapshot_id), "attempts": entry.attempts}
+        with tracing.span(f"{JOB_CODE}.attempt", attributes, parent=run_trace) as current:
+            call = caller.detach(entry.snapshot_id, entry.reason)
+            current.set_attribute("outcome", call.code)
         return call, time.monotonic()
 
     # Done calls whose outcome is not written yet: written in groups, one transaction each.
@@ -319,6 +325,16 @@ def _apply_outcomes(
 # --- one run under the lock ------------------------------------------------------------------
 
 
+@tracing.traced(
+    JOB_CODE,
+    lambda a: {"jobRunId": a["run_id"]},
+    lambda result: {
+        "status": result.status.value,
+        "succeeded": result.succeeded,
+        "retried": result.retried,
+        "quarantined": result.quarantined,
+    },
+)
 def run_detach_retry(
     engine: Engine,
     caller: DetachCaller,

@@ -1,0 +1,38 @@
+"""scraping: one result object per attempt, and a mark for the sweep of the objects a job
+ended without (issue 16, items 2 and 8).
+
+- scraping.jobs.attempt_objects_swept_at: when pin-retention deleted the objects of the
+  job's attempts other than its result (losers of a lease race, attempts of a job that then
+  failed or was cancelled, an attempt whose worker died between its put and its finish).
+  The keys are derived from the job (`…/{job_id}/{attempt}` for attempts 1..attempts, and
+  the pre-0012 `…/{job_id}`), so nothing is written per put. Existing terminal jobs start
+  unswept: the first run deletes what older workers left behind.
+- ix_jobs_attempt_objects_unswept: the sweep's scan, terminal jobs not yet swept, by when
+  they finished.
+
+Revision ID: 0012
+Revises: 0010
+"""
+
+from alembic import op
+
+revision = "0012"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE scraping.jobs ADD COLUMN attempt_objects_swept_at timestamptz")
+    op.execute(
+        """
+        CREATE INDEX ix_jobs_attempt_objects_unswept ON scraping.jobs (finished_at, id)
+        WHERE attempt_objects_swept_at IS NULL
+          AND status IN ('succeeded', 'failed', 'cancelled')
+        """
+    )
+
+
+def downgrade() -> None:
+    op.execute("DROP INDEX scraping.ix_jobs_attempt_objects_unswept")
+    op.execute("ALTER TABLE scraping.jobs DROP COLUMN attempt_objects_swept_at")
