@@ -8,8 +8,13 @@ short steps so that a raiser never waits for a recalc nor deadlocks with one:
    other drains off it while it is recalculated. A lease left by a killed drain expires
    after `claim_lease_seconds`, and another drain takes the row.
 2. recalc: the project's counters and outbox rows commit together, in a transaction that
-   does not hold the queue row — a raiser that locked a layout and then raises, or raises
-   and then edits a layout, takes no lock the drain holds while it waits for the raiser.
+   does not hold the queue row and never waits for a row lock: every row it updates is
+   locked NOWAIT first (chessboard/queries.sql). A raiser holding one of them — whatever
+   else it locked, in whichever order — makes the recalc roll back at once, a conflict,
+   not a failure: the lease is given back and the project is retried
+   `conflict_retry_seconds` later with no attempt counted (the next claimable row is
+   taken meanwhile). So a raiser never deadlocks with a recalc and never waits for one
+   beyond the few statements of a recalc that already holds every row it needs.
 3. finish: the row is deleted only if it was not raised again meanwhile (requested_count,
    updated_at and due_at as the claim read them) and the lease is still ours; a request
    raised during the recalc keeps the row, unleased, for one more recalc. The finish is
@@ -39,18 +44,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Row
+from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration import tracing
-from pin_orchestration.chessboard.metrics import record_outcomes
+from pin_orchestration.chessboard.metrics import LOCK_CONFLICTS, add_metrics, record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
 
 POISON_ALERT = "CHESSBOARD_RECALC_POISON"
 LAST_ERROR_MAX = 1024
+# lock_not_available (NOWAIT), deadlock_detected, serialization_failure: another
+# transaction held a row the recalc needed — retried later, never counted as an attempt.
+LOCK_CONFLICT_SQLSTATES = frozenset({"55P03", "40P01", "40001"})
+FORCE_RECALC_TRIES = 5
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,14 @@ class Claim:
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """The recalc met a row another transaction holds (see LOCK_CONFLICT_SQLSTATES)."""
+    return (
+        isinstance(exc, DBAPIError)
+        and getattr(exc.orig, "sqlstate", None) in LOCK_CONFLICT_SQLSTATES
+    )
 
 
 def claim_next_due(
@@ -140,18 +158,31 @@ def process_next_due(
     policy: RecalcPolicy = DEFAULT_POLICY,
 ) -> ProjectOutcome | None:
     """Claim, recalculate and finish one due row; None when none is claimable (or every
-    due row is held by another worker)."""
-    started = time.perf_counter()
-    claim = claim_next_due(engine, now=now, policy=policy)
-    if claim is None:
-        return None
-    try:
-        with engine.begin() as conn:
-            recalc = recalc_project(conn, claim.project_id, claim.tenant_id)
-            # Usually the row is free: finished in the recalc's own commit.
-            finished = conn.execute(query("finish_claim_in_recalc"), _finish_params(claim)).one()
-    except Exception as exc:
-        return _record_failure(engine, claim, exc, started, policy, now)
+    due row is held by another worker, or by a raiser's transaction)."""
+    while True:
+        started = time.perf_counter()
+        claim = claim_next_due(engine, now=now, policy=policy)
+        if claim is None:
+            return None
+        try:
+            with engine.begin() as conn:
+                recalc = recalc_project(conn, claim.project_id, claim.tenant_id)
+                # Usually the row is free: finished in the recalc's own commit.
+                finished = conn.execute(
+                    query("finish_claim_in_recalc"), _finish_params(claim)
+                ).one()
+        except Exception as exc:
+            if not is_lock_conflict(exc):
+                return _record_failure(engine, claim, exc, started, policy, now)
+            _defer(engine, claim, exc, policy, now)
+            continue
+        return _finish(engine, claim, recalc, finished, started)
+
+
+def _finish(
+    engine: Engine, claim: Claim, recalc: RecalcResult, finished: Row[Any], started: float
+) -> ProjectOutcome:
+    """After the recalc committed: the row finished (there or now) and the outcome logged."""
     if finished.deleted or finished.released:
         requeued = bool(finished.released)
     else:  # a raiser held the row at the end of the recalc (or the lease was lost)
@@ -185,6 +216,32 @@ def process_next_due(
             requeued,
         )
     return outcome
+
+
+def _defer(
+    engine: Engine, claim: Claim, exc: Exception, policy: RecalcPolicy, now: datetime | None
+) -> None:
+    """After the rollback on a held row: the lease back, the project retried
+    `conflict_retry_seconds` later, attempt_count untouched; counted in
+    lock_conflicts_total. May wait for a raiser holding the queue row: the drain holds no
+    other lock now."""
+    with engine.begin() as conn:
+        conn.execute(
+            query("defer_claim"),
+            {
+                "project_id": claim.project_id,
+                "token": claim.claim_token,
+                "now": now,
+                "retry_after_seconds": policy.conflict_retry_seconds,
+            },
+        )
+        add_metrics(conn, {(LOCK_CONFLICTS, ""): 1.0})
+    log.info(
+        "project_recalc_deferred project_id=%s retry_after_seconds=%s reason=%s",
+        claim.project_id,
+        policy.conflict_retry_seconds,
+        _error_text(exc).splitlines()[0],
+    )
 
 
 def _record_failure(
@@ -374,11 +431,20 @@ def drain_loop(
 def force_recalc_project(engine: Engine, project_id: uuid.UUID) -> RecalcResult:
     """Recalculate one project now, whatever the queue says (Dagster backfill of a
     partition). A pending queue row no drain has claimed is covered and deleted, unless
-    it is raised again during the recalc; a claimed one is left to its drain."""
+    it is raised again during the recalc; a claimed one is left to its drain. A row held
+    by another transaction (a raiser, a drain) is retried a few times, briefly apart,
+    before the lock conflict is raised."""
     with engine.connect() as conn:
         request = conn.execute(query("read_request"), {"project_id": project_id}).first()
-    with engine.begin() as conn:
-        recalc = recalc_project(conn, project_id, request.tenant_id if request else None)
+    for attempt in range(FORCE_RECALC_TRIES):
+        try:
+            with engine.begin() as conn:
+                recalc = recalc_project(conn, project_id, request.tenant_id if request else None)
+            break
+        except DBAPIError as exc:
+            if not is_lock_conflict(exc) or attempt == FORCE_RECALC_TRIES - 1:
+                raise
+            time.sleep(0.1 * 2**attempt)
     if request is not None and request.claim_token is None:
         finish_claim(engine, Claim(**request._mapping))
     log.info(

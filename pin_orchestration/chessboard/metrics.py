@@ -9,7 +9,7 @@ recalculate): drain runs are short-lived processes and keep nothing in memory.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -18,7 +18,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
@@ -32,6 +32,7 @@ DURATION_BUCKET = "process_duration_bucket"
 DURATION_SUM = "process_duration_sum"
 DURATION_COUNT = "process_duration_count"
 LAST_TICK = "last_tick"
+LOCK_CONFLICTS = "lock_conflicts_total"
 
 
 def _le(bound: float) -> str:
@@ -54,16 +55,21 @@ def record_outcomes(engine: Engine, outcomes: Iterable[ProjectOutcome]) -> None:
                 increments[(DURATION_BUCKET, _le(bound))] += 1
         increments[(DURATION_SUM, "")] += o.duration_seconds
         increments[(DURATION_COUNT, "")] += 1
-    keys = list(increments)
     with engine.begin() as conn:
-        conn.execute(
-            query("add_metric"),
-            {
-                "names": [k[0] for k in keys],
-                "labels": [k[1] for k in keys],
-                "values": [float(increments[k]) for k in keys],
-            },
-        )
+        add_metrics(conn, {k: float(v) for k, v in increments.items()})
+
+
+def add_metrics(conn: Connection, increments: Mapping[tuple[str, str], float]) -> None:
+    """Add to persisted counters (name, label) in the caller's transaction."""
+    keys = list(increments)
+    conn.execute(
+        query("add_metric"),
+        {
+            "names": [k[0] for k in keys],
+            "labels": [k[1] for k in keys],
+            "values": [increments[k] for k in keys],
+        },
+    )
 
 
 class ChessboardRecalcCollector(Collector):
@@ -114,6 +120,12 @@ class ChessboardRecalcCollector(Collector):
         for result in ("recalculated", "skipped", "failed"):
             runs.add_metric([result], values.get((RUNS, result), 0.0))
         yield runs
+        yield CounterMetricFamily(
+            "chessboard_recalc_lock_conflicts",
+            "Recalcs given up at once on a row a raiser's transaction held; the project is "
+            "retried later, no attempt counted",
+            value=values.get((LOCK_CONFLICTS, ""), 0.0),
+        )
         yield CounterMetricFamily(
             "chessboard_recalc_coalesced_events",
             "Recalc requests served by drained rows (sum of requested_count)",

@@ -155,6 +155,17 @@ SET attempt_count = attempt_count + 1, last_error = :error,
 WHERE project_id = :project_id AND claim_token = :token
 RETURNING attempt_count
 
+-- After a recalc rolled back on a row lock a raiser held (a conflict, not a failure): the
+-- lease is given back and the project waits `retry_after` — the raiser's transaction is
+-- short, and its raise, if any, moves due_at further — with attempt_count untouched.
+-- name: defer_claim
+UPDATE chessboard.project_recalc_requests
+SET not_before = coalesce(CAST(:now AS timestamptz), now())
+                 + make_interval(secs => :retry_after_seconds),
+    claimed_until = NULL, claim_token = NULL
+WHERE project_id = :project_id AND claim_token = :token
+RETURNING project_id
+
 -- What the sensor needs to decide whether to launch drain runs: cheap aggregates only.
 -- name: queue_stats
 SELECT count(*) AS depth,
@@ -192,12 +203,17 @@ ORDER BY project_id
 -- ---------------------------------------------------------------------------------------
 -- Recalc of one project (AGG-3 .. AGG-5)
 
--- Locks the project row so a force recalc and a drain of the same project serialize.
+-- A recalc never waits for a row lock (issue 20): every row it updates is locked NOWAIT
+-- first — the project here, the stale buildings / layouts / layout groups in each recalc_*
+-- statement's `stale` step — so a raiser holding one of them, whatever else it locked and
+-- in which order, makes the recalc fail at once (55P03, rolled back whole, the project
+-- retried later without an attempt) instead of waiting for it while holding rows the
+-- raiser may want next. The project row's lock also serializes a force recalc and a drain.
 -- name: lock_project
 SELECT id, tenant_id, status, deleted_at
 FROM chessboard.projects
 WHERE id = :project_id
-FOR NO KEY UPDATE
+FOR NO KEY UPDATE NOWAIT
 
 -- name: recalc_project
 WITH truth AS (
@@ -245,12 +261,21 @@ truth AS (
     LEFT JOIN counts AS c ON c.building_id = b.id
     WHERE b.project_id = :project_id
 ),
+stale AS (
+    SELECT b.id
+    FROM chessboard.buildings AS b
+    JOIN truth AS t ON t.id = b.id
+    WHERE (b.property_objects_total_count, b.property_objects_free_count)
+          IS DISTINCT FROM (t.total_count, t.free_count)
+    FOR NO KEY UPDATE OF b NOWAIT
+),
 changed AS (
     UPDATE chessboard.buildings AS b
     SET property_objects_total_count = t.total_count,
         property_objects_free_count = t.free_count,
         updated_at = now()
     FROM truth AS t
+    JOIN stale AS s ON s.id = t.id
     WHERE b.id = t.id
       AND (b.property_objects_total_count, b.property_objects_free_count)
           IS DISTINCT FROM (t.total_count, t.free_count)
@@ -272,12 +297,20 @@ truth AS (
     LEFT JOIN counts AS c ON c.layout_id = l.id
     WHERE l.project_id = :project_id
 ),
+stale AS (
+    SELECT l.id
+    FROM chessboard.layouts AS l
+    JOIN truth AS t ON t.id = l.id
+    WHERE l.property_objects_count IS DISTINCT FROM t.active_count
+    FOR NO KEY UPDATE OF l NOWAIT
+),
 changed AS (
     UPDATE chessboard.layouts AS l
     SET property_objects_count = t.active_count,
         version = l.version + 1,
         updated_at = now()
     FROM truth AS t
+    JOIN stale AS s ON s.id = t.id
     WHERE l.id = t.id AND l.property_objects_count IS DISTINCT FROM t.active_count
     RETURNING l.id
 )
@@ -298,6 +331,14 @@ truth AS (
     LEFT JOIN areas AS a ON a.layout_group_id = g.id
     WHERE g.project_id = :project_id
 ),
+stale AS (
+    SELECT g.id
+    FROM chessboard.layout_groups AS g
+    JOIN truth AS t ON t.id = g.id
+    WHERE (g.layouts_count, g.area_min, g.area_max)
+          IS DISTINCT FROM (t.layouts_count, t.area_min, t.area_max)
+    FOR NO KEY UPDATE OF g NOWAIT
+),
 changed AS (
     UPDATE chessboard.layout_groups AS g
     SET layouts_count = t.layouts_count,
@@ -306,6 +347,7 @@ changed AS (
         version = g.version + 1,
         updated_at = now()
     FROM truth AS t
+    JOIN stale AS s ON s.id = t.id
     WHERE g.id = t.id
       AND (g.layouts_count, g.area_min, g.area_max)
           IS DISTINCT FROM (t.layouts_count, t.area_min, t.area_max)

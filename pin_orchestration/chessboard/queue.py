@@ -71,6 +71,11 @@ class RecalcPolicy:
         "A claimed row is reserved for its drain this long; after that (a killed drain) "
         "another drain takes it. Keep it well above a recalc's duration (p99 < 2 s)",
     )
+    conflict_retry_seconds: float = option(
+        1.0,
+        "A project whose rows another transaction held (a raiser) is retried this long "
+        "after, without counting an attempt",
+    )
     max_run_duration_seconds: float = option(
         240.0,
         "Keep draining, waking as rows fall due, for at most this long; the run ends earlier "

@@ -163,33 +163,6 @@ def test_two_workers_on_one_due_row_recalculate_it_once(db_engine: Engine) -> No
         assert queue_row(conn, p) is None
 
 
-def test_raiser_holding_a_layout_neither_waits_for_nor_deadlocks_with_the_drain(
-    db_engine: Engine,
-) -> None:
-    p, _, lay = stale_project(db_engine)
-    enqueue(db_engine, p, at=db_now(db_engine) - timedelta(minutes=1))
-    with db_engine.connect() as raiser:
-        # The raiser's transaction: a layout edit, then the recalc request for it.
-        raiser.execute(
-            text("UPDATE chessboard.layouts SET total_area = 55 WHERE id = :l"), {"l": lay}
-        )
-        drain = Worker(lambda: process_next_due(db_engine))
-        drain.start()
-        wait_until_blocked(db_engine, "transactionid")  # the drain waits for that layout
-        started = time.perf_counter()
-        request_project_recalc(raiser, p, p, "LayoutChanged")
-        raise_seconds = time.perf_counter() - started
-        raiser.commit()
-    outcome = drain.outcome()
-
-    assert raise_seconds < 0.2
-    assert isinstance(outcome, ProjectOutcome) and outcome.result == "recalculated"
-    assert outcome.requeued
-    # The drain read the layout after the raiser committed: already counted, yet the
-    # request still gets its own recalc.
-    assert_one_more_recalc_covers_the_raise(db_engine, p, edit_committed_after_the_recalc=False)
-
-
 def test_request_during_recalc_does_not_wait_and_gets_one_more_recalc(db_engine: Engine) -> None:
     p, _, lay = stale_project(db_engine)
     enqueue(db_engine, p, at=db_now(db_engine) - timedelta(minutes=1))

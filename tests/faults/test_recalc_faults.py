@@ -22,3 +22,35 @@ def test_marking_published_before_the_ack_breaks_event_reached_kafka(tmp_path: P
     result = run_suite(root, "recalc-kafka-outage")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "recalc.event_reached_kafka" in result.stderr
+
+
+def test_finishing_a_request_raised_during_the_recalc_breaks_aggregates_match_source(
+    tmp_path: Path,
+) -> None:
+    # The finish no longer tells the request it served from one raised during the recalc:
+    # the later raise is deleted with the row, and its change never gets a recalc.
+    root = broken_copy(
+        tmp_path,
+        "chessboard/queries.sql",
+        "           (requested_count, updated_at, due_at)\n"
+        "               = (:requested_count, CAST(:updated_at AS timestamptz),\n"
+        "                  CAST(:due_at AS timestamptz)) AS served\n",
+        "           true AS served\n",
+    )
+    result = run_suite(root, "recalc-drain-sigkill")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "recalc.aggregates_match_source" in result.stderr
+
+
+def test_a_claim_without_its_lease_breaks_one_drain_per_claim(tmp_path: Path) -> None:
+    # The claim takes the row without a lease: it stays claimable while its drain
+    # recalculates it, and the other drain claims it too.
+    root = broken_copy(
+        tmp_path,
+        "chessboard/queries.sql",
+        "SET claimed_until = clock.now + make_interval(secs => :lease_seconds),\n",
+        "SET claimed_until = NULL,\n",
+    )
+    result = run_suite(root, "recalc-drain-sigkill")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "recalc.one_drain_per_claim" in result.stderr

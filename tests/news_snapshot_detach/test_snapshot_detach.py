@@ -152,8 +152,17 @@ def run(
         return run_detach_retry(engine, c, options, run_id="test-run", holder="test", **kwargs)
 
 
-def later(seconds: float) -> Callable[[], datetime]:
-    return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+def elapse(engine: Engine, seconds: float) -> None:
+    """As if `seconds` passed on the database's clock (the one detach reads): every row's
+    next attempt moves that much closer."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE news.snapshot_detach_outbox "
+                "SET next_attempt_at = next_attempt_at - make_interval(secs => :s)"
+            ),
+            {"s": seconds},
+        )
 
 
 # --- backoff and config: plain functions ------------------------------------------------------
@@ -320,14 +329,16 @@ def test_selections_5xx_keeps_pending_with_backoff_then_retries(
     assert run(db_engine, selections).claimed == 0
     assert len(selections.calls) == 1
     # After the backoff the next run retries; the second failure doubles the delay.
-    result = run(db_engine, selections, clock=later(61))
+    elapse(db_engine, 61)
+    result = run(db_engine, selections)
     entry = row(db_engine, snapshot)
     assert (entry.attempts, result.retried) == (2, 1)
     delay = (entry.next_attempt_at - entry.updated_at).total_seconds()
     assert delay == pytest.approx(120, abs=1)  # updated_at is the outcome, just after the claim
     # selections is back: the row is detached.
     selections.status = 200
-    result = run(db_engine, selections, clock=later(61 + 121))
+    elapse(db_engine, 121)
+    result = run(db_engine, selections)
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Done", 3, None)
     assert len(selections.calls) == 3
@@ -409,7 +420,8 @@ def test_poison_is_quarantined_with_an_alert_and_left_alone(
     )
     # Excluded from the claim: far in the future, only the healthy row is taken.
     selections.status = 200
-    result = run(db_engine, selections, options, clock=later(10 * 86400))
+    elapse(db_engine, 10 * 86400)
+    result = run(db_engine, selections, options)
     assert result.claimed == 1
     assert selections.called()[str(snapshot)] == 1
     assert row(db_engine, healthy).status == "Done"
@@ -454,7 +466,7 @@ def test_parallel_claimers_never_take_the_same_row(db_engine: Engine) -> None:
         try:
             with db_engine.connect() as conn, conn.begin():
                 start.wait()
-                claimed = claim_due(conn, options, datetime.now(UTC), zero)
+                claimed = claim_due(conn, options, zero)
                 # Both transactions hold their row locks at this point.
                 both_claimed.wait()
             claims[name] = [e.id for e in claimed]
@@ -546,7 +558,8 @@ def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_th
         for r in caplog.records
         if "batch claimed" in r.getMessage()
     ]
-    assert max(claims) <= options.max_concurrency
+    # The calls in flight and one round of calls queued behind them, never more.
+    assert max(claims) <= 2 * options.max_concurrency
     assert sum(claims) == result.claimed == sum(len(t) for t in starts.values())
 
 
@@ -591,8 +604,10 @@ def test_cancellation_between_records_is_graceful(
     called = selections.called()
     assert len(called) == 1  # one worker: the stop lands during the first call
     assert result.succeeded == len(called)
-    # A claim takes only free call slots: nothing claimed is left uncalled.
-    assert result.claimed == len(called)
+    # A claim takes the free call slots and one round queued behind them: what was
+    # claimed and not called is given back its attempt.
+    assert result.claimed == len(called) + result.released
+    assert result.released <= 1
     for snapshot in snapshots:
         entry = row(db_engine, snapshot)
         if str(snapshot) in called:
@@ -613,18 +628,18 @@ def test_cancellation_between_records_is_graceful(
 
 def test_outcome_never_overwrites_a_newer_claim(db_engine: Engine) -> None:
     [snapshot] = enqueue(db_engine)
-    now = datetime.now(UTC)
-    [first] = claim_batch(db_engine, NO_JITTER, now, zero)
+    [first] = claim_batch(db_engine, NO_JITTER, zero)
     # The first runner's call is slow; after the backoff another runner claims the row again.
-    [second] = claim_batch(db_engine, NO_JITTER, now + timedelta(seconds=61), zero)
+    elapse(db_engine, 61)
+    [second] = claim_batch(db_engine, NO_JITTER, zero)
     assert (first.id, first.attempts, second.attempts) == (second.id, 1, 2)
-    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER, now)
-    assert record_outcomes(db_engine, [late], now) == set()
+    late = decide(first, CallResult(CallKind.TRANSIENT, "http_503"), NO_JITTER)
+    assert record_outcomes(db_engine, [late]) == {}
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 2, None)
     assert entry.next_attempt_at == second.next_attempt_at
-    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER, now)
-    assert record_outcomes(db_engine, [done], now) == {second.id}
+    done = decide(second, CallResult(CallKind.DETACHED, "http_200"), NO_JITTER)
+    assert record_outcomes(db_engine, [done]).keys() == {second.id}
     assert row(db_engine, snapshot).status == "Done"
 
 
@@ -679,11 +694,13 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     selections.hang = None
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
-    # The claim's lease: the call's timeout (30 s in the child), then the backoff.
-    assert entry.next_attempt_at >= before + timedelta(seconds=30 + 60)
+    # The claim's lease: two call timeouts (30 s in the child: the wait in the pool's queue
+    # and the call), then the backoff.
+    assert entry.next_attempt_at >= before + timedelta(seconds=2 * 30 + 60)
     # The next run after the lease finishes it.
     assert run(db_engine, selections).claimed == 0
-    result = run(db_engine, selections, clock=later(30 + 61))
+    elapse(db_engine, 2 * 30 + 61)
+    result = run(db_engine, selections)
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts) == ("Done", 2)

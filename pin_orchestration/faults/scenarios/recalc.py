@@ -12,12 +12,21 @@ Invariants, against records the job does not keep itself:
 - `recalc.event_reached_kafka`: the topics, read back with a consumer, hold every outbox
   event and the final version of every row a recalc changed, at least once;
 - `recalc.version_order_per_key`: per key, each version seen for the first time is higher
-  than every version before it in partition order; a version seen again is a redelivery.
+  than every version before it in partition order; a version seen again is a redelivery;
+- `recalc.one_drain_per_claim` (scenarios without a clock jump): no drain claims a row
+  within the lease of another drain's unfinished claim on it — from a log of claims a
+  trigger in the scenario's database keeps (the server's clock_timestamp()), not from
+  the lease column the claim itself compares.
 
-"One recalc per claimed request" is not checked: a recalc that finds nothing to change
-writes nothing, so a second recalc of the same claim (after a lease expired under a
-killed or clock-jumped drain) leaves no trace outside the drains' own logs, and by design
-it is harmless (the project row lock serialises the two; the second finds no difference).
+`recalc-drain-sigkill` also raises a project again while a drain is held inside its
+recalc (a gate the scenario closes): that request must get a recalc of its own
+(`aggregates_match_source`), and the other drain must not take the held row.
+
+"One recalc per claimed request" is not checked beyond that: a recalc that finds nothing
+to change writes nothing, so a second recalc of the same claim (after a lease expired
+under a killed or clock-jumped drain) leaves no trace outside the drains' own logs, and by
+design it is harmless (the project row lock serialises the two; the second finds no
+difference).
 
 Run as `python -m pin_orchestration.faults.scenarios.recalc drain URL CLOCK SECONDS` or
 `… publish URL BOOTSTRAP SECONDS` it is one drain or one publisher process.
@@ -268,6 +277,75 @@ class ChangeStream(threading.Thread):
         self.join()
 
 
+# -- the claim log and the gate (in the scenario's private database) --------------------
+GATE_LOCK = 2_020_002
+_CLAIM_LOG = """
+CREATE TABLE public.faults_claims (
+    token uuid PRIMARY KEY, project_id uuid NOT NULL, claimed_at timestamptz NOT NULL,
+    replaced_token uuid, replaced_claimed_at timestamptz
+);
+CREATE FUNCTION public.faults_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.claim_token IS NOT NULL AND NEW.claim_token IS DISTINCT FROM OLD.claim_token THEN
+        INSERT INTO public.faults_claims
+        SELECT NEW.claim_token, NEW.project_id, clock_timestamp(), OLD.claim_token,
+               (SELECT c.claimed_at FROM public.faults_claims AS c
+                WHERE c.token = OLD.claim_token);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER faults_log_claim AFTER UPDATE ON chessboard.project_recalc_requests
+FOR EACH ROW EXECUTE FUNCTION public.faults_log_claim();
+-- The gate: a recalc updating a gated project waits while the scenario holds GATE_LOCK.
+CREATE TABLE public.faults_gated (project_id uuid PRIMARY KEY);
+CREATE FUNCTION public.faults_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM public.faults_gated WHERE project_id = NEW.id) THEN
+        PERFORM pg_advisory_lock_shared(%(gate)s);
+        PERFORM pg_advisory_unlock_shared(%(gate)s);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER faults_gate BEFORE UPDATE ON chessboard.projects
+FOR EACH ROW EXECUTE FUNCTION public.faults_gate();
+"""
+
+
+def install_claim_log_and_gate(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(_CLAIM_LOG % {"gate": GATE_LOCK})
+
+
+def claims_within_a_lease(conn: Connection) -> list[str]:
+    """Claims that replaced another drain's unfinished claim before its lease could have
+    run out (a killed drain's row is taken over only after it)."""
+    rows = conn.execute(
+        text(
+            "SELECT project_id, extract(epoch FROM claimed_at - replaced_claimed_at) AS after "
+            "FROM public.faults_claims "
+            "WHERE replaced_claimed_at > claimed_at - make_interval(secs => :lease)"
+        ),
+        # clock_timestamp() in the trigger runs a little after the claim's now(), from
+        # which the lease counts: a margin keeps a takeover just at expiry legitimate.
+        {"lease": DRAIN_POLICY.claim_lease_seconds - 0.1},
+    )
+    return [f"{r.project_id} claimed again {float(r.after):.3f} s into a lease" for r in rows]
+
+
+def _insert_free_object(conn: Connection, rng: random.Random, p: Project) -> None:
+    """A change that always moves the project's counters (one more free object), raised."""
+    params = {**_new_object(rng, p, uuid.uuid4()), "status": "Free"}
+    conn.execute(
+        text(
+            "INSERT INTO chessboard.property_objects "
+            "(id, project_id, building_id, layout_id, status, price) "
+            "VALUES (:id, :project_id, :building_id, :layout_id, :status, :price)"
+        ),
+        params,
+    )
+    request_project_recalc(conn, p.id, p.tenant_id, "Crud", policy=RAISE_POLICY)
+
+
 # -- the record read back, and the invariants -------------------------------------------
 def _truth(conn: Connection) -> dict[tuple[str, uuid.UUID], dict[str, Any]]:
     """Every aggregate as the seed's formulas give it from the source rows (AGG-4),
@@ -477,6 +555,7 @@ def _run(
             if clock:
                 rig.clock = JumpingClock(ctx.workdir / "clock-offset")
             rig.world = world = build_world(engine, ctx.rng, ctx.scale(30, 60))
+            install_claim_log_and_gate(engine)
             for _ in range(drains):
                 rig.spawn_drain()
             rig.spawn_publisher()
@@ -524,6 +603,7 @@ def _check(rig: Rig, outcome: Outcome) -> None:
         messages = rig.kafka.read_topics(list(TOPICS.values()))
         on_topic = {(m.topic, m.key, int(m.headers["version"])) for m in messages}
         missing = missing_events(conn, on_topic)
+        taken_twice = claims_within_a_lease(conn)
     outcome.lost = len(diverged) + len(missing)
     outcome.check(
         "aggregates_match_source",
@@ -541,6 +621,13 @@ def _check(rig: Rig, outcome: Outcome) -> None:
         not backwards,
         f"{len(backwards)} versions out of order: {backwards[:3]}",
     )
+    if rig.clock is None:  # a jumped drain's clock expires leases early, by design
+        outcome.duplicated = len(taken_twice)
+        outcome.check(
+            "one_drain_per_claim",
+            not taken_twice,
+            f"{len(taken_twice)} rows claimed inside another drain's lease: {taken_twice[:3]}",
+        )
 
 
 # -- the scenarios ----------------------------------------------------------------------
@@ -558,6 +645,56 @@ def kill_drains(rig: Rig, outcome: Outcome) -> None:
         outcome.faults_injected += 1
         rig.spawn_drain()
         rig.recovered_when_drained(outcome, fault_at, "the requests due at a drain's kill drained")
+
+
+def raise_during_a_recalc(rig: Rig, outcome: Outcome) -> None:
+    """A project (of its own: the stream never touches it) is raised, a drain takes it and
+    is held at the gate inside the recalc, holding the claim; the project is changed and
+    raised again; the gate opens a tick later. That last change must get a recalc of its
+    own, and the other drain, awake meanwhile, must not claim the held row."""
+    [p] = build_world(rig.engine, rig.ctx.rng, 1)
+    with rig.engine.begin() as conn:
+        conn.execute(text("INSERT INTO public.faults_gated VALUES (:p)"), {"p": p.id})
+    with rig.engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE_LOCK})
+        gate.commit()
+        try:
+            with rig.engine.begin() as conn:
+                _insert_free_object(conn, rig.ctx.rng, p)
+            wait_until(
+                lambda: _waiting_at_the_gate(rig.engine),
+                timeout=30,
+                what="a drain held inside the gated project's recalc",
+            )
+            with rig.engine.begin() as conn:
+                _insert_free_object(conn, rig.ctx.rng, p)
+            outcome.faults_injected += 1
+            # Long enough for the other drain to wake and claim (at most a tick), well
+            # inside the held drain's lease.
+            time.sleep(2 * DRAIN_POLICY.tick_seconds)
+        finally:
+            gate.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE_LOCK})
+            gate.commit()
+    rig.recovered_when_drained(
+        outcome, rig.db_now(), "the request raised during a held recalc drained"
+    )
+
+
+def _waiting_at_the_gate(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                )
+            ).scalar_one()
+        )
+
+
+def kill_drains_and_raise_during_a_recalc(rig: Rig, outcome: Outcome) -> None:
+    kill_drains(rig, outcome)
+    raise_during_a_recalc(rig, outcome)
 
 
 def kill_publishers(rig: Rig, outcome: Outcome) -> None:
@@ -657,7 +794,7 @@ def jump_clock(rig: Rig, outcome: Outcome) -> None:
 
 @scenario("recalc-drain-sigkill", job="recalc", fault="SIGKILL of a drain")
 def drains_killed(ctx: FaultContext) -> Outcome:
-    return _run(ctx, "SIGKILL of a drain", kill_drains)
+    return _run(ctx, "SIGKILL of a drain", kill_drains_and_raise_during_a_recalc)
 
 
 @scenario("recalc-publisher-sigkill", job="recalc", fault="SIGKILL of the publisher")

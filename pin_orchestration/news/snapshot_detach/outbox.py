@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     Outcome,
     RandomSource,
     Reason,
-    claim_lease_until,
+    claim_lease_seconds,
 )
 from pin_orchestration.sql import load_queries
 
@@ -58,84 +59,102 @@ def _stamp_params(entries: Sequence[ClaimedEntry]) -> dict[str, list[Any]]:
     }
 
 
-def _relaxed_commit(conn: Connection) -> None:
-    """Don't wait for the WAL flush: a claim or an outcome lost to a database crash only
-    means one more (idempotent, INV-SNP-005) detach call after the backoff."""
-    conn.execute(text("SET LOCAL synchronous_commit = off"))
+@contextmanager
+def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
+    """A short transaction: on the connection a drain holds for its run (no pool checkout
+    and ping each time; after a disconnect SQLAlchemy reconnects it on next use), or on
+    one of the engine's."""
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    else:
+        with bind.begin():
+            yield bind
 
 
 def claim_due(
     conn: Connection,
     options: DetachOptions,
-    now: datetime,
     rand: RandomSource = random.random,
     *,
     limit: int | None = None,
     call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
-    """Lock up to `limit` (default batch_size) due rows (SKIP LOCKED) and stamp the attempt,
-    leasing each row for its call's timeout plus the backoff; the caller commits."""
+    """Lock up to `limit` (default batch_size) rows due on the database's clock (SKIP
+    LOCKED) and stamp the attempt, leasing each row for `call_timeout_seconds` plus the
+    backoff from the database's now(); the caller commits."""
     size = options.batch_size if limit is None else min(limit, options.batch_size)
-    rows = conn.execute(query("lock_due"), {"now": now, "batch_size": size}).all()
-    claimed = [
+    rows = conn.execute(query("lock_due"), {"batch_size": size}).all()
+    if not rows:
+        return []
+    leases = [
+        claim_lease_seconds(row.attempts + 1, options, call_timeout_seconds, rand) for row in rows
+    ]
+    stamped = dict(
+        conn.execute(
+            query("mark_claimed"),
+            {
+                "ids": [row.id for row in rows],
+                "attempts": [row.attempts + 1 for row in rows],
+                "lease_seconds": leases,
+            },
+        ).all()
+    )
+    return [
         ClaimedEntry(
             id=row.id,
             snapshot_id=row.snapshot_id,
             post_id=row.post_id,
             reason=row.reason,
             attempts=row.attempts + 1,
-            next_attempt_at=claim_lease_until(
-                now, row.attempts + 1, options, call_timeout_seconds, rand
-            ),
+            next_attempt_at=stamped[row.id],
             previous_attempts=row.attempts,
             previous_next_attempt_at=row.next_attempt_at,
         )
         for row in rows
     ]
-    if claimed:
-        conn.execute(query("mark_claimed"), {**_stamp_params(claimed), "now": now})
-    return claimed
 
 
 def claim_batch(
-    engine: Engine,
+    bind: Engine | Connection,
     options: DetachOptions,
-    now: datetime,
     rand: RandomSource = random.random,
     *,
     limit: int | None = None,
     call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
     """The claim as its own transaction: committed (row locks released) on return."""
-    with engine.begin() as conn:
-        _relaxed_commit(conn)
+    with _transaction(bind) as conn:
         return claim_due(
-            conn, options, now, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
+            conn, options, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
         )
 
 
-def record_outcomes(engine: Engine, outcomes: Sequence[Outcome], now: datetime) -> set[uuid.UUID]:
-    """Write outcomes in one short transaction; return the ids actually updated.
+def record_outcomes(
+    bind: Engine | Connection, outcomes: Sequence[Outcome]
+) -> dict[uuid.UUID, datetime]:
+    """Write outcomes in one short transaction; return the rows actually updated, each with its
+    next_attempt_at (a Pending row's next attempt).
 
     A Pending outcome sets the next attempt (counted from the end of its call). An outcome
     whose row no longer carries its claim's stamp (a newer claim took the row,
-    or an operator changed it) is not applied.
+    or an operator changed it) is not applied. Committed without waiting for the WAL
+    flush (set_config in the statement): an outcome lost to a crash only means one more
+    (idempotent) call.
     """
     if not outcomes:
-        return set()
+        return {}
     params = {
         **_stamp_params([o.entry for o in outcomes]),
         "statuses": [o.status.value for o in outcomes],
         "last_errors": [o.last_error for o in outcomes],
-        "retry_ats": [o.retry_at for o in outcomes],
-        "now": now,
+        "retry_afters": [o.retry_after_seconds for o in outcomes],
     }
-    with engine.begin() as conn:
-        _relaxed_commit(conn)
-        return set(conn.execute(query("record_outcomes"), params).scalars())
+    with _transaction(bind) as conn:
+        return dict(conn.execute(query("record_outcomes"), params).all())
 
 
-def release_claims(engine: Engine, entries: Sequence[ClaimedEntry], now: datetime) -> int:
+def release_claims(bind: Engine | Connection, entries: Sequence[ClaimedEntry]) -> int:
     """Give back claims whose call never started (stop requested); returns rows released."""
     if not entries:
         return 0
@@ -143,9 +162,8 @@ def release_claims(engine: Engine, entries: Sequence[ClaimedEntry], now: datetim
         **_stamp_params(entries),
         "previous_attempts": [e.previous_attempts for e in entries],
         "previous_next_attempt_ats": [e.previous_next_attempt_at for e in entries],
-        "now": now,
     }
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         return conn.execute(query("release_claims"), params).rowcount
 
 

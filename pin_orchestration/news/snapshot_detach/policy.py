@@ -7,7 +7,7 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 
 from pin_orchestration.news.selections import CallKind, CallResult
@@ -103,11 +103,11 @@ def backoff_seconds(
     return delay + jitter_ratio * delay * rand()
 
 
-def next_attempt_at(
-    after: datetime, attempts: int, options: DetachOptions, rand: RandomSource = random.random
-) -> datetime:
-    """When attempt `attempts + 1` falls due, counting the backoff from `after`."""
-    delay = backoff_seconds(
+def retry_delay_seconds(
+    attempts: int, options: DetachOptions, rand: RandomSource = random.random
+) -> float:
+    """How long after attempt `attempts` failed attempt `attempts + 1` falls due."""
+    return backoff_seconds(
         attempts,
         base=options.backoff_base_seconds,
         factor=options.backoff_factor,
@@ -115,20 +115,19 @@ def next_attempt_at(
         jitter_ratio=options.backoff_jitter_ratio,
         rand=rand,
     )
-    return after + timedelta(seconds=delay)
 
 
-def claim_lease_until(
-    now: datetime,
+def claim_lease_seconds(
     attempts: int,
     options: DetachOptions,
     call_timeout_seconds: float,
     rand: RandomSource = random.random,
-) -> datetime:
-    """How long a claim keeps the row from being due: the call's whole timeout, then the
-    backoff. Nobody can claim the row while its call may still be in flight, and a run
-    that dies mid-call leaves it to be retried after the backoff, as a failure would."""
-    return next_attempt_at(now + timedelta(seconds=call_timeout_seconds), attempts, options, rand)
+) -> float:
+    """How long a claim keeps the row from being due (from the database's now()): the
+    longest its call may still be in flight, then the backoff. Nobody can claim the row
+    while its call may still be in flight, and a run that dies mid-call leaves it to be
+    retried after the backoff, as a failure would."""
+    return call_timeout_seconds + retry_delay_seconds(attempts, options, rand)
 
 
 @dataclass(frozen=True)
@@ -150,8 +149,9 @@ class Outcome:
     entry: ClaimedEntry
     status: Status
     call: CallResult
-    # Pending: the next attempt, counted from the end of the failed call.
-    retry_at: datetime | None = None
+    # Pending: seconds from when the outcome is written to the next attempt — the backoff
+    # counted from the end of the failed call (the database adds them to its now()).
+    retry_after_seconds: float | None = None
 
     @property
     def last_error(self) -> str | None:
@@ -164,13 +164,15 @@ def decide(
     entry: ClaimedEntry,
     call: CallResult,
     options: DetachOptions,
-    call_ended_at: datetime,
     rand: RandomSource = random.random,
+    *,
+    since_call_ended_seconds: float = 0.0,
 ) -> Outcome:
+    """What the answer does to the row; a retry's delay is the backoff less the time since
+    the call ended (a monotonic duration: no wall clock involved)."""
     if call.kind == CallKind.DETACHED:
         return Outcome(entry, Status.DONE, call)
     if entry.attempts >= options.max_attempts:
         return Outcome(entry, Status.QUARANTINED, call)
-    return Outcome(
-        entry, Status.PENDING, call, next_attempt_at(call_ended_at, entry.attempts, options, rand)
-    )
+    delay = retry_delay_seconds(entry.attempts, options, rand) - since_call_ended_seconds
+    return Outcome(entry, Status.PENDING, call, max(delay, 0.0))

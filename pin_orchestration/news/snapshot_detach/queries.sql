@@ -1,4 +1,7 @@
--- Queries of news-snapshot-detach-retry (seed 001). A row moves through two short
+-- Queries of news-snapshot-detach-retry (seed 001). Every due-time comparison and stamp is
+-- on PostgreSQL's clock (now(), the transaction's start): the worker sends durations
+-- (leases, backoffs), never times, so a worker whose clock is off claims what is due and
+-- parks what failed as the database sees it. A row moves through two short
 -- transactions per attempt: the claim (attempts + 1, next_attempt_at = a lease: the call's
 -- timeout + the backoff) and the outcome (Done / Pending with last_error and the next
 -- attempt a backoff after the call ended / Quarantined). The selections call happens
@@ -14,40 +17,52 @@ SELECT news.enqueue_snapshot_detach(
        )
 
 -- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
+-- The claim's transaction commits without waiting for the WAL flush (set_config: no extra
+-- round trip): a claim lost to a crash only means one more (idempotent) call.
 -- name: lock_due
-SELECT id, snapshot_id, post_id, reason, attempts, next_attempt_at
+SELECT id, snapshot_id, post_id, reason, attempts, next_attempt_at,
+       set_config('synchronous_commit', 'off', true) AS commit_mode
 FROM news.snapshot_detach_outbox
-WHERE status = 'Pending' AND next_attempt_at <= :now
+WHERE status = 'Pending' AND next_attempt_at <= now()
 ORDER BY next_attempt_at, id
 LIMIT :batch_size
 FOR UPDATE SKIP LOCKED
 
+-- The claim stamp: attempts + 1 and the lease (the call's timeout + the backoff, per row)
+-- from the database's now(); returned, as the row's version for the outcome.
 -- name: mark_claimed
 UPDATE news.snapshot_detach_outbox AS o
-SET attempts = c.attempts, next_attempt_at = c.next_attempt_at, updated_at = :now
+SET attempts = c.attempts,
+    next_attempt_at = now() + make_interval(secs => c.lease_seconds),
+    updated_at = now()
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
-            CAST(:next_attempt_ats AS timestamptz[])) AS c (id, attempts, next_attempt_at)
+            CAST(:lease_seconds AS double precision[])) AS c (id, attempts, lease_seconds)
 WHERE o.id = c.id
+RETURNING o.id, o.next_attempt_at
 
--- A failed call's row gets its next attempt counted from the end of the call (retry_at);
--- until then the claim's lease kept it from being due.
+-- A failed call's row gets its next attempt counted from the end of the call: now() plus
+-- what is left of the backoff (retry_after); until then the claim's lease kept it from
+-- being due.
 -- name: record_outcomes
 UPDATE news.snapshot_detach_outbox AS o
 SET status = c.status, last_error = c.last_error,
-    next_attempt_at = coalesce(c.retry_at, o.next_attempt_at), updated_at = :now
+    next_attempt_at = coalesce(now() + make_interval(secs => c.retry_after),
+                               o.next_attempt_at),
+    updated_at = now()
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[]), CAST(:statuses AS text[]),
-            CAST(:last_errors AS text[]), CAST(:retry_ats AS timestamptz[]))
-     AS c (id, attempts, next_attempt_at, status, last_error, retry_at)
+            CAST(:last_errors AS text[]), CAST(:retry_afters AS double precision[]))
+     AS c (id, attempts, next_attempt_at, status, last_error, retry_after),
+     (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
 WHERE o.id = c.id AND o.status = 'Pending'
   AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
-RETURNING o.id
+RETURNING o.id, o.next_attempt_at
 
 -- A claimed row whose call never started (the run was stopped) gets its attempt back.
 -- name: release_claims
 UPDATE news.snapshot_detach_outbox AS o
 SET attempts = c.previous_attempts, next_attempt_at = c.previous_next_attempt_at,
-    updated_at = :now
+    updated_at = now()
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
             CAST(:next_attempt_ats AS timestamptz[]), CAST(:previous_attempts AS integer[]),
             CAST(:previous_next_attempt_ats AS timestamptz[]))

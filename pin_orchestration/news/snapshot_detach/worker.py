@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration import tracing
 from pin_orchestration.jobruns import RunStatus, record_job_run
@@ -43,9 +43,9 @@ OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], datetime]
-# A call's answer and when it ended (the backoff of a failure counts from there).
-_Attempt = tuple[CallResult, datetime]
+# A call's answer and when it ended on time.monotonic() (a failure's backoff counts from
+# there; the database adds what is left of it to its own now()).
+_Attempt = tuple[CallResult, float]
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,6 @@ class DrainResult:
         return data
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _never() -> bool:
     return False
 
@@ -104,7 +100,6 @@ def drain(
     caller: DetachCaller,
     options: DetachOptions,
     *,
-    clock: Clock = _utc_now,
     rand: RandomSource = random.random,
     should_stop: Callable[[], bool] = _never,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
@@ -115,12 +110,15 @@ def drain(
     retry, quarantined) to this module's logger, which a run shows as captured stderr —
     a large backlog must not turn into one event-log write per row.
 
-    At most `max_concurrency` calls are in flight, and a claim takes only as many rows as
-    there are free slots, so no claimed row waits in a queue: its lease (call timeout +
-    backoff) covers the call, and a failure's next attempt counts from the end of the
-    call. No transaction is open while a call is in flight: each claim and each group of
+    At most `max_concurrency` calls are in flight, and at most as many more claimed rows
+    wait in the pool's queue, so the calls go on while the next claim or the outcomes are
+    written. A queued row's call starts within one call timeout of its claim (every call
+    ahead of it started before the claim), so its lease — two call timeouts + the backoff
+    — covers its whole call; a failure's next attempt counts from the end of the call.
+    No transaction is open while a call is in flight: each claim and each group of
     outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
-    transaction, made on this thread.
+    transaction, made on this thread. Due times are the database's (see queries.sql):
+    the worker's wall clock is never read.
     """
     options.validate()
     result = DrainResult()
@@ -139,7 +137,7 @@ def drain(
         with tracing.span(f"{JOB_CODE}.attempt", attributes, parent=run_trace) as current:
             call = caller.detach(entry.snapshot_id, entry.reason)
             current.set_attribute("outcome", call.code)
-        return call, clock()
+        return call, time.monotonic()
 
     # Done calls whose outcome is not written yet: written in groups, one transaction each.
     finished: dict[Future[_Attempt | None], ClaimedEntry] = {}
@@ -152,28 +150,34 @@ def drain(
             try:
                 done = future.result()
             except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
-                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), clock()
+                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), last_write
             if done is None:
                 unstarted.append(entry)
             else:
                 call, ended_at = done
-                outcomes.append(decide(entry, call, options, ended_at, rand))
+                since = time.monotonic() - ended_at
+                outcomes.append(decide(entry, call, options, rand, since_call_ended_seconds=since))
         finished.clear()
         last_write = time.monotonic()
-        _apply_outcomes(engine, outcomes, clock(), result)
-        _release(engine, unstarted, clock(), result)
+        _apply_outcomes(db, outcomes, result)
+        _release(db, unstarted, result)
 
     def collect(timeout: float | None) -> None:
         done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
         for future in done:
             finished[future] = inflight.pop(future)
 
-    with ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool:
+    # One connection for the run, used on this thread only: a pooled connection per
+    # transaction cost a checkout ping and a SET on top of BEGIN, the statements, COMMIT.
+    with (
+        engine.connect() as db,
+        ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool,
+    ):
         try:
             while True:
                 if should_stop():
-                    _release_unstarted(engine, inflight, clock(), result)
-                elif more_due and len(inflight) < options.max_concurrency:
+                    _release_unstarted(db, inflight, result)
+                elif more_due and len(inflight) <= options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
                         result.backlog_remaining = True
@@ -183,16 +187,16 @@ def drain(
                             options.max_run_duration_seconds,
                         )
                     else:
-                        # As many rows as there are free call slots: a claimed row is
-                        # called at once, so its lease (the call timeout + the backoff)
-                        # covers its whole call and nobody can claim it meanwhile.
+                        # Claimed only once a round of calls' worth of room is free
+                        # (claims of ~max_concurrency rows, not one per finished call).
+                        # The lease covers the wait in the queue (one call timeout) and
+                        # the call itself: nobody can claim the row meanwhile.
                         claimed = claim_batch(
-                            engine,
+                            db,
                             options,
-                            clock(),
                             rand,
-                            limit=options.max_concurrency - len(inflight),
-                            call_timeout_seconds=caller.timeout_seconds,
+                            limit=2 * options.max_concurrency - len(inflight),
+                            call_timeout_seconds=2 * caller.timeout_seconds,
                         )
                         # Claim again until a claim comes back empty: under SKIP LOCKED
                         # a short batch may only mean a parallel runner held some rows.
@@ -223,7 +227,7 @@ def drain(
             result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
             result.backlog_remaining = True
             try:
-                _release_unstarted(engine, inflight, clock(), result)
+                _release_unstarted(db, inflight, result)
                 while inflight:
                     collect(None)
                 settle()
@@ -240,24 +244,18 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 
 def _release_unstarted(
-    engine: Engine,
+    db: Connection,
     inflight: dict[Future[_Attempt | None], ClaimedEntry],
-    now: datetime,
     result: DrainResult,
 ) -> None:
     unstarted = [future for future in inflight if future.cancel()]
-    _release(engine, [inflight.pop(future) for future in unstarted], now, result)
+    _release(db, [inflight.pop(future) for future in unstarted], result)
 
 
-def _release(
-    engine: Engine,
-    entries: Sequence[ClaimedEntry],
-    now: datetime,
-    result: DrainResult,
-) -> None:
+def _release(db: Connection, entries: Sequence[ClaimedEntry], result: DrainResult) -> None:
     if not entries:
         return
-    released = release_claims(engine, entries, now)
+    released = release_claims(db, entries)
     result.released += released
     result.backlog_remaining = True
     log.warning(
@@ -269,13 +267,12 @@ def _release(
 
 
 def _apply_outcomes(
-    engine: Engine,
+    db: Connection,
     outcomes: Sequence[Outcome],
-    now: datetime,
     result: DrainResult,
 ) -> None:
     try:
-        applied = record_outcomes(engine, outcomes, now)
+        retry_at = record_outcomes(db, outcomes)
     except Exception:  # noqa: BLE001 — rows stay Pending with their backoff; the run goes on
         log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
@@ -286,7 +283,7 @@ def _apply_outcomes(
         return
     for outcome in outcomes:
         entry = outcome.entry
-        if entry.id not in applied:
+        if entry.id not in retry_at:
             result.superseded += 1
             log.warning(
                 "entry outcome superseded: snapshotId=%s attempts=%d (a newer claim owns the row)",
@@ -309,7 +306,7 @@ def _apply_outcomes(
                 entry.snapshot_id,
                 entry.attempts,
                 outcome.last_error,
-                entry.next_attempt_at.isoformat(),
+                retry_at[entry.id].isoformat(),
             )
         else:
             result.failed += 1
@@ -345,7 +342,6 @@ def run_detach_retry(
     *,
     run_id: str,
     holder: str,
-    clock: Clock = _utc_now,
     rand: RandomSource = random.random,
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
@@ -357,7 +353,8 @@ def run_detach_retry(
     "no successful run" alert).
     """
     options.validate()
-    started_at = datetime.now(UTC)
+    with engine.connect() as conn:
+        started_at = conn.execute(text("SELECT now()")).scalar_one()
     with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
             logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
@@ -376,7 +373,6 @@ def run_detach_retry(
                 engine,
                 caller,
                 options,
-                clock=clock,
                 rand=rand,
                 should_stop=should_stop,
                 logger=logger,
