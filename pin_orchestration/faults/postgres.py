@@ -2,14 +2,18 @@
 the end. Never the machine's server (a restart there would hit everything else on it).
 
 It is pgserver's bundled PostgreSQL (the same the embedded default runs), so the suite runs
-on a machine that has only Python. pgserver listens on a Unix socket only; a restart keeps
-the data directory and the socket, so every URL stays valid across it.
+on a machine that has only Python. pgserver starts it on a Unix socket only; the suite
+restarts it at once to listen on a free loopback TCP port too, so a scenario can put a
+`FaultProxy` in front of it (`database_url_via`: a hung server, not a restarted one) and
+its clients' TCP timeouts and keepalives are the ones a deployment runs with. A restart
+keeps the data directory, the socket and the port, so every URL stays valid across it.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -19,9 +23,32 @@ from types import TracebackType
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from pin_orchestration.faults.proxy import FaultProxy
 from pin_orchestration.migrations import upgrade_database
 
 log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def database_url_via(url: str, proxy: FaultProxy) -> str:
+    """`url` with its server address replaced by the proxy's: the same database, user and
+    options, reached over TCP through `proxy` (a Unix-socket `host` parameter is dropped).
+    Put the proxy in front of the suite's server with `FaultProxy(*postgres.tcp_address)`;
+    `proxy.set_mode("hang")` then blackholes that URL's connections, open and new."""
+    host, port = proxy.address.rsplit(":", 1)
+    return (
+        make_url(url)
+        .difference_update_query(["host", "hostaddr", "port"])
+        .set(host=host, port=int(port))
+        .render_as_string(hide_password=False)
+    )
 
 
 class SuitePostgres:
@@ -31,11 +58,13 @@ class SuitePostgres:
         # Outside pytest's private tmp tree: as root the server runs as its own user.
         self.data_dir = Path(tempfile.mkdtemp(prefix="pin-faults-pg-"))
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="delete")
-        self.url = (
-            make_url(self._server.get_uri())
-            .set(drivername="postgresql+psycopg", database="postgres")
-            .render_as_string(hide_password=False)
-        )
+        self.tcp_address = (LOOPBACK, _free_loopback_port())
+        self._stop_and_start(stop_mode="fast")
+        socket_url = make_url(self._server.get_uri())
+        # The socket's name carries the port: the socket URL names it too.
+        self.url = socket_url.set(
+            drivername="postgresql+psycopg", database="postgres", port=self.tcp_address[1]
+        ).render_as_string(hide_password=False)
         self._admin = create_engine(self.url, isolation_level="AUTOCOMMIT", pool_size=1)
         self._template: str | None = None
         self.restarts = 0
@@ -59,19 +88,29 @@ class SuitePostgres:
         """Crash-stop the server (`pg_ctl stop -m immediate`: no shutdown checkpoint, every
         connection cut) and start it again on the same socket; returns the seconds it was
         unreachable."""
+        began = time.monotonic()
+        self._stop_and_start(stop_mode="immediate", down_seconds=down_seconds)
+        self._admin.dispose()
+        self.restarts += 1
+        took = time.monotonic() - began
+        log.info("suite PostgreSQL restarted (%.1f s down)", took)
+        return took
+
+    def _stop_and_start(self, *, stop_mode: str, down_seconds: float = 0.0) -> None:
         from pgserver._commands import pg_ctl
+        from pgserver.utils import PostmasterInfo
 
         info = self._server.get_postmaster_info()
         user = self._server.system_user
-        began = time.monotonic()
-        pg_ctl(["-m", "immediate", "-w", "stop"], pgdata=self.data_dir, user=user, timeout=30)
+        pg_ctl(["-m", stop_mode, "-w", "stop"], pgdata=self.data_dir, user=user, timeout=30)
         if down_seconds:
             time.sleep(down_seconds)
+        host, port = self.tcp_address
         pg_ctl(
             [
                 "-w",
                 "-o",
-                '-h ""',
+                f"-h {host} -p {port}",
                 "-o",
                 f"-k {info.socket_dir}",
                 "-l",
@@ -82,11 +121,8 @@ class SuitePostgres:
             user=user,
             timeout=60,
         )
-        self._admin.dispose()
-        self.restarts += 1
-        took = time.monotonic() - began
-        log.info("suite PostgreSQL restarted (%.1f s down)", took)
-        return took
+        # pgserver's cleanup stops the postmaster it last saw: the new one, not the old pid.
+        self._server._postmaster_info = PostmasterInfo.read_from_pgdata(self.data_dir)
 
     def close(self) -> None:
         self._admin.dispose()
