@@ -8,6 +8,10 @@
 -- differs — a row lock on each one (SKIP LOCKED: a post held by a live hot-path inc/dec is
 -- skipped, never waited on), the absolute assignment and the checkpoint move.
 --
+-- The row lock is FOR NO KEY UPDATE, the lock the UPDATE itself takes: it does not conflict
+-- with the FOR KEY SHARE lock a comment insert's foreign-key check takes on its post, so
+-- users' comments never wait for a batch (FOR UPDATE would make them wait).
+--
 -- Only drifted posts are locked: a clean post needs no write, and locking every post would
 -- write every heap page of news.posts. A drifted post whose row changed after the
 -- statement's snapshot (xmin differs: a hot-path writer committed meanwhile) is skipped
@@ -112,7 +116,7 @@ BEGIN
                 JOIN drifted AS d ON d.id = p.id
                 WHERE p.id = ANY(ARRAY(SELECT id FROM drifted)) AND p.status <> 'Archived'
                   AND p.xmin = d.row_version
-                FOR UPDATE OF p SKIP LOCKED
+                FOR NO KEY UPDATE OF p SKIP LOCKED
             ),
             corrected AS (
                 UPDATE news.posts AS p
