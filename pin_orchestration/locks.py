@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 LOCK_NOT_AVAILABLE = "55P03"
 
-# A fenced write in flight share-locks the lock row (FOR SHARE): a takeover waits for it
-# at most this long and then reports the lock as held, so acquiring never queues.
+# A fenced write in flight key-share-locks the lock row: a takeover (it changes the token,
+# a key column: UNIQUE) waits for it at most this long and then reports the lock as held,
+# so acquiring never queues. A renewal changes no key column and never waits for it.
 ACQUIRE_LOCK_TIMEOUT = "1s"
 
 _ACQUIRE_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :timeout, true)")
@@ -72,13 +73,13 @@ _EXTEND = text(
     """
 )
 # The fence: the first statement of a transaction whose writes must have one holder. The
-# share lock keeps a takeover out until that transaction ends; a takeover that committed
-# first leaves another token here, so this finds nothing.
+# key-share lock keeps a takeover out until that transaction ends (not a renewal); a
+# takeover that committed first leaves another token here, so this finds nothing.
 _FENCE = text(
     """
     SELECT 1 FROM pin.distributed_locks
     WHERE lock_key = :key AND token = :token AND expires_at > clock_timestamp()
-    FOR SHARE
+    FOR KEY SHARE
     """
 )
 _RELEASE = text("DELETE FROM pin.distributed_locks WHERE lock_key = :key AND token = :token")
@@ -188,7 +189,7 @@ class LockLease:
 
 
 def take_fence(conn: Connection, lease: LockLease) -> None:
-    """The first statement of a transaction whose writes must have one holder: share-lock
+    """The first statement of a transaction whose writes must have one holder: key-share-lock
     the lease's lock row, or — when the lock expired or passed to another holder — mark
     the lease lost and raise LockLost (the caller's transaction then rolls back)."""
     if conn.execute(_FENCE, {"key": lease.key, "token": lease.token}).first() is None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -509,3 +512,91 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
     assert "lock" in (result.error or "")
     assert result.backlog_remaining is True
     assert sum(comments_count(db_engine, p) for p in posts) > 0
+
+
+def test_a_batch_after_a_takeover_changes_nothing_and_stops_the_run(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fence: the renewal has not noticed yet (a long TTL), but another runner took the
+    lock over between two slices; the next batch changes neither counters nor checkpoint,
+    and the run stops FAILED."""
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(4))
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)  # a slice is one batch
+
+    class TakeOverAfterFirstBatch:
+        def info(self, msg: str, *args: object) -> None:
+            if "batches processed" in msg:
+                with db_engine.begin() as conn:
+                    conn.execute(
+                        text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'")
+                    )
+                assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+
+        def __getattr__(self, name: str):
+            return lambda *a, **k: None
+
+    result = reconcile(
+        db_engine,
+        ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=2),
+        logger=TakeOverAfterFirstBatch(),  # type: ignore[arg-type]
+    )
+    assert result.status == RunStatus.FAILED
+    assert "lost the lock" in (result.error or "")
+    assert result.batches_processed == 1
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 1, 1]
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) == posts[1]
+
+
+def test_a_killed_runs_server_side_loop_stops_mid_slice(db_url: str, db_engine: Engine) -> None:
+    """Cause of the reconcile-sigkill stall: a SIGKILLed `pin news reconcile` left its
+    server-side slice running, and its batches went on committing after the kill. Its
+    session now notices the client is gone even inside a batch, and ends without it."""
+    post = add_post(db_engine, comments_count=5)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                """
+                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_advisory_xact_lock(4343); RETURN NEW; END $$;
+                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.gate();
+                """
+            )
+        )
+    env = {**os.environ, "PIN_DATABASE_URL": db_url}
+    with db_engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(4343)"))
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pin_orchestration.cli",
+                "news",
+                "reconcile",
+                "--scope=FullSweep",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_backend_waiting_on(db_engine, "advisory")
+        finally:
+            run.kill()
+            run.wait()
+        # The gate is still closed: only the dead client can end the batch.
+        deadline = time.monotonic() + 30
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event = 'advisory'"
+        )
+        while True:
+            with db_engine.connect() as conn:
+                if not conn.execute(waiting).scalar_one():
+                    break
+            assert time.monotonic() < deadline, "the killed run's batch is still running"
+            time.sleep(0.05)
+        gate.execute(text("SELECT pg_advisory_unlock(4343)"))
+        gate.commit()
+    assert comments_count(db_engine, post) == 5
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) is None

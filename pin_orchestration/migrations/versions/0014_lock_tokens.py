@@ -6,6 +6,11 @@ holder string, so a holder that lost its lock (a renewal stuck on a hung server 
 TTL) writes nothing once another process took the lock over — even when the same holder
 string acquires again later.
 
+The token is UNIQUE on purpose: a column of a unique index is a key column to PostgreSQL's
+row locks, so a takeover (which changes the token) takes FOR UPDATE and waits for a fenced
+write's FOR KEY SHARE, while a renewal (which changes only expires_at) takes FOR NO KEY
+UPDATE and never waits for one.
+
 Revision ID: 0014
 Revises: 0010
 """
@@ -20,7 +25,8 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute(
-        "ALTER TABLE pin.distributed_locks ADD COLUMN token uuid NOT NULL DEFAULT gen_random_uuid()"
+        "ALTER TABLE pin.distributed_locks "
+        "ADD COLUMN token uuid NOT NULL UNIQUE DEFAULT gen_random_uuid()"
     )
 
 
