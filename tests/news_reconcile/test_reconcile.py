@@ -157,6 +157,22 @@ def test_post_locked_by_live_writer_is_skipped_not_waited_on(db_engine: Engine) 
     assert comments_count(db_engine, busy) == 1
 
 
+def gate_post_updates(engine: Engine, advisory_key: int) -> None:
+    """Every update of a post waits for the advisory lock `advisory_key` (a gate the test
+    holds), with the batch's row locks taken."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_advisory_xact_lock({int(advisory_key)}); RETURN NEW; END $$;
+                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.gate();
+                """
+            )
+        )
+
+
 def test_comment_insert_on_a_post_the_batch_holds_does_not_wait(db_engine: Engine) -> None:
     """The seed promises no locks on users' comments: while a batch holds a drifted post's
     row lock, a comment insert on that post (its foreign-key check takes FOR KEY SHARE on
@@ -165,17 +181,7 @@ def test_comment_insert_on_a_post_the_batch_holds_does_not_wait(db_engine: Engin
     add_comments(db_engine, post, 1)
     # The batch pauses right after locking the post, before its update: it waits for an
     # advisory lock the test holds (a gate, not a sleep).
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                """
-                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
-                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
-                  FOR EACH ROW EXECUTE FUNCTION news.gate();
-                """
-            )
-        )
+    gate_post_updates(db_engine, 4242)
     results = []
     with db_engine.connect() as gate:
         gate.execute(text("SELECT pg_advisory_lock(4242)"))
@@ -552,17 +558,7 @@ def test_a_killed_runs_server_side_loop_stops_mid_slice(db_url: str, db_engine: 
     server-side slice running, and its batches went on committing after the kill. Its
     session now notices the client is gone even inside a batch, and ends without it."""
     post = add_post(db_engine, comments_count=5)
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                """
-                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN PERFORM pg_advisory_xact_lock(4343); RETURN NEW; END $$;
-                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
-                  FOR EACH ROW EXECUTE FUNCTION news.gate();
-                """
-            )
-        )
+    gate_post_updates(db_engine, 4343)
     env = {**os.environ, "PIN_DATABASE_URL": db_url}
     with db_engine.connect() as gate:
         gate.execute(text("SELECT pg_advisory_lock(4343)"))

@@ -69,6 +69,16 @@ def overlapping_steps(steps: list[tuple[str, float, float]]) -> list[str]:
     return overlaps
 
 
+def judged(outcome: Outcome, record: Path) -> Outcome:
+    """The invariant over the holders' record: no two holders' steps overlap."""
+    steps = read_steps(record)
+    outcome.operations = len(steps)
+    overlaps = overlapping_steps(steps)
+    outcome.duplicated = len(overlaps)
+    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
+    return outcome
+
+
 def _steps_after(record: Path, moment: float) -> int:
     return sum(1 for _, began, _ in read_steps(record) if began > moment) if record.exists() else 0
 
@@ -124,12 +134,7 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
             )
         )
     ctx.stop_children()
-    steps = read_steps(record)
-    outcome.operations = len(steps)
-    overlaps = overlapping_steps(steps)
-    outcome.duplicated = len(overlaps)
-    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
-    return outcome
+    return judged(outcome, record)
 
 
 @scenario("locks-pg-hang", job="locks", fault="PostgreSQL hangs for the holder (blackholed)")
@@ -171,12 +176,7 @@ def database_hung(ctx: FaultContext) -> Outcome:
     finally:
         for proxy in proxies:
             proxy.close()
-    steps = read_steps(record)
-    outcome.operations = len(steps)
-    overlaps = overlapping_steps(steps)
-    outcome.duplicated = len(overlaps)
-    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
-    return outcome
+    return judged(outcome, record)
 
 
 @scenario("locks-sigkill", job="locks", fault="SIGKILL of the holder")
