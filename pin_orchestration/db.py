@@ -9,11 +9,31 @@ from sqlalchemy.engine import make_url
 
 from pin_orchestration.settings import Settings
 
+# libpq's connection parameters for a server that stops answering (hung, or the network
+# to it): a connect gives up after 10 s; an idle connection is probed after 10 s and
+# dropped after 3 unanswered probes 5 s apart; data the server's host never acknowledges
+# fails the connection after 30 s (TCP only: a Unix socket has no such failure). They
+# bound waits of the kernel's; a server that acknowledges but never answers is bounded by
+# the statement and client-side timeouts of whoever must not wait (lock renewal:
+# locks.py). A parameter given in the URL's query wins.
+CONNECTION_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
 
 @functools.cache
 def create_db_engine(url: str) -> Engine:
     """One pooled engine per URL for the life of the process."""
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    given = make_url(url).query
+    connect_args = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args
+    )
 
 
 def engine_from_env() -> Engine:

@@ -8,6 +8,18 @@ Every job that holds a lock while it works uses `renewed_lock`: a background thr
 the expiry out every third of the TTL while the work runs, and the moment a renewal fails
 the lease is marked lost and the caller's `on_lost` runs (typically: set the work's stop
 event), so the work stops at its next step instead of running on beside a second holder.
+
+A hung server (or network) must not hang that judgement: each renewal runs under a
+statement timeout and a client-side deadline, both a ninth of the TTL, and the lease
+counts as confirmed only from the moment a renewal was *sent*; so a renewal that gets no
+answer marks the lease lost before the TTL ends, whatever the socket does.
+
+Each acquisition draws a fencing token (pin.distributed_locks.token). A step still in
+flight when the lease is lost cannot be stopped from outside, so the writes that must
+have one holder (the reconcile's checkpoint, the publisher's mark-published) take the
+fence in their own transaction (`take_fence`, or the same condition inside one
+statement): once another process took the lock over, a stale holder's write changes
+nothing and the holder stops.
 """
 
 from __future__ import annotations
@@ -17,35 +29,60 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger(__name__)
 
+LOCK_NOT_AVAILABLE = "55P03"
+
+# A fenced write in flight key-share-locks the lock row: a takeover (it changes the token,
+# a key column: UNIQUE) waits for it at most this long and then reports the lock as held,
+# so acquiring never queues. A renewal changes no key column and never waits for it.
+ACQUIRE_LOCK_TIMEOUT = "1s"
+
+_ACQUIRE_LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :timeout, true)")
 _ACQUIRE = text(
     """
-    INSERT INTO pin.distributed_locks AS l (lock_key, holder, acquired_at, expires_at)
-    VALUES (:key, :holder, now(), now() + make_interval(secs => :ttl))
+    INSERT INTO pin.distributed_locks AS l (lock_key, holder, acquired_at, expires_at, token)
+    VALUES (:key, :holder, now(), now() + make_interval(secs => :ttl), gen_random_uuid())
     ON CONFLICT (lock_key) DO UPDATE
         SET holder = excluded.holder,
             acquired_at = excluded.acquired_at,
-            expires_at = excluded.expires_at
+            expires_at = excluded.expires_at,
+            token = excluded.token
         WHERE l.expires_at <= now()
-    RETURNING holder
+    RETURNING token
     """
+)
+# statement_timeout and lock_timeout for this transaction only; milliseconds.
+_RENEWAL_TIMEOUTS = text(
+    "SELECT set_config('statement_timeout', :ms, true), set_config('lock_timeout', :ms, true)"
 )
 _EXTEND = text(
     """
     UPDATE pin.distributed_locks
     SET expires_at = now() + make_interval(secs => :ttl)
-    WHERE lock_key = :key AND holder = :holder AND expires_at > now()
+    WHERE lock_key = :key AND token = :token AND expires_at > now()
     """
 )
-_RELEASE = text("DELETE FROM pin.distributed_locks WHERE lock_key = :key AND holder = :holder")
+# The fence: the first statement of a transaction whose writes must have one holder. The
+# key-share lock keeps a takeover out until that transaction ends (not a renewal); a
+# takeover that committed first leaves another token here, so this finds nothing.
+_FENCE = text(
+    """
+    SELECT 1 FROM pin.distributed_locks
+    WHERE lock_key = :key AND token = :token AND expires_at > clock_timestamp()
+    FOR KEY SHARE
+    """
+)
+_RELEASE = text("DELETE FROM pin.distributed_locks WHERE lock_key = :key AND token = :token")
 _FORCE_RELEASE = text("DELETE FROM pin.distributed_locks WHERE lock_key = :key")
 _LIST = text(
     """
@@ -70,27 +107,41 @@ def default_holder(run_id: str | None = None) -> str:
     return f"{holder}:{run_id}" if run_id else holder
 
 
-def try_acquire_lock(engine: Engine, key: str, ttl_seconds: float, holder: str) -> bool:
-    """Take the lock if it is free or expired; never waits. True when `holder` now holds it."""
+def try_acquire_lock(engine: Engine, key: str, ttl_seconds: float, holder: str) -> uuid.UUID | None:
+    """Take the lock if it is free or expired; never waits. Returns the acquisition's
+    fencing token when `holder` now holds it, None when someone else does."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(_ACQUIRE_LOCK_TIMEOUT, {"timeout": ACQUIRE_LOCK_TIMEOUT})
+            return conn.execute(
+                _ACQUIRE, {"key": key, "holder": holder, "ttl": ttl_seconds}
+            ).scalar()
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return None  # a fenced write of the holder is in flight: the lock is held
+        raise
+
+
+def extend_lock(
+    engine: Engine,
+    key: str,
+    ttl_seconds: float,
+    token: uuid.UUID,
+    *,
+    timeout_seconds: float | None = None,
+) -> bool:
+    """Push the expiry out; False when the lock has expired or passed to someone else.
+    `timeout_seconds` bounds the statement (and any lock wait) on the server."""
     with engine.begin() as conn:
-        return (
-            conn.execute(_ACQUIRE, {"key": key, "holder": holder, "ttl": ttl_seconds}).first()
-            is not None
-        )
+        if timeout_seconds is not None:
+            conn.execute(_RENEWAL_TIMEOUTS, {"ms": str(max(int(timeout_seconds * 1000), 1))})
+        return conn.execute(_EXTEND, {"key": key, "token": token, "ttl": ttl_seconds}).rowcount == 1
 
 
-def extend_lock(engine: Engine, key: str, ttl_seconds: float, holder: str) -> bool:
-    """Push the expiry out; False when the lock has expired or passed to someone else."""
+def release_lock(engine: Engine, key: str, token: uuid.UUID) -> bool:
+    """Release the acquisition `token`; a lock that passed to another holder is left alone."""
     with engine.begin() as conn:
-        return (
-            conn.execute(_EXTEND, {"key": key, "holder": holder, "ttl": ttl_seconds}).rowcount == 1
-        )
-
-
-def release_lock(engine: Engine, key: str, holder: str) -> bool:
-    """Release a lock we hold; a lock that passed to another holder is left alone."""
-    with engine.begin() as conn:
-        return conn.execute(_RELEASE, {"key": key, "holder": holder}).rowcount == 1
+        return conn.execute(_RELEASE, {"key": key, "token": token}).rowcount == 1
 
 
 def force_release_lock(engine: Engine, key: str) -> bool:
@@ -110,18 +161,67 @@ class LockLost(RuntimeError):
 
 @dataclass
 class LockLease:
-    """A lock taken by `renewed_lock`. `lost` is set once a renewal fails; from then on
-    the holder must not start another step of the work."""
+    """A lock taken by `renewed_lock`. `lost` is set once a renewal fails or a fenced
+    write finds the lock gone; from then on the holder must not start another step."""
 
     key: str
     holder: str
-    acquired: bool
+    token: uuid.UUID | None  # None: not acquired
+    on_lost: Callable[[], None] | None = None
     lost: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def acquired(self) -> bool:
+        return self.token is not None
 
     def check(self) -> None:
         """Raise LockLost when the lock was lost (call between steps)."""
         if self.lost.is_set():
             raise LockLost(f"lost the lock {self.key} (holder {self.holder}); stopped")
+
+    def mark_lost(self, why: str) -> None:
+        if self.lost.is_set():
+            return
+        log.error("lock %s lost by %s (%s): stopping the work", self.key, self.holder, why)
+        self.lost.set()
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+def take_fence(conn: Connection, lease: LockLease) -> None:
+    """The first statement of a transaction whose writes must have one holder: key-share-lock
+    the lease's lock row, or — when the lock expired or passed to another holder — mark
+    the lease lost and raise LockLost (the caller's transaction then rolls back)."""
+    if conn.execute(_FENCE, {"key": lease.key, "token": lease.token}).first() is None:
+        lease.mark_lost("a fenced write found the lock expired or taken over")
+        lease.check()
+
+
+def _attempt_renewal(
+    engine: Engine, lease: LockLease, ttl_seconds: float, timeout_seconds: float
+) -> tuple[bool | None, str]:
+    """One renewal, given up after `timeout_seconds` on our side too: a server (or a
+    network) that never answers leaves the attempt's thread waiting, not the lease's
+    judgement. Returns (renewed, why): None when there was no answer or an error."""
+    answer: list[tuple[bool | None, str]] = []
+
+    def attempt() -> None:
+        try:
+            renewed = extend_lock(
+                engine, lease.key, ttl_seconds, lease.token, timeout_seconds=timeout_seconds
+            )
+            answer.append((renewed, "it expired or passed to another holder"))
+        except Exception as exc:  # noqa: BLE001 — a database hiccup; judged by the TTL
+            answer.append((None, f"{type(exc).__name__}: {exc}"))
+
+    # A daemon thread: one stuck on a dead socket must not keep a dying process alive.
+    worker = threading.Thread(target=attempt, name=f"renew {lease.key}", daemon=True)
+    worker.start()
+    # The server's statement_timeout normally answers first; a little slack for its reply.
+    worker.join(timeout_seconds * 1.5)
+    if not answer:
+        return None, f"no answer within {timeout_seconds:.2f} s"
+    return answer[0]
 
 
 def _keep_renewed(
@@ -129,32 +229,31 @@ def _keep_renewed(
     lease: LockLease,
     ttl_seconds: float,
     every_seconds: float,
+    confirmed_at: float,
     done: threading.Event,
-    on_lost: Callable[[], None] | None,
     clock: Callable[[], float],
 ) -> None:
     """The renewal thread: extend every `every_seconds` until `done`; on failure mark the
-    lease lost, call `on_lost` and end."""
-    confirmed_at = clock()
+    lease lost (which calls its `on_lost`) and end.
+
+    `confirmed_at` is when the last successful statement was sent: the server stamped the
+    expiry after that, so the lock is ours until at least `confirmed_at + ttl_seconds`.
+    """
+    timeout_seconds = every_seconds / 3
     while not done.wait(every_seconds):
-        try:
-            renewed = extend_lock(engine, lease.key, ttl_seconds, lease.holder)
-            why = "it expired or passed to another holder"
-        except Exception as exc:  # noqa: BLE001 — a database hiccup; judged by the TTL below
-            renewed = None
-            why = f"{type(exc).__name__}: {exc}"
+        sent_at = clock()
+        renewed, why = _attempt_renewal(engine, lease, ttl_seconds, timeout_seconds)
         if renewed:
-            confirmed_at = clock()
+            confirmed_at = sent_at
             continue
-        # A transient error is retried while the last confirmed expiry still covers the
-        # next attempt; past that we can no longer vouch that nobody else holds the lock.
-        if renewed is None and clock() - confirmed_at + every_seconds < ttl_seconds:
+        # A transient failure is retried while the confirmed expiry still covers the next
+        # attempt and its answer; past that we can no longer vouch that nobody else holds
+        # the lock.
+        next_answer_by = clock() + every_seconds + timeout_seconds * 1.5
+        if renewed is None and next_answer_by < confirmed_at + ttl_seconds:
             log.warning("renewal of lock %s failed (%s); retrying", lease.key, why)
             continue
-        log.error("lock %s lost by %s (%s): stopping the work", lease.key, lease.holder, why)
-        lease.lost.set()
-        if on_lost is not None:
-            on_lost()
+        lease.mark_lost(why)
         return
 
 
@@ -177,18 +276,26 @@ def renewed_lock(
     TTL: renewing only between steps is what let the publisher's lock expire under a long
     publish. The work still checks `lease.lost` (or its stop event, set by `on_lost`)
     between steps, since a thread cannot be stopped from outside mid-step.
-    `renew_every_seconds` defaults to a third of the TTL, so two renewals may fail on a
+    `renew_every_seconds` defaults to a third of the TTL, so a renewal may fail on a
     database hiccup before the lock can expire.
     """
-    lease = LockLease(key, holder, try_acquire_lock(engine, key, ttl_seconds, holder))
+    sent_at = clock()
+    lease = LockLease(key, holder, try_acquire_lock(engine, key, ttl_seconds, holder), on_lost)
     if not lease.acquired:
         yield lease
         return
     done = threading.Event()
     renewer = threading.Thread(
         target=_keep_renewed,
-        args=(engine, lease, ttl_seconds, renew_every_seconds or ttl_seconds / 3, done, on_lost),
-        kwargs={"clock": clock},
+        args=(
+            engine,
+            lease,
+            ttl_seconds,
+            renew_every_seconds or ttl_seconds / 3,
+            sent_at,
+            done,
+            clock,
+        ),
         name=f"renew {key}",
         daemon=True,  # a dying process must not be kept alive by its lock's renewal
     )
@@ -198,4 +305,10 @@ def renewed_lock(
     finally:
         done.set()
         renewer.join()
-        release_lock(engine, key, holder)  # a lock that passed to another holder stays theirs
+        assert lease.token is not None
+        # A lock that passed to another holder stays theirs. A failed release is not the
+        # work's failure: the TTL frees the lock.
+        try:
+            release_lock(engine, key, lease.token)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("release of lock %s failed (%s); its TTL frees it", key, exc)

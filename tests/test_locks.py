@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -33,10 +34,11 @@ def test_exactly_one_of_many_concurrent_acquirers_wins(db_engine: Engine) -> Non
         return try_acquire_lock(db_engine, KEY, 60, f"pod-{i}")
 
     with ThreadPoolExecutor(contenders) as pool:
-        wins = list(pool.map(contend, range(contenders)))
-    assert wins.count(True) == 1
+        tokens = list(pool.map(contend, range(contenders)))
+    winners = [i for i, token in enumerate(tokens) if token is not None]
+    assert len(winners) == 1
     (lock,) = list_locks(db_engine)
-    assert lock.holder == f"pod-{wins.index(True)}"
+    assert lock.holder == f"pod-{winners[0]}"
 
 
 def test_acquire_does_not_wait_for_a_holder(db_engine: Engine) -> None:
@@ -47,7 +49,8 @@ def test_acquire_does_not_wait_for_a_holder(db_engine: Engine) -> None:
 
 
 def test_lock_expires_after_its_ttl(db_engine: Engine) -> None:
-    assert try_acquire_lock(db_engine, KEY, 0.3, "crashed-pod")
+    crashed = try_acquire_lock(db_engine, KEY, 0.3, "crashed-pod")
+    assert crashed
     assert not try_acquire_lock(db_engine, KEY, 60, "b")
     deadline = time.monotonic() + 10
     while not try_acquire_lock(db_engine, KEY, 60, "b"):
@@ -55,17 +58,31 @@ def test_lock_expires_after_its_ttl(db_engine: Engine) -> None:
         time.sleep(0.05)
     assert list_locks(db_engine)[0].holder == "b"
     # The crashed holder's late release does not free b's lock.
-    assert not release_lock(db_engine, KEY, "crashed-pod")
+    assert not release_lock(db_engine, KEY, crashed)
     assert list_locks(db_engine)[0].holder == "b"
 
 
 def test_extend_keeps_the_lock_and_fails_once_lost(db_engine: Engine) -> None:
-    assert try_acquire_lock(db_engine, KEY, 60, "a")
-    assert extend_lock(db_engine, KEY, 120, "a")
-    assert not extend_lock(db_engine, KEY, 120, "b")
+    token = try_acquire_lock(db_engine, KEY, 60, "a")
+    assert token
+    assert extend_lock(db_engine, KEY, 120, token)
+    assert not extend_lock(db_engine, KEY, 120, uuid.uuid4())
     with db_engine.begin() as conn:
         conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'"))
-    assert not extend_lock(db_engine, KEY, 120, "a")
+    assert not extend_lock(db_engine, KEY, 120, token)
+
+
+def test_each_acquisition_has_its_own_token(db_engine: Engine) -> None:
+    """The same holder string acquiring again (a process's next run) gets a new token: the
+    old acquisition's renewal and release no longer touch the lock."""
+    first = try_acquire_lock(db_engine, KEY, 0.2, "pod")
+    with db_engine.begin() as conn:
+        conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'"))
+    second = try_acquire_lock(db_engine, KEY, 60, "pod")
+    assert first and second and first != second
+    assert not extend_lock(db_engine, KEY, 60, first)
+    assert not release_lock(db_engine, KEY, first)
+    assert list_locks(db_engine)[0].holder == "pod"
 
 
 def test_renewed_lock_releases_on_exit_even_on_error(db_engine: Engine) -> None:

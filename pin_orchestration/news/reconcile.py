@@ -182,6 +182,8 @@ class _Slice:
     corrections_count: int
     corrections: list[dict[str, Any]]
     reached_end: bool
+    # A batch found the run's lock expired or taken over: it changed nothing.
+    lock_lost: bool
     error: str | None
 
 
@@ -240,7 +242,13 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
         # nothing, so don't wait for the WAL flush on every batch. JIT is off: the batch's
         # CTE estimates are large enough to trigger it, and compiling costs ~25 ms against
         # a ~1 ms statement.
-        settings = {"synchronous_commit": "off", "jit": "off"}
+        # A client that is gone (killed, cut off) is noticed within a quarter second, even
+        # mid-slice: its server-side loop stops instead of running on for the slice.
+        settings = {
+            "synchronous_commit": "off",
+            "jit": "off",
+            "client_connection_check_interval": "250",
+        }
         if scope == Scope.FULL_SWEEP:
             # A FullSweep batch has the same plan whatever the cursor (pkey walk, comment
             # range scan, id-array lookups): plan it once instead of every batch. DailyWindow
@@ -269,6 +277,7 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
 )
 def reconcile_slice(
     conn: Connection,
+    lease: LockLease,
     scope: Scope,
     leg: Leg,
     cursor: uuid.UUID,
@@ -278,7 +287,7 @@ def reconcile_slice(
     corrections_kept: int,
 ) -> _Slice:
     """Reconcile batches after `cursor` in `leg` for up to `slice_seconds` (at least one
-    batch), each batch its own transaction, in one round trip."""
+    batch), each batch its own transaction fenced by the lease's token, in one round trip."""
     row = conn.execute(
         _call_statement(scope),
         {
@@ -290,6 +299,8 @@ def reconcile_slice(
             "end_cursor": leg.end_cursor,
             "slice_seconds": slice_seconds,
             "corrections_kept": corrections_kept,
+            "lock_key": lease.key,
+            "lock_token": lease.token,
             "cursor": cursor,
         },
     ).one()
@@ -302,6 +313,7 @@ def reconcile_slice(
         corrections_count=row.io_corrected,
         corrections=row.io_corrections,
         reached_end=row.io_reached_end,
+        lock_lost=row.io_lock_lost,
         error=row.io_error,
     )
 
@@ -445,6 +457,7 @@ def _sweep(
             remaining = options.max_run_duration_seconds - (time.monotonic() - started)
             piece = reconcile_slice(
                 conn,
+                lease,
                 scope,
                 leg,
                 cursor,
@@ -467,6 +480,13 @@ def _sweep(
                     piece.corrections_count,
                     piece.skipped_locked,
                 )
+            if piece.lock_lost:
+                lease.mark_lost("a batch found the lock expired or taken over")
+                result.status = RunStatus.FAILED
+                result.error = f"lost the lock {LOCK_KEY}; stopped"
+                result.backlog_remaining = True
+                logger.error("%s lost its lock; the batch changed nothing, stopped", JOB_CODE)
+                return
             if piece.error is not None:
                 result.status = RunStatus.FAILED
                 result.error = piece.error[:512]

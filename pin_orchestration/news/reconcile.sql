@@ -8,11 +8,22 @@
 -- differs — a row lock on each one (SKIP LOCKED: a post held by a live hot-path inc/dec is
 -- skipped, never waited on), the absolute assignment and the checkpoint move.
 --
+-- The row lock is FOR NO KEY UPDATE, the lock the UPDATE itself takes: it does not conflict
+-- with the FOR KEY SHARE lock a comment insert's foreign-key check takes on its post, so
+-- users' comments never wait for a batch (FOR UPDATE would make them wait).
+--
 -- Only drifted posts are locked: a clean post needs no write, and locking every post would
 -- write every heap page of news.posts. A drifted post whose row changed after the
 -- statement's snapshot (xmin differs: a hot-path writer committed meanwhile) is skipped
 -- like a locked one, so a count taken before that write never overwrites it; the next run
 -- reconciles it.
+--
+-- Each batch takes the run's lock as a fence in its own statement (the row of
+-- pin.distributed_locks with the run's token, unexpired, FOR KEY SHARE): the posts are
+-- locked and the checkpoint moves only while the run still holds its lock, and no takeover
+-- commits while a batch is in flight (a renewal does not wait for it: locks.py). A batch that finds the lock expired or taken over
+-- changes nothing and ends the call (io_lock_lost) — the server-side loop of a run whose
+-- client was killed or cut off stops there too.
 --
 -- Fragments below use the procedure's parameters (p_*) and variables (io_*); the only
 -- composition is of these fragments into the template (sql text, never values).
@@ -64,6 +75,8 @@ CREATE OR REPLACE PROCEDURE pg_temp.{procedure}(
     p_end_cursor uuid,
     p_slice_seconds double precision,
     p_corrections_kept integer,
+    p_lock_key text,
+    p_lock_token uuid,
     INOUT io_cursor uuid,
     INOUT io_last_id uuid DEFAULT NULL,
     INOUT io_batches integer DEFAULT 0,
@@ -72,6 +85,7 @@ CREATE OR REPLACE PROCEDURE pg_temp.{procedure}(
     INOUT io_corrected bigint DEFAULT 0,
     INOUT io_corrections jsonb DEFAULT '[]',
     INOUT io_reached_end boolean DEFAULT false,
+    INOUT io_lock_lost boolean DEFAULT false,
     INOUT io_error text DEFAULT NULL
 )
 LANGUAGE plpgsql AS $procedure$
@@ -81,7 +95,13 @@ DECLARE
 BEGIN
     LOOP
         BEGIN
-            WITH candidates AS MATERIALIZED (
+            WITH fence AS MATERIALIZED (
+                SELECT 1 FROM pin.distributed_locks
+                WHERE lock_key = p_lock_key AND token = p_lock_token
+                  AND expires_at > clock_timestamp()
+                FOR KEY SHARE
+            ),
+            candidates AS MATERIALIZED (
                 {candidates}
             ),
             batch AS MATERIALIZED (
@@ -111,8 +131,8 @@ BEGIN
                 FROM news.posts AS p
                 JOIN drifted AS d ON d.id = p.id
                 WHERE p.id = ANY(ARRAY(SELECT id FROM drifted)) AND p.status <> 'Archived'
-                  AND p.xmin = d.row_version
-                FOR UPDATE OF p SKIP LOCKED
+                  AND p.xmin = d.row_version AND EXISTS (SELECT FROM fence)
+                FOR NO KEY UPDATE OF p SKIP LOCKED
             ),
             corrected AS (
                 UPDATE news.posts AS p
@@ -136,11 +156,13 @@ BEGIN
                        CASE WHEN last_id IS NOT NULL THEN p_window_end END,
                        now()
                 FROM next_checkpoint
+                WHERE EXISTS (SELECT FROM fence)
                 ON CONFLICT (checkpoint_key) DO UPDATE
                     SET last_id = excluded.last_id, window_start = excluded.window_start,
                         window_end = excluded.window_end, updated_at = excluded.updated_at
             )
             SELECT
+                EXISTS (SELECT FROM fence) AS fenced,
                 batch.candidate_count,
                 batch.last_candidate_id,
                 (SELECT count(*) FROM drifted) AS drifted_count,
@@ -156,6 +178,10 @@ BEGIN
             RETURN;
         END;
         COMMIT;
+        IF NOT r.fenced THEN
+            io_lock_lost := true;
+            RETURN;
+        END IF;
         IF r.candidate_count = 0 THEN
             io_reached_end := true;
             RETURN;
@@ -188,7 +214,7 @@ CALL pg_temp.{procedure}(
     CAST(:window_start AS timestamptz), CAST(:window_end AS timestamptz),
     CAST(:upper AS uuid), CAST(:end_cursor AS uuid),
     CAST(:slice_seconds AS double precision), CAST(:corrections_kept AS integer),
-    CAST(:cursor AS uuid)
+    CAST(:lock_key AS text), CAST(:lock_token AS uuid), CAST(:cursor AS uuid)
 )
 
 -- name: read_checkpoint

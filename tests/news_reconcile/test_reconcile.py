@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news import reconcile as reconcile_module
@@ -104,20 +107,48 @@ def test_archived_posts_are_left_alone(db_engine: Engine) -> None:
     assert comments_count(db_engine, archived) == 7
 
 
+def with_lock_timeout(engine: Engine, seconds: float) -> Engine:
+    """An engine on the same database whose sessions give up waiting for a lock after
+    `seconds`: a run that waits on a row lock fails with "lock timeout" instead of hanging
+    the test into pytest's timeout."""
+    return create_engine(
+        engine.url, connect_args={"options": f"-c lock_timeout={int(seconds * 1000)}"}
+    )
+
+
+def wait_for_backend_waiting_on(engine: Engine, wait_event: str) -> None:
+    """Until some session of this database waits on a lock of type `wait_event`: a gate
+    on the server's own state, not on the clock."""
+    deadline = time.monotonic() + 30
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = :e"
+    )
+    while True:
+        with engine.connect() as conn:
+            if conn.execute(query, {"e": wait_event}).scalar_one():
+                return
+        assert time.monotonic() < deadline, f"no session waited on {wait_event}"
+        time.sleep(0.01)
+
+
 def test_post_locked_by_live_writer_is_skipped_not_waited_on(db_engine: Engine) -> None:
     busy = add_post(db_engine, comments_count=5)
     free = add_post(db_engine, comments_count=5)
     add_comments(db_engine, busy, 1)
     add_comments(db_engine, free, 1)
-    # A hot-path inc/dec holds the row lock on a second connection while the job runs.
+    # A hot-path inc/dec holds the row lock on a second connection while the job runs. A
+    # run that waited for it would fail on its lock_timeout, not hang the test.
+    bounded = with_lock_timeout(db_engine, 2)
     with db_engine.connect() as hot_path:
         hot_path.execute(
             text("UPDATE news.posts SET comments_count = comments_count + 1 WHERE id = :id"),
             {"id": busy},
         )
-        result = reconcile(db_engine)
+        result = reconcile(bounded)
         hot_path.commit()
-    assert result.status == RunStatus.SUCCEEDED
+    bounded.dispose()
+    assert result.status == RunStatus.SUCCEEDED, f"the run waited on the live row: {result.error}"
     assert result.posts_reconciled == 1
     assert comments_count(db_engine, free) == 1
     # The hot-path update is not lost; the post is reconciled by the next run.
@@ -126,15 +157,72 @@ def test_post_locked_by_live_writer_is_skipped_not_waited_on(db_engine: Engine) 
     assert comments_count(db_engine, busy) == 1
 
 
+def gate_post_updates(engine: Engine, advisory_key: int) -> None:
+    """Every update of a post waits for the advisory lock `advisory_key` (a gate the test
+    holds), with the batch's row locks taken."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN PERFORM pg_advisory_xact_lock({int(advisory_key)}); RETURN NEW; END $$;
+                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.gate();
+                """
+            )
+        )
+
+
+def test_comment_insert_on_a_post_the_batch_holds_does_not_wait(db_engine: Engine) -> None:
+    """The seed promises no locks on users' comments: while a batch holds a drifted post's
+    row lock, a comment insert on that post (its foreign-key check takes FOR KEY SHARE on
+    the post) goes through at once."""
+    post = add_post(db_engine, comments_count=5)
+    add_comments(db_engine, post, 1)
+    # The batch pauses right after locking the post, before its update: it waits for an
+    # advisory lock the test holds (a gate, not a sleep).
+    gate_post_updates(db_engine, 4242)
+    results = []
+    with db_engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(4242)"))
+        worker = threading.Thread(target=lambda: results.append(reconcile(db_engine)))
+        worker.start()
+        try:
+            wait_for_backend_waiting_on(db_engine, "advisory")
+            commenter = with_lock_timeout(db_engine, 2)
+            try:
+                with commenter.begin() as conn:
+                    conn.execute(
+                        text(
+                            "INSERT INTO news.comments (id, post_id, status) "
+                            "VALUES (gen_random_uuid(), :p, 'Visible')"
+                        ),
+                        {"p": post},
+                    )
+            finally:
+                commenter.dispose()
+        finally:
+            gate.execute(text("SELECT pg_advisory_unlock(4242)"))
+            gate.commit()
+            worker.join(30)
+    assert results[0].status == RunStatus.SUCCEEDED
+    # The batch counted before the insert; the next run counts the new comment.
+    reconcile(db_engine)
+    assert comments_count(db_engine, post) == 2
+
+
 def test_locked_rows_do_not_end_the_sweep_early(db_engine: Engine) -> None:
     """A short batch caused by SKIP LOCKED is not the end of the data."""
     posts = sorted(add_post(db_engine, comments_count=1) for _ in range(6))
+    bounded = with_lock_timeout(db_engine, 2)
     with db_engine.connect() as hot_path:
         hot_path.execute(
             text("SELECT 1 FROM news.posts WHERE id = :id FOR UPDATE"), {"id": posts[0]}
         )
-        result = reconcile(db_engine, ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=3))
+        result = reconcile(bounded, ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=3))
         hot_path.rollback()
+    bounded.dispose()
+    assert result.status == RunStatus.SUCCEEDED, f"the run waited on the live row: {result.error}"
     assert result.posts_reconciled == 5
     assert all(comments_count(db_engine, p) == 0 for p in posts[1:])
 
@@ -430,3 +518,81 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
     assert "lock" in (result.error or "")
     assert result.backlog_remaining is True
     assert sum(comments_count(db_engine, p) for p in posts) > 0
+
+
+def test_a_batch_after_a_takeover_changes_nothing_and_stops_the_run(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fence: the renewal has not noticed yet (a long TTL), but another runner took the
+    lock over between two slices; the next batch changes neither counters nor checkpoint,
+    and the run stops FAILED."""
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(4))
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)  # a slice is one batch
+
+    class TakeOverAfterFirstBatch:
+        def info(self, msg: str, *args: object) -> None:
+            if "batches processed" in msg:
+                with db_engine.begin() as conn:
+                    conn.execute(
+                        text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'")
+                    )
+                assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+
+        def __getattr__(self, name: str):
+            return lambda *a, **k: None
+
+    result = reconcile(
+        db_engine,
+        ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=2),
+        logger=TakeOverAfterFirstBatch(),  # type: ignore[arg-type]
+    )
+    assert result.status == RunStatus.FAILED
+    assert "lost the lock" in (result.error or "")
+    assert result.batches_processed == 1
+    assert [comments_count(db_engine, p) for p in posts] == [0, 0, 1, 1]
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) == posts[1]
+
+
+def test_a_killed_runs_server_side_loop_stops_mid_slice(db_url: str, db_engine: Engine) -> None:
+    """Cause of the reconcile-sigkill stall: a SIGKILLed `pin news reconcile` left its
+    server-side slice running, and its batches went on committing after the kill. Its
+    session now notices the client is gone even inside a batch, and ends without it."""
+    post = add_post(db_engine, comments_count=5)
+    gate_post_updates(db_engine, 4343)
+    env = {**os.environ, "PIN_DATABASE_URL": db_url}
+    with db_engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(4343)"))
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pin_orchestration.cli",
+                "news",
+                "reconcile",
+                "--scope=FullSweep",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_backend_waiting_on(db_engine, "advisory")
+        finally:
+            run.kill()
+            run.wait()
+        # The gate is still closed: only the dead client can end the batch.
+        deadline = time.monotonic() + 30
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event = 'advisory'"
+        )
+        while True:
+            with db_engine.connect() as conn:
+                if not conn.execute(waiting).scalar_one():
+                    break
+            assert time.monotonic() < deadline, "the killed run's batch is still running"
+            time.sleep(0.05)
+        gate.execute(text("SELECT pg_advisory_unlock(4343)"))
+        gate.commit()
+    assert comments_count(db_engine, post) == 5
+    assert read_checkpoint(db_engine, Scope.FULL_SWEEP) is None

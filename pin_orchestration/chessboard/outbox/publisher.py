@@ -11,7 +11,10 @@ are harmless: consumers upsert by id and ignore versions they have already seen.
 One publisher at a time (ordering per key): every publisher (the long-running loop and
 the one-shot job / `--once`) holds the distributed lock
 `Pin:lock:job:chessboard-outbox-publisher`, renewed in the background while it publishes
-(`locks.renewed_lock`); a publisher whose renewal fails starts no further round.
+(`locks.renewed_lock`); a publisher whose renewal fails starts no further round. The
+mark-published is fenced by the lock's token (`locks.take_fence`): a publisher that lost
+its lock mid-round (its renewal stuck on a hung database past the TTL) marks nothing once
+another publisher took over — those rows go out again, as after a crash — and stops.
 
 Without Kafka configured (no PIN_KAFKA_BOOTSTRAP_SERVERS) the embedded default writes the
 same messages to a local JSONL sink under the PIN home, and says so at start.
@@ -34,7 +37,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.queue import query
-from pin_orchestration.locks import LockLease, renewed_lock
+from pin_orchestration.locks import LockLease, LockLost, renewed_lock, take_fence
 
 LOCK_KEY = "Pin:lock:job:chessboard-outbox-publisher"
 # Renewed every third of it while a publisher works, so it only bounds how long a crashed
@@ -205,9 +208,12 @@ class PublishRound:
     failed: int
 
 
-def publish_pending(engine: Engine, sink: EventSink, *, batch_size: int = 500) -> PublishRound:
+def publish_pending(
+    engine: Engine, sink: EventSink, *, batch_size: int = 500, lease: LockLease | None = None
+) -> PublishRound:
     """One round: up to `batch_size` unpublished events, oldest first, to the sink; mark the
-    acknowledged ones published and count an attempt on the failed ones."""
+    acknowledged ones published and count an attempt on the failed ones. With the
+    publisher's `lease`, the marks are fenced by its token: LockLost when it was lost."""
     with engine.connect() as conn:
         rows = conn.execute(query("unpublished_events"), {"limit": batch_size}).all()
     if not rows:
@@ -215,6 +221,8 @@ def publish_pending(engine: Engine, sink: EventSink, *, batch_size: int = 500) -
     events = [OutboxEvent(**row._mapping) for row in rows]
     delivery = sink.send(events)
     with engine.begin() as conn:
+        if lease is not None:
+            take_fence(conn, lease)
         if delivery.acked:
             conn.execute(query("mark_published"), {"ids": delivery.acked})
         if delivery.failed:
@@ -239,14 +247,15 @@ def drain_outbox(
     batch_size: int = 500,
     max_rounds: int = 1_000,
     should_stop: Callable[[], bool] = lambda: False,
+    lease: LockLease | None = None,
 ) -> PublishRound:
     """Publish until the outbox is empty, a round fails, `max_rounds`, or `should_stop()`
-    (checked before each round; one-shot use)."""
+    (checked before each round; one-shot use). `lease` fences each round's marks."""
     read = published = failed = 0
     for _ in range(max_rounds):
         if should_stop():
             break
-        r = publish_pending(engine, sink, batch_size=batch_size)
+        r = publish_pending(engine, sink, batch_size=batch_size, lease=lease)
         read, published, failed = read + r.read, published + r.published, failed + r.failed
         if r.read < batch_size or r.failed:
             break
@@ -270,7 +279,9 @@ def publish_once(
     with renewed_lock(engine, LOCK_KEY, lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
             return None
-        result = drain_outbox(engine, sink, batch_size=batch_size, should_stop=lease.lost.is_set)
+        result = drain_outbox(
+            engine, sink, batch_size=batch_size, should_stop=lease.lost.is_set, lease=lease
+        )
         lease.check()
     return result
 
@@ -312,7 +323,10 @@ def _publish_while_held(
 ) -> None:
     while not stop.is_set() and not lease.lost.is_set():
         started = time.monotonic()
-        r = publish_pending(engine, sink, batch_size=batch_size)
+        try:
+            r = publish_pending(engine, sink, batch_size=batch_size, lease=lease)
+        except LockLost:
+            break  # the fence marked the lease lost: nothing of this round was marked
         if r.published:
             log.info(
                 "chessboard outbox: published %d events in %.0f ms",

@@ -544,5 +544,32 @@ def run_runner(database_url: str, selections_url: str, mode: str, clock_file: st
         time.sleep(0.1)  # a tick's interval, not a wait for a condition
 
 
+@scenario("detach-pg-hang", job="detach", fault="PostgreSQL hangs (blackholed)")
+def database_hung(ctx: FaultContext) -> Outcome:
+    """The runs reach PostgreSQL through a proxy that is blackholed past the lock's TTL
+    (a hung server or network: no answer, no reset), then heals: the hung run's lease is
+    lost in time, it stops, and the next tick drains what is left."""
+    from pin_orchestration.faults.postgres import database_url_via
+
+    outcome = Outcome(job="detach", fault="PostgreSQL hangs (blackholed)")
+    with (
+        detach_world(ctx, ctx.scale(50, 400)) as world,
+        FaultProxy(*ctx.postgres.tcp_address) as database_proxy,
+    ):
+        world.url = database_url_via(world.url, database_proxy)
+        ticks = world.ticks()
+        for _ in range(ctx.scale(1, 3)):
+            world.wait_for_calls(time.time() - 0.5, "detaches before the hang")
+            time.sleep(ctx.rng.uniform(0.0, 0.3))
+            database_proxy.set_mode("hang")
+            time.sleep(float(RUN_OPTIONS["lock_ttl_seconds"]) * ctx.rng.uniform(1.0, 1.5))
+            database_proxy.set_mode("pass")
+            healed_at = time.time()
+            if not world.recovered(outcome, healed_at, "a detach after PostgreSQL hung"):
+                break
+        _recover(world, outcome, ticks)
+    return outcome
+
+
 if __name__ == "__main__":
     run_runner(*sys.argv[1:5])

@@ -3,6 +3,11 @@ every PIN job holds while it works) and record each step they do while holding i
 holders are SIGKILLed, and the database restarts under them. The record is the holders'
 own append-only file: no two holders' steps may overlap in time.
 
+"PostgreSQL hangs": each holder reaches PostgreSQL through its own FaultProxy, and the
+current holder's is blackholed (a hung server or network: no answer, no reset). Its
+renewal gets no answer; it must stop stepping before its TTL ends, since another holder
+takes the lock then; healed, it competes again.
+
 Run as `python -m pin_orchestration.faults.scenarios.locks URL KEY RECORD SECONDS` it is
 one competing holder.
 """
@@ -15,6 +20,8 @@ import time
 from pathlib import Path
 
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
+from pin_orchestration.faults.postgres import database_url_via
+from pin_orchestration.faults.proxy import FaultProxy
 
 TTL_SECONDS = 2.0
 STEP_SECONDS = 0.05
@@ -60,6 +67,16 @@ def overlapping_steps(steps: list[tuple[str, float, float]]) -> list[str]:
         if h1 != h2 and b2 < e1:
             overlaps.append(f"{h1} until {e1:.3f} and {h2} from {b2:.3f}")
     return overlaps
+
+
+def judged(outcome: Outcome, record: Path) -> Outcome:
+    """The invariant over the holders' record: no two holders' steps overlap."""
+    steps = read_steps(record)
+    outcome.operations = len(steps)
+    overlaps = overlapping_steps(steps)
+    outcome.duplicated = len(overlaps)
+    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
+    return outcome
 
 
 def _steps_after(record: Path, moment: float) -> int:
@@ -117,12 +134,49 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
             )
         )
     ctx.stop_children()
-    steps = read_steps(record)
-    outcome.operations = len(steps)
-    overlaps = overlapping_steps(steps)
-    outcome.duplicated = len(overlaps)
-    outcome.check("single_holder", not overlaps, f"{len(overlaps)} overlaps: {overlaps[:3]}")
-    return outcome
+    return judged(outcome, record)
+
+
+@scenario("locks-pg-hang", job="locks", fault="PostgreSQL hangs for the holder (blackholed)")
+def database_hung(ctx: FaultContext) -> Outcome:
+    outcome = Outcome(job="locks", fault="PostgreSQL hangs for the holder (blackholed)")
+    url = ctx.postgres.create_database("locks")
+    record = ctx.workdir / "steps.log"
+    hangs = ctx.scale(2, 6)
+    seconds = 4 + hangs * (TTL_SECONDS * 2 + 2)
+    proxies = [FaultProxy(*ctx.postgres.tcp_address) for _ in range(3)]
+    try:
+        holders = {}
+        for number, proxy in enumerate(proxies):
+            via = database_url_via(url, proxy)
+            child = ctx.spawn(
+                ["-m", __name__, via, "faults-lock", str(record), str(seconds)],
+                ctx.pin_env(via),
+                name=f"h{number}",
+            )
+            holders[f"faults-{child.pid}"] = proxy
+        wait_until(lambda: _steps_after(record, 0) > 0, timeout=30, what="a first holder's step")
+        for _ in range(hangs):
+            time.sleep(ctx.rng.uniform(0.2, 1.0))
+            proxy = holders[read_steps(record)[-1][0]]
+            hung_at = time.time()
+            proxy.set_mode("hang")
+            outcome.faults_injected += 1
+            outcome.recovered_after(
+                wait_until(
+                    lambda at=hung_at, hung=proxy: any(
+                        began > at and holders[h] is not hung for h, began, _ in read_steps(record)
+                    ),
+                    timeout=TTL_SECONDS * 10,
+                    what="the lock taken over from a holder the database stopped answering",
+                )
+            )
+            proxy.set_mode("pass")
+        ctx.stop_children()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    return judged(outcome, record)
 
 
 @scenario("locks-sigkill", job="locks", fault="SIGKILL of the holder")

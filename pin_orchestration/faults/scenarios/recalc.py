@@ -817,6 +817,62 @@ def clock_jumped(ctx: FaultContext) -> Outcome:
     return _run(ctx, "clock jumps back and ahead", jump_clock, clock=True)
 
 
+def _publisher_lock_holder(rig: Rig) -> str | None:
+    from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY
+
+    with rig.engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT holder FROM pin.distributed_locks "
+                "WHERE lock_key = :k AND expires_at > now()"
+            ),
+            {"k": LOCK_KEY},
+        ).scalar()
+
+
+def hang_postgres(rig: Rig, outcome: Outcome) -> None:
+    """A drain and the publisher holding the lock reach PostgreSQL through a proxy that is
+    blackholed (a hung server or network: no answer, no reset); a publisher that reaches
+    it directly takes the lock over after the TTL, the direct drains go on; then the
+    network heals and the hung ones' held statements arrive — the stale publisher's
+    mark-published is fenced — and the requests and events all get through."""
+    from pin_orchestration.faults.postgres import database_url_via
+    from pin_orchestration.faults.proxy import FaultProxy
+
+    direct_url = rig.url
+    with FaultProxy(*rig.ctx.postgres.tcp_address) as proxy:
+        for _ in range(rig.ctx.scale(1, 3)):
+            _pause(rig)
+            for publisher in rig.alive(rig.publishers):
+                rig.ctx.sigkill(publisher)
+            rig.url = database_url_via(direct_url, proxy)
+            rig.spawn_drain()
+            rig.spawn_publisher()
+            rig.url = direct_url
+            cut_off = f"faults-publisher-{rig.publishers[-1].pid}"
+            wait_until(
+                lambda cut_off=cut_off: _publisher_lock_holder(rig) == cut_off,
+                timeout=30,
+                what="the publisher behind the proxy took the lock",
+            )
+            fault_at = rig.db_now()
+            pending = rig.unpublished_ids()
+            proxy.set_mode("hang")
+            outcome.faults_injected += 1
+            rig.spawn_publisher()
+            rig.recovered_when_drained(outcome, fault_at, "the requests due at the hang drained")
+            rig.recovered_when_published(outcome, pending, "the events pending at the hang")
+            proxy.set_mode("pass")
+        for child in rig.alive(rig.drains) + rig.alive(rig.publishers):
+            if child.args and database_url_via(direct_url, proxy) in child.args:
+                rig.ctx.sigkill(child)  # before its proxy goes away
+
+
+@scenario("recalc-pg-hang", job="recalc", fault="PostgreSQL hangs (blackholed)")
+def database_hung(ctx: FaultContext) -> Outcome:
+    return _run(ctx, "PostgreSQL hangs (blackholed)", hang_postgres)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if sys.argv[1] == "drain":

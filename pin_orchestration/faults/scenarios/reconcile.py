@@ -15,6 +15,19 @@ posts it touched. Invariant `counters_match_visible`:
   over a concurrent write;
 - after one more pass with the writer stopped, every counter is right.
 
+Progress is a batch committed (the checkpoint row's `updated_at`, stamped by every batch,
+also the one that completes a pass). After a fault the scenario waits until the faulted
+run's lock has expired before it reads where the pass stands: a SIGKILLed client's
+server-side slice may still commit batches for a moment after the kill (mistaking those
+for the next run's progress, while that run had skipped on the held lock, once left the
+scenario waiting 120 s for a run that did not exist); past its lock's TTL the fence in
+every batch lets it commit nothing.
+
+"PostgreSQL hangs": the runs reach PostgreSQL through a FaultProxy that is blackholed
+mid-sweep (a hung server or network, not a restart); while the cut-off run's lock
+expires, the next run connects directly and takes over; then the network heals, the old
+run's held statements arrive — and change nothing (the fence) — and it stops FAILED.
+
 Run as `python -m pin_orchestration.faults.scenarios.reconcile URL HOT_POSTS_FILE LOG` it
 is the hot-path writer (until it is killed).
 """
@@ -31,6 +44,8 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
+from pin_orchestration.faults.postgres import database_url_via
+from pin_orchestration.faults.proxy import FaultProxy
 
 # Small batches: many commits (and checkpoints) per second, so a kill lands mid-pass.
 RUN_ARGS = [
@@ -68,9 +83,12 @@ _DRIFT = text(
     GROUP BY p.id
     """
 )
-_CHECKPOINT = text("SELECT last_id FROM pin.job_checkpoints WHERE checkpoint_key = :k").bindparams(
-    k="news-comment-reconcile:FullSweep"
-)
+_CHECKPOINT = text(
+    "SELECT last_id, updated_at FROM pin.job_checkpoints WHERE checkpoint_key = :k"
+).bindparams(k="news-comment-reconcile:FullSweep")
+_LOCK_LIVE = text(
+    "SELECT count(*) FROM pin.distributed_locks WHERE lock_key = :k AND expires_at > now()"
+).bindparams(k="Pin:lock:job:scheduled:news-comment-reconcile")
 
 
 def drift(engine: Engine) -> dict[uuid.UUID, int]:
@@ -86,6 +104,24 @@ def checkpoint(engine: Engine) -> tuple[bool, uuid.UUID | None]:
     except Exception:  # noqa: BLE001 — PostgreSQL is restarting
         return False, None
     return (row is not None, row.last_id if row is not None else None)
+
+
+def last_batch_at(engine: Engine) -> object:
+    """When the last batch committed (None before the first; "?" while unreachable)."""
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(_CHECKPOINT).first()
+    except Exception:  # noqa: BLE001 — PostgreSQL is restarting
+        return "?"
+    return row.updated_at if row is not None else None
+
+
+def lock_expired(engine: Engine) -> bool:
+    try:
+        with engine.connect() as conn:
+            return conn.execute(_LOCK_LIVE).scalar_one() == 0
+    except Exception:  # noqa: BLE001 — PostgreSQL is restarting
+        return False
 
 
 class Sweep:
@@ -111,34 +147,46 @@ class Sweep:
             name="writer",
         )
 
-    def spawn_run(self) -> subprocess.Popen[bytes]:
+    def spawn_run(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.runs += 1
-        return self.ctx.spawn_pin(RUN_ARGS, self.env, name=f"run{self.runs}")
+        return self.ctx.spawn_pin(RUN_ARGS, env or self.env, name=f"run{self.runs}")
 
-    def wait_for_progress(self, since: uuid.UUID | None, what: str) -> float:
-        """Until the checkpoint moved past `since` (a batch committed)."""
+    def committed_since(self, since: object) -> bool:
+        return last_batch_at(self.engine) not in (since, "?")
+
+    def wait_for_progress(self, since: object, what: str) -> float:
+        """Until a batch committed after the one stamped `since`."""
         return wait_until(
-            lambda: checkpoint(self.engine)[1] not in (None, since),
+            lambda: self.committed_since(since),
             timeout=RUN_TIMEOUT_SECONDS,
             every=0.02,
             what=what,
         )
 
-    def resume(self, since: uuid.UUID | None) -> subprocess.Popen[bytes]:
-        """Runs, as the schedule would start them (one skipped while a killed run's lock
-        lives out its TTL), until one commits a batch past `since`; returns that run."""
+    def wait_until_faulted_run_is_fenced(self) -> object:
+        """Until the faulted run's lock expired (from then on every batch of it changes
+        nothing); returns the stamp of the last batch committed by then."""
+        wait_until(
+            lambda: lock_expired(self.engine),
+            timeout=RUN_TIMEOUT_SECONDS,
+            every=0.05,
+            what="the faulted run's lock expired",
+        )
+        return last_batch_at(self.engine)
+
+    def resume(self, since: object) -> subprocess.Popen[bytes]:
+        """Runs, as the schedule would start them, until one commits a batch after the
+        one stamped `since`; returns that run."""
         began = time.monotonic()
         while True:
             run = self.spawn_run()
             wait_until(
-                lambda run=run: (
-                    checkpoint(self.engine)[1] not in (None, since) or run.poll() is not None
-                ),
+                lambda run=run: self.committed_since(since) or run.poll() is not None,
                 timeout=RUN_TIMEOUT_SECONDS,
                 every=0.02,
                 what="a run after the fault",
             )
-            if checkpoint(self.engine)[1] not in (None, since):
+            if self.committed_since(since):
                 return run
             if time.monotonic() - began > RUN_TIMEOUT_SECONDS:
                 raise TimeoutError(f"no batch after the fault within {RUN_TIMEOUT_SECONDS} s")
@@ -197,7 +245,7 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
     sweep = Sweep(ctx, posts=ctx.scale(30_000, 60_000))
     run = sweep.spawn_run()
     for number in range(kills + restarts):
-        _, before = checkpoint(sweep.engine)
+        before = last_batch_at(sweep.engine)
         sweep.wait_for_progress(before, "a run's next batch")
         time.sleep(ctx.rng.uniform(0.0, 0.3))  # a random moment mid-sweep
         faulted_at = time.monotonic()
@@ -211,9 +259,9 @@ def _run(ctx: FaultContext, fault: str, *, kills: int, restarts: int) -> Outcome
             outcome.faults_injected += 1
             run.wait(timeout=RUN_TIMEOUT_SECONDS)
         # Read once the faulted run can commit nothing more.
-        _, at_fault = checkpoint(sweep.engine)
+        at_fault = sweep.wait_until_faulted_run_is_fenced()
         # The next run resumes from the checkpoint; recovered once it commits a batch
-        # past where the fault hit (the first batch of a fresh pass, if that one ended).
+        # after the fault (the first batch of a fresh pass, if that one ended).
         run = sweep.resume(at_fault)
         outcome.recovered_after(time.monotonic() - faulted_at)
     run.wait(timeout=RUN_TIMEOUT_SECONDS)
@@ -230,6 +278,41 @@ def runs_killed(ctx: FaultContext) -> Outcome:
 @scenario("reconcile-pg-restart", job="reconcile", fault="PostgreSQL restarted")
 def database_restarted(ctx: FaultContext) -> Outcome:
     return _run(ctx, "PostgreSQL restarted", kills=0, restarts=ctx.scale(1, 4))
+
+
+@scenario("reconcile-pg-hang", job="reconcile", fault="PostgreSQL hangs (blackholed)")
+def database_hung(ctx: FaultContext) -> Outcome:
+    outcome = Outcome(job="reconcile", fault="PostgreSQL hangs (blackholed)")
+    sweep = Sweep(ctx, posts=ctx.scale(30_000, 60_000))
+    with FaultProxy(*ctx.postgres.tcp_address) as proxy:
+        cut_off_env = ctx.pin_env(database_url_via(sweep.url, proxy))
+        for _ in range(ctx.scale(1, 3)):
+            before = last_batch_at(sweep.engine)
+            cut_off = sweep.spawn_run(cut_off_env)
+            sweep.wait_for_progress(before, "a batch of the run behind the proxy")
+            time.sleep(ctx.rng.uniform(0.0, 0.3))
+            if cut_off.poll() is not None:
+                continue  # its pass was done before the fault: nothing to cut off
+            hung_at = time.monotonic()
+            proxy.set_mode("hang")
+            outcome.faults_injected += 1
+            # Its lock expires while it gets no answer; a run that reaches PostgreSQL
+            # takes over and works beside the hung one.
+            at_fault = sweep.wait_until_faulted_run_is_fenced()
+            run = sweep.resume(at_fault)
+            outcome.recovered_after(time.monotonic() - hung_at)
+            proxy.set_mode("pass")  # the held statements arrive, after the takeover
+            cut_off.wait(timeout=RUN_TIMEOUT_SECONDS)
+            outcome.check(
+                "stale_holder_stops",
+                cut_off.returncode == 1,
+                f"the run cut off past its lock's TTL exited {cut_off.returncode}, "
+                "not FAILED on its lost lock",
+            )
+            run.wait(timeout=RUN_TIMEOUT_SECONDS)
+    check_counters(sweep, outcome)
+    sweep.engine.dispose()
+    return outcome
 
 
 # --- the hot-path writer -----------------------------------------------------------------------

@@ -1,0 +1,34 @@
+"""pin.distributed_locks.token: a fencing token per acquisition (issue 20, hung databases).
+
+Every acquisition (a fresh insert or a takeover of an expired lock) draws a new random
+token; renewal, release and every write that must have one holder name the token, not the
+holder string, so a holder that lost its lock (a renewal stuck on a hung server past the
+TTL) writes nothing once another process took the lock over — even when the same holder
+string acquires again later.
+
+The token is UNIQUE on purpose: a column of a unique index is a key column to PostgreSQL's
+row locks, so a takeover (which changes the token) takes FOR UPDATE and waits for a fenced
+write's FOR KEY SHARE, while a renewal (which changes only expires_at) takes FOR NO KEY
+UPDATE and never waits for one.
+
+Revision ID: 0014
+Revises: 0010
+"""
+
+from alembic import op
+
+revision = "0014"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE pin.distributed_locks "
+        "ADD COLUMN token uuid NOT NULL UNIQUE DEFAULT gen_random_uuid()"
+    )
+
+
+def downgrade() -> None:
+    op.execute("ALTER TABLE pin.distributed_locks DROP COLUMN token")
