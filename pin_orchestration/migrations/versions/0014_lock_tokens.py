@@ -12,13 +12,13 @@ write's FOR KEY SHARE, while a renewal (which changes only expires_at) takes FOR
 UPDATE and never waits for one.
 
 Revision ID: 0014
-Revises: 0010
+Revises: 0012
 """
 
 from alembic import op
 
 revision = "0014"
-down_revision = "0010"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
