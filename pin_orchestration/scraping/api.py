@@ -103,7 +103,8 @@ class JobCreate(BaseModel):
 
     url: str = Field(
         max_length=MAX_URL_LENGTH,
-        pattern=URL_PATTERN,
+        # Documented, not enforced: _check_url says what is wrong in words, naming the field.
+        json_schema_extra={"pattern": URL_PATTERN},
         description="The http(s) URL to fetch",
         examples=["https://example.com/page"],
     )
@@ -115,7 +116,7 @@ class JobCreate(BaseModel):
     callback_url: str | None = Field(
         default=None,
         max_length=MAX_URL_LENGTH,
-        pattern=URL_PATTERN,
+        json_schema_extra={"pattern": URL_PATTERN},
         description="Optional http(s) URL told when the job finishes",
     )
 
