@@ -25,11 +25,13 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Qu
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.scraping import repository, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
+from pin_orchestration.scraping.health_routes import health_router
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
@@ -409,7 +411,8 @@ def create_app(
             if listener is not None:
                 listener.stop()
 
-    app = FastAPI(
+    # /docs and /redoc from the Swagger UI and ReDoc files in fastapi-offline: no CDN.
+    app = FastAPIOffline(
         title="pin-orchestration scraping API",
         version="1",
         description="Submit URLs to fetch, poll their status, download results through "
@@ -695,12 +698,7 @@ def create_app(
             registry.register(JobCacheCollector(job_cache))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
-        with engine_provider().connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return {"status": "ok"}
-
+    app.include_router(health_router(engine_provider))
     _mount_local_results(app, store)
     _answer_405_with_every_allowed_method(app)
     app.add_middleware(RequestSizeLimits)
