@@ -5,8 +5,10 @@ loads is served by the API itself)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
@@ -54,3 +56,17 @@ def test_docs_page_loads_every_asset_from_the_api_itself(client: TestClient) -> 
     (openapi_url,) = re.findall(r"url: '([^']+)'", html)
     assert client.get(openapi_url).json()["info"]["title"] == "pin-orchestration scraping API"
     assert "cdn" not in html.lower()
+
+
+def test_the_probes_in_docs_deploy_are_the_ones_the_api_answers(client: TestClient) -> None:
+    deploy = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    section = deploy.split("## Probes of the scraping API\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.DOTALL)
+    (container,) = yaml.safe_load(block)["containers"]
+    probes = {kind: container[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["path"] == "/healthz"
+    assert probes["readinessProbe"]["path"] == "/readyz"
+    assert container["command"][:2] == ["pin", "api"]
+    for probe in probes.values():
+        assert probe["port"] == container["ports"][0]["containerPort"]
+        assert client.get(probe["path"]).status_code == 200
