@@ -100,13 +100,17 @@ def _check_json_value(value: Any, path: str) -> None:
             _check_json_value(v, f"{path}[{i}]")
 
 
+# The pattern is documented, not enforced: _check_url says what is wrong in words, naming
+# the field (a failed pattern would answer with the raw regular expression).
+UrlText = Annotated[
+    str, Field(max_length=MAX_URL_LENGTH, json_schema_extra={"pattern": URL_PATTERN})
+]
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(
-        max_length=MAX_URL_LENGTH,
-        # Documented, not enforced: _check_url says what is wrong in words, naming the field.
-        json_schema_extra={"pattern": URL_PATTERN},
+    url: UrlText = Field(
         description="The http(s) URL to fetch",
         examples=["https://example.com/page"],
     )
@@ -115,10 +119,8 @@ class JobCreate(BaseModel):
         description="Query parameters added to the URL (JSON object, at most 16 KiB)",
     )
     priority: Literal["high", "normal", "low"] = "normal"
-    callback_url: str | None = Field(
+    callback_url: UrlText | None = Field(
         default=None,
-        max_length=MAX_URL_LENGTH,
-        json_schema_extra={"pattern": URL_PATTERN},
         description="Optional http(s) URL told when the job finishes",
     )
 
