@@ -50,7 +50,7 @@ from pin_orchestration.jobs.scraping import (
     scraping_webhook_delivery,
     scraping_worker,
 )
-from pin_orchestration.resources.analyst_io import PickledFrameStore, PostgresAssetReader
+from pin_orchestration.resources.analyst_io import ParquetFrameIOManager, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
@@ -133,7 +133,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
             resources={
                 "database": DatabaseResource(),
                 "pin_postgres_reader": PostgresAssetReader(),
-                "pin_frames": PickledFrameStore(),
+                "pin_frames": ParquetFrameIOManager(),
             },
             assets=[
                 daily_drift_by_post_status,

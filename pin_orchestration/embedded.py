@@ -42,3 +42,15 @@ def stop_embedded_postgres(data_dir: Path) -> None:
     import pgserver
 
     pgserver.get_server(data_dir, cleanup_mode="stop").cleanup()
+
+
+def running_embedded_url(data_dir: Path) -> str | None:
+    """The URL of the embedded server already running on `data_dir`, or None: never starts
+    one (a server started here would stop with the asking process)."""
+    from pgserver.utils import PostmasterInfo  # imported lazily, as pgserver above
+
+    info = PostmasterInfo.read_from_pgdata(data_dir)
+    if info is None or not info.is_running() or info.status != "ready":
+        return None
+    url = make_url(info.get_uri(database=EMBEDDED_DATABASE))
+    return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)

@@ -1,11 +1,19 @@
-"""Analysts read assets, not tables: the README's snippets, run exactly as written against
-a materialized day of reconcile and a recalculated project, give the DataFrames they say."""
+"""Analysts read assets, not tables: the README's snippets, run exactly as written in a
+fresh shell that has only `eval "$(pin env)"`, against a materialized day of reconcile and a
+recalculated project on an embedded stack, give the DataFrames they say. The derived
+frames are Parquet in S3 or a directory, read by other processes and other tools."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 import re
-import shutil
+import shlex
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -21,8 +29,15 @@ from pin_orchestration.assets.analyst import (
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
-from pin_orchestration.db import dagster_storage_url
+from pin_orchestration.db import create_db_engine, dagster_storage_url
 from pin_orchestration.definitions import build_definitions
+from pin_orchestration.devstack import prepare_dagster_home
+from pin_orchestration.embedded import start_embedded_postgres, stop_embedded_postgres
+from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.resources.analyst_io import FrameNotMaterialized
+from pin_orchestration.scraping.store import s3_client
+from pin_orchestration.settings import Settings
+from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,31 +64,81 @@ def add_scraping_job(engine: Engine, created_at: str) -> uuid.UUID:
     return job_id
 
 
-def readme_python_blocks(section: str) -> list[str]:
+def readme_blocks(section: str, language: str) -> list[str]:
     readme = (ROOT / "README.md").read_text()
     body = readme.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", body, flags=re.DOTALL)
+    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.DOTALL)
+
+
+def set_analyst_env(monkeypatch: pytest.MonkeyPatch, db_url: str, home: Path) -> Path:
+    """The environment `pin up` gives its processes; returns DAGSTER_HOME."""
+    dagster_home = prepare_dagster_home(
+        Settings.from_env({"PIN_HOME": str(home)}), ROOT / "dagster.yaml"
+    )
+    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
+    monkeypatch.setenv("PIN_HOME", str(home))
+    monkeypatch.setenv("PIN_DAGSTER_PG_URL", dagster_storage_url(db_url))
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
+    for name in ("PIN_S3_BUCKET", "PIN_S3_ENDPOINT_URL", "PIN_S3_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    return dagster_home
 
 
 @pytest.fixture
 def analyst_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DagsterInstance:
     """What `pin up` leaves an analyst: the database, PIN_HOME and a DAGSTER_HOME whose
     instance storage is the same PostgreSQL."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
-    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
-    monkeypatch.setenv("PIN_HOME", str(tmp_path / "pin"))
-    monkeypatch.setenv("PIN_DAGSTER_PG_URL", dagster_storage_url(db_url))
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    set_analyst_env(monkeypatch, db_url, tmp_path / "pin")
     with DagsterInstance.get() as instance:
         yield instance
 
 
-def test_readme_snippets_load_every_asset_as_a_dataframe(
-    analyst_env: DagsterInstance, db_engine: Engine
+@pytest.fixture
+def embedded_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Engine]]:
+    """A checkout beside which the embedded default runs, as `./scripts/run` leaves it: a
+    migrated embedded PostgreSQL under ./.pin and DAGSTER_HOME in it. Returns the checkout
+    and the platform database; this process has the stack's environment."""
+    with embedded_data_dir() as checkout:
+        home = checkout / ".pin"
+        url = start_embedded_postgres(home / "pgdata", stop_on_exit=True)
+        try:
+            upgrade_database(url)
+            set_analyst_env(monkeypatch, url, home)
+            yield checkout, create_db_engine(url)
+        finally:
+            create_db_engine(url).dispose()
+            stop_embedded_postgres(home / "pgdata")
+
+
+def run_readme_in_fresh_shell(checkout: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """The section's shell block, then its Python blocks as one script, in a shell whose
+    environment has only PATH (with `pin`) and HOME: all else comes from `pin env`."""
+    script = checkout / "readme_snippets.py"
+    script.write_text(
+        "\n".join(readme_blocks("Reading the data", "python")) + "\nimport pickle, sys\n"
+        "frames = {k: v for k, v in dict(globals()).items() if isinstance(v, pd.DataFrame)}\n"
+        "pickle.dump(frames, open(sys.argv[1], 'wb'))\n"
+    )
+    (shell,) = readme_blocks("Reading the data", "bash")
+    return subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"set -e\n{shell}\npython {shlex.quote(str(script))} {shlex.quote(str(out))}",
+        ],
+        cwd=checkout,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_readme_snippets_load_every_asset_as_a_dataframe_in_a_fresh_shell(
+    embedded_stack: tuple[Path, Engine],
 ) -> None:
-    instance = analyst_env
+    checkout, db_engine = embedded_stack
+    instance = DagsterInstance.get()
     drifted = add_post(db_engine, comments_count=5)
     add_comments(db_engine, drifted, 2)
     generate_world(db_engine, WorldShape(projects=1, objects=20), prefix="analyst")
@@ -104,9 +169,10 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
     )
     assert scraping_day.success
 
-    namespace: dict[str, object] = {}
-    for block in readme_python_blocks("Reading the data"):
-        exec(compile(block, "README.md", "exec"), namespace)
+    frames = checkout / "frames.pickle"
+    shell = run_readme_in_fresh_shell(checkout, frames)
+    assert shell.returncode == 0, shell.stderr[-4000:]
+    namespace = pickle.loads(frames.read_bytes())
 
     runs = namespace["runs"]
     assert isinstance(runs, pd.DataFrame)
@@ -139,6 +205,10 @@ def test_readme_snippets_load_every_asset_as_a_dataframe(
     assert outcomes[["domain", "status", "jobs"]].to_dict("records") == [
         {"domain": "example.org", "status": "queued", "jobs": 1}
     ]
+    # The same frame, read as a file by pandas and summed by DuckDB.
+    assert namespace["day"].equals(outcomes)
+    assert namespace["jobs_by_status"].to_dict("records") == [{"status": "queued", "jobs": 1}]
+    assert not list((checkout / ".pin").rglob("*.pkl"))
 
 
 def test_derived_assets_follow_their_upstream_in_the_graph() -> None:
@@ -149,3 +219,88 @@ def test_derived_assets_follow_their_upstream_in_the_graph() -> None:
     for key in (DRIFT_BY_POST_STATUS, BUILDING_FREE_SHARE, SCRAPING_DAILY_OUTCOMES):
         assert graph.get(key).automation_condition is not None, key
     assert AssetKey(["scraping", "results"]) in graph.get_all_asset_keys()
+
+
+# Another process, reading the frame first as a plain Parquet object (pyarrow's own S3
+# client, none of this package), then as the asset through this package's IO manager.
+READ_IN_ANOTHER_PROCESS = """
+import json, os, sys
+import pyarrow.fs, pyarrow.parquet
+s3 = pyarrow.fs.S3FileSystem(endpoint_override=os.environ["PIN_S3_ENDPOINT_URL"])
+plain = pyarrow.parquet.read_table(sys.argv[1], filesystem=s3).to_pandas()
+from pin_orchestration.definitions import build_definitions
+loaded = build_definitions().load_asset_value(
+    ["scraping", "daily_outcomes"], partition_key=sys.argv[2]
+)
+columns = ["tenant", "domain", "status", "jobs", "attempts"]
+print(json.dumps({name: frame[columns].to_dict("records") for name, frame in
+                  (("plain", plain), ("loaded", loaded))}))
+"""
+
+
+def test_a_derived_frame_written_to_s3_is_read_by_another_process(
+    analyst_env: DagsterInstance,
+    db_engine: Engine,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bucket = f"results-{uuid.uuid4().hex[:12]}"
+    s3_client(endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    monkeypatch.setenv("PIN_S3_BUCKET", bucket)
+    monkeypatch.setenv("PIN_S3_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("PIN_S3_REGION", "us-east-1")
+    add_scraping_job(db_engine, "2026-11-29T12:00:00Z")
+    job = build_definitions().resolve_implicit_global_asset_job_def()
+    written = job.execute_in_process(
+        instance=analyst_env, partition_key=DAY, asset_selection=[SCRAPING_DAILY_OUTCOMES]
+    )
+    assert written.success
+    (materialization,) = written.asset_materializations_for_node("scraping__daily_outcomes")
+    key = f"{bucket}/assets/scraping/daily_outcomes/{DAY}.parquet"
+    assert materialization.metadata["path"].value == f"s3://{key}"
+    assert not (Path(os.environ["PIN_HOME"]) / "assets").exists()
+
+    reader = subprocess.run(
+        [sys.executable, "-c", READ_IN_ANOTHER_PROCESS, key, DAY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reader.returncode == 0, reader.stderr[-4000:]
+    read = json.loads(reader.stdout.strip().splitlines()[-1])
+    tenant = pd.read_sql("SELECT name FROM scraping.tenants", db_engine)["name"].iloc[0]
+    expected = [
+        {"tenant": tenant, "domain": "example.org", "status": "queued", "jobs": 1, "attempts": 0}
+    ]
+    assert read == {"plain": expected, "loaded": expected}
+
+
+def test_a_frame_never_materialized_names_the_asset_partition_and_the_command(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    add_scraping_job(db_engine, "2026-11-29T12:00:00Z")
+    defs = build_definitions()
+    with pytest.raises(FrameNotMaterialized) as missing:
+        defs.load_asset_value(
+            ["scraping", "daily_outcomes"], partition_key=DAY, instance=analyst_env
+        )
+    message = str(missing.value)
+    assert f"partition '{DAY}' of scraping/daily_outcomes is not materialized yet" in message
+    command = re.search(r"`(dagster asset materialize [^`]+)`", message)
+    assert command is not None, message
+
+    # The command it names, run as an operator would (the venv's bin on PATH), stores it.
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    ran = subprocess.run(
+        shlex.split(command.group(1)),
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    outcomes = defs.load_asset_value(
+        ["scraping", "daily_outcomes"], partition_key=DAY, instance=analyst_env
+    )
+    assert outcomes[["domain", "jobs"]].to_dict("records") == [{"domain": "example.org", "jobs": 1}]

@@ -1,7 +1,7 @@
 """`pin`: the operators' command line. One module per area, each a click group (or a few
 commands) added to `main` here: platform (up, db, demo, locks, metrics), news_reconcile
 (`pin news`), news_snapshot_detach (`pin detach`), chessboard, retention, scraping
-(`pin api`, `pin tenant`, `pin scraping`), faults (`pin faults`)."""
+(`pin api`, `pin tenant`, `pin scraping`), faults (`pin faults`), env (`pin env`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from pin_orchestration.cli.chessboard import chessboard
+from pin_orchestration.cli.env import env
 from pin_orchestration.cli.faults import faults
 from pin_orchestration.cli.news_reconcile import news
 from pin_orchestration.cli.news_snapshot_detach import detach
@@ -56,5 +57,6 @@ for command in (
     tenant,
     scraping,
     faults,
+    env,
 ):
     main.add_command(command)

@@ -291,7 +291,15 @@ def scraping_domain_list() -> None:
     from pin_orchestration.scraping.repository import list_domains
 
     defaults = _domain_defaults()
-    for d in list_domains(engine_from_env()):
+    domains = list_domains(engine_from_env())
+    if not domains:
+        click.echo(
+            "no domain has an override, a pause, or queued or running jobs: every host gets "
+            f"the defaults, {defaults.rps:g} rps and {defaults.concurrency} concurrent "
+            "(PIN_SCRAPING_DOMAIN_RPS, PIN_SCRAPING_DOMAIN_CONCURRENCY; overrides: "
+            "pin scraping domain set HOST)"
+        )
+    for d in domains:
         paused = f"\tpaused until {d['blocked_until'].isoformat()}" if d["blocked_until"] else ""
         click.echo(
             f"{d['domain']}\t{_limits(d, defaults.rps, defaults.concurrency)}\t"

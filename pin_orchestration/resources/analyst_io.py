@@ -4,13 +4,13 @@ as a pandas DataFrame.
 The jobs' own assets live in PostgreSQL tables the jobs keep: `PostgresAssetReader` reads
 a partition's value from them on load and stores nothing on materialization (the
 materialization already wrote the tables). The analysts' derived assets are computed
-frames: `PickledFrameStore` keeps one pickle per partition under $PIN_HOME/assets.
+frames: `ParquetFrameIOManager` keeps one Parquet file per partition on the results store
+(S3, or $PIN_HOME without a bucket), readable by any Parquet tool.
 """
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
+import shlex
 
 import pandas as pd
 from dagster import ConfigurableIOManager, InputContext, OutputContext
@@ -21,7 +21,9 @@ from pin_orchestration.analyst import (
     reconcile_runs_frame,
     scraping_results_frame,
 )
+from pin_orchestration.frames import FrameMissing, FrameStore, build_frame_store
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.settings import Settings
 
 
@@ -51,25 +53,50 @@ class PostgresAssetReader(ConfigurableIOManager):
         raise ValueError(f"PostgresAssetReader cannot load {key.to_user_string()}")
 
 
-class PickledFrameStore(ConfigurableIOManager):
-    """Derived DataFrames, one file per asset partition under `base_dir`."""
+class FrameNotMaterialized(LookupError):
+    """An analyst asked for a derived frame no run has stored yet."""
 
-    base_dir: str | None = Field(
-        default=None, description="Where the frames live; empty for $PIN_HOME/assets"
-    )
 
-    def _path(self, context: InputContext | OutputContext) -> Path:
-        base = Path(self.base_dir) if self.base_dir else Settings.from_env().home / "assets"
-        name = context.asset_partition_key if context.has_asset_partitions else "all"
-        return base.joinpath(*context.asset_key.path) / f"{name}.pkl"
+class ParquetFrameIOManager(ConfigurableIOManager):
+    """Derived DataFrames as Parquet, one file per asset partition, in the results store's
+    bucket (PIN_S3_BUCKET …) or under $PIN_HOME (`pin_orchestration.frames`)."""
+
+    scraping: ScrapingResource = Field(default_factory=ScrapingResource)
+
+    def frame_store(self) -> FrameStore:
+        settings = self.scraping.get_settings()
+        return build_frame_store(
+            bucket=settings.s3_bucket,
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            home=Settings.from_env().home,
+        )
 
     def handle_output(self, context: OutputContext, obj: pd.DataFrame) -> None:
-        path = self._path(context)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".tmp")
-        partial.write_bytes(pickle.dumps(obj))
-        partial.replace(path)  # a reader never sees half a frame
-        context.add_output_metadata({"rows": len(obj), "path": str(path)})
+        uri = self.frame_store().write(context.asset_key.path, _partition(context), obj)
+        context.add_output_metadata({"rows": len(obj), "path": uri})
 
     def load_input(self, context: InputContext) -> pd.DataFrame:
-        return pickle.loads(self._path(context).read_bytes())
+        partition = _partition(context)
+        try:
+            return self.frame_store().read(context.asset_key.path, partition)
+        except FrameMissing as missing:
+            raise FrameNotMaterialized(_not_materialized(context, partition, missing.uri)) from None
+
+
+def _partition(context: InputContext | OutputContext) -> str | None:
+    return context.asset_partition_key if context.has_asset_partitions else None
+
+
+def _not_materialized(context: InputContext, partition: str | None, uri: str) -> str:
+    asset = context.asset_key.to_user_string()
+    command = ["dagster", "asset", "materialize", "-m", "pin_orchestration.definitions"]
+    command += ["--select", asset]
+    if partition is not None:
+        command += ["--partition", partition]
+    which = f"partition {partition!r} of {asset}" if partition is not None else asset
+    return (
+        f"{which} is not materialized yet (no frame at {uri}); materialize it with "
+        f"`{shlex.join(command)}` (in the environment of `pin env`), or from the UI "
+        "(the asset's Materialize button)"
+    )

@@ -25,11 +25,13 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Qu
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.scraping import repository, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
+from pin_orchestration.scraping.health_routes import health_router
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
@@ -137,12 +139,17 @@ def _check_json_value(value: Any, path: str) -> None:
                 pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
 
 
+# The pattern is documented, not enforced: _check_url says what is wrong in words, naming
+# the field (a failed pattern would answer with the raw regular expression).
+UrlText = Annotated[
+    str, Field(max_length=MAX_URL_LENGTH, json_schema_extra={"pattern": URL_PATTERN})
+]
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(
-        max_length=MAX_URL_LENGTH,
-        pattern=URL_PATTERN,
+    url: UrlText = Field(
         description="The http(s) URL to fetch",
         examples=["https://example.com/page"],
     )
@@ -151,10 +158,8 @@ class JobCreate(BaseModel):
         description="Query parameters added to the URL (JSON object, at most 16 KiB)",
     )
     priority: Literal["high", "normal", "low"] = "normal"
-    callback_url: str | None = Field(
+    callback_url: UrlText | None = Field(
         default=None,
-        max_length=MAX_URL_LENGTH,
-        pattern=URL_PATTERN,
         description="Optional http(s) URL told when the job finishes",
     )
 
@@ -449,7 +454,8 @@ def create_app(
             if listener is not None:
                 listener.stop()
 
-    app = FastAPI(
+    # /docs and /redoc from the Swagger UI and ReDoc files in fastapi-offline: no CDN.
+    app = FastAPIOffline(
         title="pin-orchestration scraping API",
         version="1",
         description="Submit URLs to fetch, poll their status, download results through "
@@ -725,12 +731,7 @@ def create_app(
             app, engine_provider, job_cache, settings.metrics_token, settings
         )
 
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
-        with engine_provider().connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return {"status": "ok"}
-
+    app.include_router(health_router(engine_provider))
     _mount_local_results(app, store)
     _answer_405_with_every_allowed_method(app)
     _answer_422_with_only_safe_echoes(app)

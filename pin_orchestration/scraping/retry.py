@@ -216,7 +216,7 @@ def decide(
     return Decision(
         "retry",
         decided_class,
-        _detail(reason, f"retry {attempt + 1} of {policy.max_attempts} planned"),
+        _detail(reason, f"attempt {attempt} of {policy.max_attempts} failed, will retry"),
         next_attempt_at,
     )
 

@@ -40,6 +40,9 @@ META_SUFFIX = ".meta.json"
 _COPY_CHUNK_BYTES = 1024 * 1024
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _S3_DELETE_BATCH = 1000  # DeleteObjects accepts at most 1,000 keys per request
+# Every result key starts with it (result_key); the local store's links are the key itself
+# as the URL path, served by store_routes under /results/.
+RESULTS_PREFIX = "results/"
 
 
 def result_key(tenant_id: UUID, job_id: UUID, stored_at: datetime, attempt: int) -> str:
@@ -56,7 +59,7 @@ def result_key(tenant_id: UUID, job_id: UUID, stored_at: datetime, attempt: int)
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1 (got {attempt})")
     day = stored_at.astimezone(UTC)
-    return f"results/{tenant_id}/{day:%Y}/{day:%m}/{day:%d}/{job_id}/{attempt}"
+    return f"{RESULTS_PREFIX}{tenant_id}/{day:%Y}/{day:%m}/{day:%d}/{job_id}/{attempt}"
 
 
 @dataclass(frozen=True)
@@ -408,9 +411,11 @@ class LocalResultStore:
     def signed_url(
         self, key: str, *, ttl_seconds: float, now: datetime | None = None
     ) -> tuple[str, datetime]:
-        """`{public_base_url}/results/{key}?expires={unix}&signature={hex}`, valid until
-        `expires` (whole seconds, rounded up from now + ttl)."""
+        """`{public_base_url}/{key}?expires={unix}&signature={hex}` (keys start with
+        `results/`), valid until `expires` (whole seconds, rounded up from now + ttl)."""
         validate_key(key)
+        if not key.startswith(RESULTS_PREFIX):
+            raise ValueError(f"the local store links only keys under {RESULTS_PREFIX}: {key!r}")
         if not ttl_seconds > 0:
             raise ValueError(
                 f"ttl_seconds must be > 0 (got {ttl_seconds!r}); see PIN_RESULT_URL_TTL_SECONDS"
@@ -418,7 +423,7 @@ class LocalResultStore:
         signed_at = datetime.now(UTC) if now is None else now
         expires = math.ceil(signed_at.timestamp() + ttl_seconds)
         url = (
-            f"{self.public_base_url}/results/{quote(key, safe='/')}"
+            f"{self.public_base_url}/{quote(key, safe='/')}"
             f"?expires={expires}&signature={self._signature(key, expires)}"
         )
         return url, datetime.fromtimestamp(expires, UTC)

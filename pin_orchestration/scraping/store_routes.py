@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import RESULTS_PREFIX, LocalResultStore
 
 
 class ResultLinkError(BaseModel):
@@ -23,7 +23,8 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
     router = APIRouter(tags=["results"])
 
     @router.get(
-        "/results/{key:path}",
+        # A link's path is the result's key, which starts with results/ (not twice).
+        f"/{RESULTS_PREFIX}{{path:path}}",
         response_class=FileResponse,
         summary="Download a stored result through a signed, expiring link",
         responses={
@@ -37,7 +38,9 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
         },
     )
     def download_result(
-        key: str,
+        path: Annotated[
+            str, Path(description="The rest of the result's key: {tenant}/{yyyy}/{mm}/{dd}/{job}")
+        ],
         expires: Annotated[
             int | None, Query(description="Unix time the link stops working at")
         ] = None,
@@ -45,6 +48,7 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
             str | None, Query(description="HMAC-SHA256 of the key and expiry, hex")
         ] = None,
     ) -> FileResponse:
+        key = RESULTS_PREFIX + path
         # Signature before existence, so an unsigned request learns nothing about keys.
         if expires is None or signature is None or not store.verify(key, expires, signature):
             raise HTTPException(
@@ -54,9 +58,9 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
         opened = store.open(key)
         if opened is None:
             raise HTTPException(status_code=404, detail="no result is stored under this link")
-        path, stored = opened
+        file, stored = opened
         return FileResponse(
-            path,
+            file,
             media_type=stored.content_type,
             headers={
                 # Scraped pages served from the API's origin must not run there as pages:

@@ -144,30 +144,6 @@ def _with_allowed(settings: ScrapingSettings, allowed: str) -> ScrapingSettings:
     return dataclasses.replace(settings, allowed_cidrs=cidrs)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as env:
-        # boto3 must find these and never look further (no profile files, no instance
-        # metadata service off the machine).
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.delenv("AWS_SESSION_TOKEN", raising=False)
-        env.delenv("AWS_PROFILE", raising=False)
-        missing = tmp_path_factory.mktemp("aws") / "none"
-        env.setenv("AWS_CONFIG_FILE", str(missing))
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(missing))
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
-
-
 @pytest.fixture
 def s3_store(s3_endpoint: str) -> S3ResultStore:
     client = s3_client(endpoint_url=s3_endpoint, region_name="us-east-1")

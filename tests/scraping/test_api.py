@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.scraping.api import URL_PATTERN
 from pin_orchestration.standins.scraping_target import DemoSite
 from tests.scraping.conftest import Worker, auth
 
@@ -95,6 +96,29 @@ def test_bad_input_is_422_naming_the_field(
     assert any(field in map(str, error["loc"]) for error in answer.json()["detail"]), answer.text
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar() == 0
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"url": "ftp://example.com/file"}, "url"),
+        ({"url": "example.com/page"}, "url"),
+        ({"url": "https://example.com/", "callback_url": "javascript:alert(1)"}, "callback_url"),
+    ],
+)
+def test_a_url_that_is_not_http_is_refused_in_words_naming_the_field(
+    client: TestClient, make_tenant, body: dict, field: str
+) -> None:
+    _, key = make_tenant("shop")
+    answer = client.post("/jobs", json=body, headers=auth(key))
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["detail"]
+    assert error["loc"] == ["body", field]
+    assert f"{field} must be an http:// or https:// URL" in error["msg"]
+    assert "pattern" not in error["msg"] and "[Hh]" not in answer.text
+    # The schema still tells clients (and the fuzzer) the shape of a URL.
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["JobCreate"]
+    assert schema["properties"]["url"]["pattern"] == URL_PATTERN
 
 
 def test_idempotency_key_returns_the_same_job_and_rejects_another_body(

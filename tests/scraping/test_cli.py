@@ -75,3 +75,13 @@ def test_failed_jobs_are_listed_and_requeued(db_url: str, db_engine: Engine, mak
         )
     again = pin("scraping", "requeue", str(job_id), "not-a-uuid", url=db_url)
     assert again.returncode != 0
+
+
+def test_domain_list_with_nothing_to_list_says_so_and_gives_the_defaults(db_url: str) -> None:
+    listed = pin("scraping", "domain", "list", url=db_url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == (
+        "no domain has an override, a pause, or queued or running jobs: every host gets "
+        "the defaults, 2 rps and 4 concurrent (PIN_SCRAPING_DOMAIN_RPS, "
+        "PIN_SCRAPING_DOMAIN_CONCURRENCY; overrides: pin scraping domain set HOST)\n"
+    )

@@ -184,3 +184,10 @@ def test_detail_is_bounded_and_keeps_the_verdict() -> None:
     assert decision.error_detail is not None
     assert len(decision.error_detail) <= MAX_ERROR_DETAIL_CHARS
     assert decision.error_detail.endswith("attempts exhausted (5 of 5)")
+
+
+def test_a_retry_detail_counts_the_attempt_that_just_failed() -> None:
+    first = _decide(attempt=1, status_code=503)
+    assert first.error_detail == "HTTP 503 from the target; attempt 1 of 5 failed, will retry"
+    fourth = _decide(attempt=4, error_class="timeout", error_detail="no answer within 30 s")
+    assert fourth.error_detail == "no answer within 30 s; attempt 4 of 5 failed, will retry"
