@@ -19,6 +19,9 @@ INTENDED_PREVIEW_FEATURES: tuple[str, ...] = (
     "Parameter `owners` of initializer `SensorDefinition.__init__`",
     # The PostgreSQL reader bundled with the assets it loads (analysts' DataFrames).
     "Parameter `io_manager_def` of function `asset`",
+    # The areas' health assets and the detach outbox are observable (their pages show the
+    # last observation): pin_orchestration/assets/alert_checks.py.
+    "Function `multi_observable_source_asset` is currently in beta",
     # `pin up` runs `dagster dev` (the project has no `dg` layout).
     "Function `dev_command` is superseded",
 )
