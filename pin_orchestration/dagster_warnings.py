@@ -27,8 +27,16 @@ INTENDED_PREVIEW_FEATURES: tuple[str, ...] = (
 )
 
 
+# Warnings about the host, not about anything an operator of this stack can act on.
+HOST_NOISE: tuple[str, ...] = (
+    # platformdirs (through pgserver) on hosts without a login session (containers, CI):
+    # it falls back to /tmp/runtime-$UID, which serves the embedded PostgreSQL fine.
+    "XDG_RUNTIME_DIR is not set",
+)
+
+
 def silence_intended_dagster_warnings() -> None:
-    for message in INTENDED_PREVIEW_FEATURES:
+    for message in INTENDED_PREVIEW_FEATURES + HOST_NOISE:
         warnings.filterwarnings("ignore", message=f"^{message}")
 
 
@@ -36,4 +44,4 @@ def pythonwarnings_value() -> str:
     """The same list as PYTHONWARNINGS, for processes that never import this package
     (`dagster dev`, and through it the webserver and daemon) — `pin up` sets it."""
     # -W syntax: action:message-prefix; the messages hold no colons.
-    return ",".join(f"ignore:{message}" for message in INTENDED_PREVIEW_FEATURES)
+    return ",".join(f"ignore:{message}" for message in INTENDED_PREVIEW_FEATURES + HOST_NOISE)

@@ -174,7 +174,10 @@ def run_stack(
     metrics_port: int,
     api_port: int = 8000,
     seed_demo: bool = True,
+    log_level: str = "info",
 ) -> int:
+    # First: beside a live stack nothing else may start (StackAlreadyRunning).
+    previous_stack_died = clear_previous_stack(settings.home)
     database_url = resolve_database_url(settings)
     if settings.database_url is None:
         log.info("embedded PostgreSQL running, data in %s", settings.home / "pgdata")
@@ -197,9 +200,13 @@ def run_stack(
         }
     )
     env["PYTHONWARNINGS"] = pythonwarnings_value()
+    # An idle stack stays quiet: Dagster's daemon logs every sensor tick at INFO and a run
+    # prints its DEBUG events; the UI keeps them all. `pin --log-level debug up` shows them.
+    dagster_level = "debug" if log_level == "debug" else "warning"
+    env["PIN_RUN_LOG_LEVEL"] = dagster_level.upper()
     # The daemon reads this: how many failed runs record_failed_runs takes per tick.
     env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))
-    if clear_previous_stack(settings.home):
+    if previous_stack_died:
         fail_runs_left_behind(_dagster_instance(env))
     stoppers = start_local_services(settings, env, seed_demo=seed_demo)
     metrics_server = serve_metrics(engine, host, metrics_port)
@@ -216,6 +223,10 @@ def run_stack(
         host,
         "-p",
         str(port),
+        "--log-level",
+        dagster_level,
+        "--code-server-log-level",
+        dagster_level,
     ]
     log.info("Dagster UI on http://%s:%d", host, port)
     # Its own session: a terminal's Ctrl-C reaches only `pin up`, which then tells dagster
