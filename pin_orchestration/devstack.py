@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,8 +41,11 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def prepare_dagster_home(settings: Settings, dagster_yaml: Path) -> Path:
-    """DAGSTER_HOME under the PIN home, holding the repository's dagster.yaml."""
+def prepare_dagster_home(
+    settings: Settings, dagster_yaml: Path, *, run_log_level: str = "DEBUG"
+) -> Path:
+    """DAGSTER_HOME under the PIN home, holding the repository's dagster.yaml (with the
+    level at which runs print Dagster's own events to the console)."""
     if not dagster_yaml.is_file():
         raise FileNotFoundError(
             f"{dagster_yaml} not found: run `pin up` from the repository root or pass "
@@ -51,7 +53,12 @@ def prepare_dagster_home(settings: Settings, dagster_yaml: Path) -> Path:
         )
     home = settings.home / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(dagster_yaml, home / "dagster.yaml")
+    text = dagster_yaml.read_text()
+    if "python_logs:" not in text:
+        # The runs' system loggers (run and step events) print at this level; the event log,
+        # hence the UI, keeps every event.
+        text += f"\npython_logs:\n  python_log_level: {run_log_level}\n"
+    (home / "dagster.yaml").write_text(text)
     return home
 
 
@@ -187,6 +194,9 @@ def run_stack(
         log.info("demo data: %s", seed_demo_data(engine))
         log_demo_failures(engine)
 
+    # An idle stack stays quiet: Dagster's daemon logs every sensor tick at INFO and a run
+    # prints its DEBUG events; the UI keeps them all. `pin --log-level debug up` shows them.
+    dagster_level = "debug" if log_level == "debug" else "warning"
     env = dict(os.environ)
     env.update(
         {
@@ -194,15 +204,14 @@ def run_stack(
             "PIN_DAGSTER_PG_URL": env.get("PIN_DAGSTER_PG_URL")
             or dagster_storage_url(database_url),
             "PIN_HOME": str(settings.home),
-            "DAGSTER_HOME": str(prepare_dagster_home(settings, dagster_yaml)),
+            "DAGSTER_HOME": str(
+                prepare_dagster_home(settings, dagster_yaml, run_log_level=dagster_level.upper())
+            ),
             "PIN_API_HOST": host,
             "PIN_API_PORT": str(api_port),
         }
     )
     env["PYTHONWARNINGS"] = pythonwarnings_value()
-    # An idle stack stays quiet: Dagster's daemon logs every sensor tick at INFO and a run
-    # prints its DEBUG events; the UI keeps them all. `pin --log-level debug up` shows them.
-    dagster_level = "debug" if log_level == "debug" else "warning"
     env["PIN_RUN_LOG_LEVEL"] = dagster_level.upper()
     # The daemon reads this: how many failed runs record_failed_runs takes per tick.
     env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))

@@ -75,34 +75,37 @@ def lowest_uuid7_at(at: datetime) -> uuid.UUID:
     return uuid.UUID(int=int(at.timestamp() * 1000) << 80)
 
 
+def _slo_window(engine: Engine, name: str, now: datetime, **params: float) -> SloWindow:
+    window = timedelta(seconds=params["window_seconds"] + 60)  # ids minted a bit earlier too
+    with engine.connect() as conn:
+        row = conn.execute(
+            _query(name), {"lowest_id": lowest_uuid7_at(now - window), **params}
+        ).one()
+    return SloWindow(jobs=row.jobs, met=row.met)
+
+
 def scraping_start_slo(
     engine: Engine, *, now: datetime, window_seconds: float, start_within_seconds: float
 ) -> SloWindow:
-    with engine.connect() as conn:
-        row = conn.execute(
-            _query("scraping_start_slo"),
-            {
-                "lowest_id": lowest_uuid7_at(now - timedelta(seconds=window_seconds + 60)),
-                "window_seconds": window_seconds,
-                "start_within_seconds": start_within_seconds,
-            },
-        ).one()
-    return SloWindow(jobs=row.jobs, met=row.met)
+    return _slo_window(
+        engine,
+        "scraping_start_slo",
+        now,
+        window_seconds=window_seconds,
+        start_within_seconds=start_within_seconds,
+    )
 
 
 def scraping_terminal_slo(
     engine: Engine, *, now: datetime, window_seconds: float, settle_seconds: float
 ) -> SloWindow:
-    with engine.connect() as conn:
-        row = conn.execute(
-            _query("scraping_terminal_slo"),
-            {
-                "lowest_id": lowest_uuid7_at(now - timedelta(seconds=window_seconds + 60)),
-                "window_seconds": window_seconds,
-                "settle_seconds": settle_seconds,
-            },
-        ).one()
-    return SloWindow(jobs=row.jobs, met=row.met)
+    return _slo_window(
+        engine,
+        "scraping_terminal_slo",
+        now,
+        window_seconds=window_seconds,
+        settle_seconds=settle_seconds,
+    )
 
 
 def detach_failed_calls_since(engine: Engine, job_code: str, window_seconds: float) -> int:
