@@ -7,7 +7,20 @@ import functools
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.settings import Settings
+from pin_orchestration.settings import Settings, SettingsError
+
+
+class NoDatabaseHere(SettingsError):
+    """An operator command found neither PIN_DATABASE_URL nor an embedded database under
+    PIN_HOME: starting a new, empty one would only fail later, far from the cause."""
+
+
+def describe_database(settings: Settings) -> str:
+    """Which database a command uses, for an operator (no password)."""
+    if settings.database_url:
+        shown = make_url(settings.database_url).render_as_string(hide_password=True)
+        return f"database {shown} (PIN_DATABASE_URL)"
+    return f"the embedded PostgreSQL of PIN_HOME={settings.home}"
 
 # libpq's connection parameters for a server that stops answering (hung, or the network
 # to it): a connect gives up after 10 s; an idle connection is probed after 10 s and
@@ -37,16 +50,27 @@ def create_db_engine(url: str) -> Engine:
 
 
 def engine_from_env() -> Engine:
-    """The platform database's engine, from the environment (the command line's way in)."""
-    return create_db_engine(resolve_database_url(Settings.from_env()))
+    """The platform database's engine, from the environment (the command line's way in).
+    Never creates an embedded database: only `pin up` and `pin db upgrade` do."""
+    return create_db_engine(resolve_database_url(Settings.from_env(), create_embedded=False))
 
 
-def resolve_database_url(settings: Settings | None = None) -> str:
-    """PIN_DATABASE_URL when set; otherwise the embedded PostgreSQL under the PIN home."""
+def resolve_database_url(settings: Settings | None = None, *, create_embedded: bool = True) -> str:
+    """PIN_DATABASE_URL when set; otherwise the embedded PostgreSQL under the PIN home
+    (created there unless `create_embedded` is false: then NoDatabaseHere)."""
     settings = settings or Settings.from_env()
     if settings.database_url:
         return settings.database_url
     from pin_orchestration.embedded import start_embedded_postgres
+
+    if not create_embedded and not (settings.home / "pgdata").is_dir():
+        raise NoDatabaseHere(
+            f"no database: PIN_DATABASE_URL is unset and PIN_HOME={settings.home} holds no "
+            "embedded PostgreSQL (PIN_HOME defaults to .pin in the current directory). Run "
+            "where you ran `pin up` (./scripts/run keeps it in the repository's .pin), set "
+            "PIN_HOME to that directory or PIN_DATABASE_URL, or create one here with "
+            "`pin db upgrade`"
+        )
 
     # Stopped when the last process using it exits: no server is left behind.
     return start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dagster import Definitions, definitions
+from dagster import Definitions, colored_console_logger, definitions
 
+from pin_orchestration.assets.alert_checks import no_failed_runs_check
 from pin_orchestration.assets.analyst import (
     daily_drift_by_post_status,
     pin_analyst_automation,
@@ -11,23 +12,28 @@ from pin_orchestration.assets.analyst import (
     scraping_daily_outcomes,
 )
 from pin_orchestration.assets.chessboard import (
+    RECALC_HEALTH,
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
     project_aggregates,
 )
+from pin_orchestration.assets.chessboard_health import RECALC_HEALTH_CHECKS, recalc_health
 from pin_orchestration.assets.news_reconcile import (
+    comment_reconcile_health,
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
 )
 from pin_orchestration.assets.news_snapshot_detach import (
+    OUTBOX_ASSET_KEY,
+    OUTBOX_CHECKS,
     snapshot_detach_outbox,
-    snapshot_detach_outbox_checks,
 )
-from pin_orchestration.assets.queue_checks import QUEUE_CHECKS
 from pin_orchestration.assets.scraping import scraping_results
+from pin_orchestration.assets.scraping_health import JOBS_HEALTH, JOBS_HEALTH_CHECKS, jobs_health
 from pin_orchestration.jobs.alerts import pin_alert_checks_every_5_minutes, pin_alert_checks_job
 from pin_orchestration.jobs.chessboard import (
+    DRAIN_JOB,
     chessboard_divergence_check,
     chessboard_force_recalc,
     chessboard_project_recalc_drain,
@@ -45,11 +51,13 @@ from pin_orchestration.jobs.news_snapshot_detach import (
 )
 from pin_orchestration.jobs.retention import pin_retention_job
 from pin_orchestration.jobs.scraping import (
+    WORKER_JOB,
     scraping_requeue,
     scraping_sweep_expired_leases,
     scraping_webhook_delivery,
     scraping_worker,
 )
+from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
 from pin_orchestration.resources.analyst_io import ParquetFrameIOManager, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
@@ -70,7 +78,7 @@ from pin_orchestration.settings import Settings
 
 def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
     return Definitions(
-        assets=[post_comment_counts],
+        assets=[post_comment_counts, comment_reconcile_health],
         asset_checks=[reconciled_within_26h, no_failed_runs_in_26h],
         jobs=[news_comment_reconcile_job, news_comment_reconcile_health_job],
         schedules=[
@@ -83,8 +91,13 @@ def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
 
 def chessboard_project_recalc_definitions() -> Definitions:
     return Definitions(
-        assets=[project_aggregates],
-        asset_checks=[aggregates_match_source_of_truth, no_poison_recalc_requests],
+        assets=[project_aggregates, recalc_health],
+        asset_checks=[
+            aggregates_match_source_of_truth,
+            no_poison_recalc_requests,
+            *RECALC_HEALTH_CHECKS,
+            no_failed_runs_check(RECALC_HEALTH, DRAIN_JOB),
+        ],
         jobs=[
             chessboard_project_recalc_drain,
             chessboard_force_recalc,
@@ -99,7 +112,7 @@ def chessboard_project_recalc_definitions() -> Definitions:
 def news_snapshot_detach_definitions() -> Definitions:
     return Definitions(
         assets=[snapshot_detach_outbox],
-        asset_checks=[snapshot_detach_outbox_checks],
+        asset_checks=[*OUTBOX_CHECKS, no_failed_runs_check(OUTBOX_ASSET_KEY, DETACH_JOB_CODE)],
         jobs=[news_snapshot_detach_retry, news_snapshot_detach_requeue],
         sensors=[news_snapshot_detach_outbox_sensor],
         resources={"selections": SelectionsResource()},
@@ -109,7 +122,8 @@ def news_snapshot_detach_definitions() -> Definitions:
 def scraping_definitions() -> Definitions:
     return Definitions(
         # Worker runs materialize it; analysts load a day's jobs through the reader.
-        assets=[scraping_results.with_io_manager_key("pin_postgres_reader")],
+        assets=[scraping_results.with_io_manager_key("pin_postgres_reader"), jobs_health],
+        asset_checks=[*JOBS_HEALTH_CHECKS, no_failed_runs_check(JOBS_HEALTH, WORKER_JOB)],
         jobs=[
             scraping_worker,
             scraping_sweep_expired_leases,
@@ -141,9 +155,11 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
                 scraping_daily_outcomes,
             ],
             sensors=[record_failed_runs, pin_analyst_automation],
-            asset_checks=QUEUE_CHECKS,
             jobs=[pin_alert_checks_job, pin_release_lock],
             schedules=[pin_alert_checks_every_5_minutes],
+            loggers={
+                "console": colored_console_logger.configured({"log_level": settings.run_log_level})
+            },
         ),
         news_comment_reconcile_definitions(settings),
         chessboard_project_recalc_definitions(),

@@ -1,10 +1,13 @@
-"""Queue alerts without Dagster: a backlog whose oldest due item waits longer than a drain
-would ever let it (nothing is taking work: sensor off, drains failing, daemon down), and
-scraping jobs running past their lease (a worker died; the sweeper should return them).
+"""Alerts without Dagster, read from PostgreSQL so any process can evaluate them: scraping
+jobs due or running past their lease, the scraping SLOs, failed detach calls, and the
+chessboard recalc figures an alert compares between two observations (seed 002: p99 over
+the SLO, runs_total{result=error} growing, liveness).
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -12,8 +15,8 @@ from sqlalchemy import Engine, TextClause, text
 
 from pin_orchestration.sql import load_queries
 
-# A drain takes due work within a sensor tick or two (chessboard: event → aggregates p99
-# ~40 s; scraping: 95 % of jobs start within a minute); ten minutes is no run at all.
+# A drain takes due work within a sensor tick or two (scraping: 95 % of jobs start within a
+# minute); ten minutes is no run at all.
 STALLED_AFTER = timedelta(minutes=10)
 
 
@@ -33,12 +36,6 @@ def _query(name: str) -> TextClause:
     return text(load_queries("pin_orchestration", "queue_health.sql")[name])
 
 
-def chessboard_backlog(engine: Engine) -> Backlog:
-    with engine.connect() as conn:
-        row = conn.execute(_query("chessboard_due_backlog")).one()
-    return Backlog(due=row.due, oldest_due=row.oldest_due)
-
-
 def scraping_backlog(engine: Engine) -> Backlog:
     with engine.connect() as conn:
         row = conn.execute(_query("scraping_due_backlog")).one()
@@ -55,3 +52,107 @@ def scraping_jobs_past_lease(engine: Engine) -> PastLease:
     with engine.connect() as conn:
         row = conn.execute(_query("scraping_jobs_past_lease")).one()
     return PastLease(count=row.past_lease, oldest_expiry=row.oldest_expiry)
+
+
+@dataclass(frozen=True)
+class SloWindow:
+    """Jobs an SLO is measured over, and how many of them met it."""
+
+    jobs: int
+    met: int
+
+    @property
+    def share(self) -> float | None:
+        return self.met / self.jobs if self.jobs else None
+
+    def meets(self, objective: float) -> bool:
+        """No job in the window is no evidence of a miss."""
+        return self.share is None or self.share >= objective
+
+
+def lowest_uuid7_at(at: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of `at`'s millisecond: every id minted since compares above it."""
+    return uuid.UUID(int=int(at.timestamp() * 1000) << 80)
+
+
+def _slo_window(engine: Engine, name: str, now: datetime, **params: float) -> SloWindow:
+    window = timedelta(seconds=params["window_seconds"] + 60)  # ids minted a bit earlier too
+    with engine.connect() as conn:
+        row = conn.execute(
+            _query(name), {"lowest_id": lowest_uuid7_at(now - window), **params}
+        ).one()
+    return SloWindow(jobs=row.jobs, met=row.met)
+
+
+def scraping_start_slo(
+    engine: Engine, *, now: datetime, window_seconds: float, start_within_seconds: float
+) -> SloWindow:
+    return _slo_window(
+        engine,
+        "scraping_start_slo",
+        now,
+        window_seconds=window_seconds,
+        start_within_seconds=start_within_seconds,
+    )
+
+
+def scraping_terminal_slo(
+    engine: Engine, *, now: datetime, window_seconds: float, settle_seconds: float
+) -> SloWindow:
+    return _slo_window(
+        engine,
+        "scraping_terminal_slo",
+        now,
+        window_seconds=window_seconds,
+        settle_seconds=settle_seconds,
+    )
+
+
+def detach_failed_calls_since(engine: Engine, job_code: str, window_seconds: float) -> int:
+    with engine.connect() as conn:
+        row = conn.execute(
+            _query("detach_failed_calls_since"),
+            {"job_code": job_code, "window_seconds": window_seconds},
+        ).one()
+    return int(row.failed_calls)
+
+
+def quantile_upper_bound(cumulative: Mapping[str, float], quantile: float) -> float | None:
+    """The smallest bucket bound holding `quantile` of the observations of a cumulative
+    Prometheus histogram ({le: count}, "+Inf" included), as histogram_quantile bounds it;
+    None without observations."""
+    total = cumulative.get("+Inf", 0.0)
+    if total <= 0:
+        return None
+    for bound, count in sorted((float(le), n) for le, n in cumulative.items()):
+        if count >= quantile * total:
+            return bound
+    return float("inf")
+
+
+def counter_increase(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
+    """now - before per key; a counter that went down was reset, so it counts from zero."""
+    increase = {k: v - before.get(k, 0.0) for k, v in now.items()}
+    return dict(now) if any(v < 0 for v in increase.values()) else increase
+
+
+@dataclass(frozen=True)
+class RecalcCounters:
+    """The chessboard drain's persisted counters (chessboard.recalc_metrics)."""
+
+    failed: float  # chessboard_recalc_runs_total{result="failed"}
+    duration_buckets: dict[str, float]  # chessboard_recalc_process_duration_seconds, {le: n}
+    last_tick_at: datetime | None
+
+
+def chessboard_recalc_counters(engine: Engine) -> RecalcCounters:
+    from pin_orchestration.chessboard.metrics import DURATION_BUCKET, LAST_TICK, RUNS
+    from pin_orchestration.chessboard.queue import query
+
+    with engine.connect() as conn:
+        rows = conn.execute(query("read_metrics")).all()
+    return RecalcCounters(
+        failed=next((r.value for r in rows if (r.name, r.label) == (RUNS, "failed")), 0.0),
+        duration_buckets={r.label: r.value for r in rows if r.name == DURATION_BUCKET},
+        last_tick_at=next((r.updated_at for r in rows if r.name == LAST_TICK), None),
+    )

@@ -11,6 +11,9 @@ from pathlib import Path
 LOCAL_SELECTIONS_PORT = 8790
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 class SettingsError(ValueError):
     """An environment variable holds a value the project cannot use."""
 
@@ -33,6 +36,9 @@ class Settings:
     selections_token: str | None = None
     # PollingInterval of news-snapshot-detach-retry: at most one drain run per window.
     snapshot_detach_polling_seconds: float = 300.0
+    # What a run prints to its process's stderr (the UI keeps every event whatever this is);
+    # `pin up` sets it from --log-level, so an idle stack's drains and sweeps stay quiet.
+    run_log_level: str = "INFO"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -67,6 +73,12 @@ class Settings:
                 f"PIN_SNAPSHOT_DETACH_POLLING_SECONDS must be a number of seconds > 0 "
                 f"(got {polling!r}); default is 300"
             )
+        run_log_level = (env.get("PIN_RUN_LOG_LEVEL") or "INFO").upper()
+        if run_log_level not in LOG_LEVELS:
+            raise SettingsError(
+                f"PIN_RUN_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} "
+                f"(got {run_log_level!r}); default is INFO"
+            )
         return cls(
             database_url=database_url,
             home=home,
@@ -75,4 +87,5 @@ class Settings:
             selections_url=selections_url,
             selections_token=env.get("PIN_SELECTIONS_TOKEN") or None,
             snapshot_detach_polling_seconds=polling_seconds,
+            run_log_level=run_log_level,
         )

@@ -25,8 +25,8 @@ def test_code_location_snapshot() -> None:
     assert "news/post_comment_counts" in assets
     assert {
         "news/post_comment_counts:drift_within_threshold",
-        "news/post_comment_counts:reconciled_within_26h",
-        "news/post_comment_counts:no_failed_runs_in_26h",
+        "news/comment_reconcile_health:reconciled_within_26h",
+        "news/comment_reconcile_health:no_failed_runs_in_26h",
     } <= set(checks)
     assert {"news_comment_reconcile", "news_comment_reconcile_health"} <= set(jobs)
     assert {
@@ -35,15 +35,32 @@ def test_code_location_snapshot() -> None:
         ("news_comment_reconcile_health_hourly", "17 * * * *", "Europe/Moscow", "RUNNING"),
     } <= set(schedules)
     # Issue 10: alerts on the asset pages, the analysts' derived assets, failed runs counted.
+    # Issue 17/20: every alert on an unpartitioned health asset of its area (its state shows
+    # on the checks tab), each seed alert a check.
     assert {"news/daily_drift_by_post_status", "chessboard/building_free_share"} <= set(assets)
     assert {
-        "chessboard/project_aggregates:recalc_queue_not_stalled",
-        "chessboard/project_aggregates:no_failed_runs_in_1h",
-        "scraping/results:scraping_queue_not_stalled",
-        "scraping/results:no_jobs_past_lease",
-        "scraping/results:no_failed_runs_in_1h",
+        "news/comment_reconcile_health",
+        "chessboard/recalc_health",
+        "scraping/jobs_health",
+    } <= set(assets)
+    assert {
+        "chessboard/recalc_health:CHESSBOARD_RECALC_BACKLOG",
+        "chessboard/recalc_health:no_poison_recalc_requests",
+        "chessboard/recalc_health:process_p99_within_slo",
+        "chessboard/recalc_health:recalc_errors_not_growing",
+        "chessboard/recalc_health:recalc_worker_alive",
+        "chessboard/recalc_health:no_failed_runs_in_1h",
+        "scraping/jobs_health:scraping_queue_not_stalled",
+        "scraping/jobs_health:no_jobs_past_lease",
+        "scraping/jobs_health:jobs_start_within_a_minute",
+        "scraping/jobs_health:jobs_terminal_without_a_human",
+        "scraping/jobs_health:no_failed_runs_in_1h",
+        "news/snapshot_detach_outbox:pending_not_growing",
+        "news/snapshot_detach_outbox:no_failed_calls_spike",
         "news/snapshot_detach_outbox:no_failed_runs_in_1h",
     } <= set(checks)
+    # Only checks judged per partition stay on partitioned assets.
+    assert {c for c in checks if c.split(":")[0] in ("scraping/results",)} == set()
     assert "pin_alert_checks" in jobs
     assert ("pin_alert_checks_every_5_minutes", "*/5 * * * *", None, "RUNNING") in schedules
     assert {"record_failed_runs", "pin_analyst_automation"} <= {name for name, _ in sensors}

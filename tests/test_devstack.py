@@ -252,7 +252,23 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             "the quarantine check's latest evaluation",
         )
         assert latest_check_status(port, outbox, "no_quarantined_entries") == "FAILED"
+
+        # The areas' alerts, evaluated as the 5-minute schedule does, on their health assets.
+        alerts = client.submit_job_execution(
+            "pin_alert_checks", repository_location_name="pin_orchestration"
+        )
+        wait_until(
+            lambda: client.get_run_status(alerts).value in ("SUCCESS", "FAILURE", "CANCELED"),
+            180,
+            "the pin_alert_checks run",
+        )
+        assert client.get_run_status(alerts).value == "SUCCESS"
+        assert latest_check_status(port, ["scraping", "jobs_health"], "no_jobs_past_lease") == (
+            "SUCCEEDED"
+        )
         assert_ui_renders_in_chromium(port)
+        # Everything above settled: the stack is idle now.
+        assert_an_idle_stack_is_quiet(port, log_path)
 
         children = psutil.Process(stack.pid).children(recursive=True)
         assert children, "dagster dev should be running under pin up"
@@ -266,8 +282,12 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
     assert stack.returncode == 0, log_path.read_text()[-5000:]
     log = log_path.read_text()
     # What an operator sees is the system's own news, not known noise.
+    # The demo says which failures it makes on purpose, and what clears them.
+    assert "demo: quarantined on purpose; `pin detach requeue …` clears it" in log
     for noise in (
         "INFO pgserver",
+        "alembic.runtime.plugins",
+        "XDG_RUNTIME_DIR",
         "PreviewWarning",
         "BetaWarning",
         "SupersessionWarning",
@@ -359,6 +379,53 @@ def rendered_page(url: str) -> str:
     ).stdout
 
 
+def rendered_checks_tab(url: str, status: str) -> str:
+    """The checks tab fills in from a second query; a render can end before it lands, so
+    the page is rendered again (three times at most) until `status` shows."""
+    for _ in range(3):
+        page = rendered_page(url)
+        if status in page:
+            break
+    return page
+
+
+SENSOR_TICKS = """
+query($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    ... on Sensor { sensorState { ticks(limit: 100) { id } } }
+  }
+}
+"""
+# The chessboard sensor ticks every 5 s: twelve ticks are a minute of an idle stack.
+IDLE_TICKS = 12
+
+
+def sensor_tick_count(port: int, sensor: str) -> int:
+    selector = {
+        "repositoryLocationName": "pin_orchestration",
+        "repositoryName": "__repository__",
+        "sensorName": sensor,
+    }
+    answer = graphql(port, SENSOR_TICKS, {"selector": selector})["sensorOrError"]
+    return len(answer["sensorState"]["ticks"])
+
+
+def assert_an_idle_stack_is_quiet(port: int, log_path: Path) -> None:
+    """While the daemon ticks a minute's worth (gated on the sensor's ticks, not on a
+    clock), pin up writes about a line at most: no sensor INFO, no run DEBUG events."""
+    sensor = "chessboard_project_recalc_sensor"
+    before_ticks = sensor_tick_count(port, sensor)
+    assert before_ticks < 100 - IDLE_TICKS, "the tick window would not show the count"
+    before_lines = log_path.read_text().count("\n")
+    wait_until(
+        lambda: sensor_tick_count(port, sensor) >= before_ticks + IDLE_TICKS,
+        300,
+        f"{IDLE_TICKS} sensor ticks",
+    )
+    added = log_path.read_text().splitlines()[before_lines:]
+    assert len(added) <= 2, "an idle stack logged:\n" + "\n".join(added[:40])
+
+
 def assert_ui_renders_in_chromium(port: int) -> None:
     """The asset graph and one asset page, rendered by a real browser (headless Chromium),
     show the assets and the failing check; part of this test so one stack serves both."""
@@ -369,11 +436,21 @@ def assert_ui_renders_in_chromium(port: int) -> None:
     graph = rendered_page(f"{base}/locations/pin_orchestration/asset-groups/news")
     for name in ("post_comment_counts", "daily_drift_by_post_status", "snapshot_detach_outbox"):
         assert name in graph, f"{name} not in the rendered asset graph"
-    # The checks tab fills in from a second query; a render can end before it lands, so
-    # the page is rendered again (three times at most) until the status shows.
-    for _ in range(3):
-        page = rendered_page(f"{base}/assets/news/snapshot_detach_outbox?view=checks")
-        if "Failed" in page:
-            break
+    page = rendered_checks_tab(f"{base}/assets/news/snapshot_detach_outbox?view=checks", "Failed")
     assert "no_quarantined_entries" in page
     assert "Failed" in page, "the failing check's status is not on the asset page"
+
+    # Observed, not materialized: the outbox's page shows its last observation.
+    overview = rendered_page(f"{base}/assets/news/snapshot_detach_outbox")
+    assert "Never materialized" not in overview and "Never observed" not in overview
+
+    # A partitioned asset's checks tab shows the per-day check's real state, and a health
+    # asset's tab its alerts' (on a partitioned asset they would read "Not evaluated").
+    for asset, check in (
+        ("news/post_comment_counts", "drift_within_threshold"),
+        ("scraping/jobs_health", "no_jobs_past_lease"),
+    ):
+        page = rendered_checks_tab(f"{base}/assets/{asset}?view=checks", "Succeeded")
+        assert check in page, f"{check} not on the checks tab of {asset}"
+        assert "Succeeded" in page, f"{asset}: the check's state is not on its checks tab"
+        assert "Not evaluated" not in page, f"{asset}: a check reads Not evaluated"

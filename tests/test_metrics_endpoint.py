@@ -74,3 +74,99 @@ def test_metrics_serve_exposes_every_seed_metric(db_url: str) -> None:
         names.update(sample.name for sample in family.samples)
     missing = sorted(SEED_METRICS - names)
     assert missing == [], f"not exposed: {missing}"
+
+
+def test_metric_values_follow_the_state_they_report(db_engine) -> None:
+    """Not only the names: each figure is what the rows say."""
+    import uuid
+
+    from sqlalchemy import text
+
+    from pin_orchestration.ids import uuid7
+    from pin_orchestration.metrics import build_registry
+
+    with db_engine.begin() as conn:
+        # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration; the
+        # latest non-skipped run stopped with posts left.
+        for n, (status, duration, backlog, minutes_ago) in enumerate(
+            [
+                ("succeeded", 50, False, 30),
+                ("succeeded", 700, False, 20),
+                ("succeeded", 40_000, True, 10),
+                ("skipped", 5, False, 5),
+            ]
+        ):
+            conn.execute(
+                text(
+                    """
+                    INSERT INTO pin.job_runs (job_code, run_id, status, started_at, finished_at,
+                                              result)
+                    VALUES ('news-comment-reconcile', :run, :status,
+                            now() - make_interval(mins => :ago),
+                            now() - make_interval(mins => :ago),
+                            jsonb_build_object('duration_ms', CAST(:ms AS bigint),
+                                               'backlog_remaining', CAST(:backlog AS boolean)))
+                    """
+                ),
+                {
+                    "run": f"r{n}",
+                    "status": status,
+                    "ms": duration,
+                    "backlog": backlog,
+                    "ago": minutes_ago,
+                },
+            )
+        # Recalc queue: two due, one not yet due, one poison (not backlog).
+        for due_in, attempts in ((-60, 0), (-5, 1), (300, 0), (-600, 5)):
+            conn.execute(
+                text(
+                    """
+                    INSERT INTO chessboard.project_recalc_requests
+                        (project_id, tenant_id, due_at, first_requested_at, last_reason,
+                         attempt_count, created_at, updated_at)
+                    VALUES (:p, :t, now() + make_interval(secs => :s), now(), 'test', :a,
+                            now(), now())
+                    """
+                ),
+                {"p": uuid.uuid4(), "t": uuid.uuid4(), "s": due_in, "a": attempts},
+            )
+        # Detach outbox: the oldest Pending entry is 600 s old; a Done one older still.
+        for status, age in (("Pending", 600), ("Pending", 60), ("Done", 7200)):
+            conn.execute(
+                text(
+                    """
+                    INSERT INTO news.snapshot_detach_outbox
+                        (id, snapshot_id, post_id, reason, status, created_at)
+                    VALUES (:id, :snap, :post, 'PostDeleted', :status,
+                            now() - make_interval(secs => :age))
+                    """
+                ),
+                {
+                    "id": uuid7(),
+                    "snap": uuid.uuid4(),
+                    "post": uuid7(),
+                    "status": status,
+                    "age": age,
+                },
+            )
+
+    registry = build_registry(db_engine)
+    value = registry.get_sample_value
+    assert value("news_comment_reconcile_backlog_remaining") == 1
+    buckets = {
+        le: value("news_comment_reconcile_run_duration_ms_bucket", {"le": le})
+        for le in ("100", "500", "1000", "30000", "60000", "+Inf")
+    }
+    assert buckets == {
+        "100": 1,
+        "500": 1,
+        "1000": 2,
+        "30000": 2,
+        "60000": 3,
+        "+Inf": 3,
+    }
+    assert value("news_comment_reconcile_run_duration_ms_sum") == 40_750
+    assert value("news_comment_reconcile_run_duration_ms_count") == 3
+    assert value("chessboard_recalc_due_backlog") == 2
+    oldest = value("news_snapshot_detach_oldest_age_seconds")
+    assert 600 <= oldest < 900, oldest  # created 600 s before the scrape, Done left out

@@ -35,6 +35,9 @@ from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
 PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
+# The recalc queue's health: unpartitioned, so its alert checks show their state on its
+# page (a check on the per-project asset reads "Not evaluated" after the next recalc).
+RECALC_HEALTH = AssetKey(["chessboard", "recalc_health"])
 DIVERGENCE_CHECK = "aggregates_match_source_of_truth"
 POISON_CHECK = "no_poison_recalc_requests"
 
@@ -141,7 +144,7 @@ def poison_evaluation(rows: list[dict[str, object]]) -> AssetCheckEvaluation:
             "run job chessboard_reset_poison_row (or `pin chessboard reset-poison ID`)"
         )
     return AssetCheckEvaluation(
-        asset_key=PROJECT_AGGREGATES,
+        asset_key=RECALC_HEALTH,
         check_name=POISON_CHECK,
         passed=not rows,
         severity=AssetCheckSeverity.ERROR,
@@ -154,7 +157,7 @@ def poison_evaluation(rows: list[dict[str, object]]) -> AssetCheckEvaluation:
 
 
 @asset_check(
-    asset=PROJECT_AGGREGATES,
+    asset=RECALC_HEALTH,
     name=POISON_CHECK,
     description="CHESSBOARD_RECALC_POISON: no queue row has failed recalc poison_threshold "
     "(5) times. Drain runs report this check whenever they poison a row.",

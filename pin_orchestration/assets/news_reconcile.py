@@ -12,15 +12,21 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetSpec,
+    Config,
     DailyPartitionsDefinition,
     Failure,
     MaterializeResult,
     MetadataValue,
+    ObserveResult,
     asset,
     asset_check,
+    multi_observable_source_asset,
 )
+from pydantic import Field
 
 from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.jobruns import RunStatus as JobRunStatus
 from pin_orchestration.jobruns import count_runs_since, last_successful_run_at
 from pin_orchestration.locks import default_holder
 from pin_orchestration.news.reconcile import (
@@ -37,12 +43,18 @@ from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
 POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
+# Unpartitioned, so the run-history alerts show their state on its page (on the daily asset
+# they read "Not evaluated" once another day is materialized).
+RECONCILE_HEALTH = AssetKey(["news", "comment_reconcile_health"])
 DRIFT_CHECK = "drift_within_threshold"
 # The seed's alert: no successful run for more than 26 hours.
 STALE_AFTER_SECONDS = 26 * 3600
 
+# end_offset=1: the running Moscow day is a partition, so a reconcile launched today (FullSweep
+# on demand, a Launchpad run) records under today and its window ends now; the 03:00
+# schedule still reconciles the day before.
 news_daily_partitions = DailyPartitionsDefinition(
-    start_date="2025-01-01", timezone="Europe/Moscow", fmt="%Y-%m-%d"
+    start_date="2025-01-01", timezone="Europe/Moscow", fmt="%Y-%m-%d", end_offset=1
 )
 
 
@@ -141,35 +153,88 @@ def post_comment_counts(
         )
 
 
-@asset_check(
-    asset=POST_COMMENT_COUNTS,
-    name="reconciled_within_26h",
-    description="A reconcile run succeeded within the last 26 hours",
+@multi_observable_source_asset(
+    specs=[
+        AssetSpec(
+            RECONCILE_HEALTH,
+            group_name="news",
+            kinds={"postgres"},
+            description="The reconcile's run history as the hourly health job and "
+            "pin_alert_checks observe it; its checks are the seed's alerts (no successful run "
+            "for 26 h, errors growing). The per-run drift alert is on post_comment_counts.",
+        )
+    ],
 )
-def reconciled_within_26h(
-    context: AssetCheckExecutionContext, database: DatabaseResource
-) -> AssetCheckResult:
-    last = last_successful_run_at(database.get_engine(), JOB_CODE)
-    age = (datetime.now(UTC) - last).total_seconds() if last else None
-    return AssetCheckResult(
-        passed=age is not None and age <= STALE_AFTER_SECONDS,
-        severity=AssetCheckSeverity.ERROR,
+def comment_reconcile_health(database: DatabaseResource) -> Iterator[ObserveResult]:
+    engine = database.get_engine()
+    last = last_successful_run_at(engine, JOB_CODE)
+    yield ObserveResult(
+        asset_key=RECONCILE_HEALTH,
         metadata={
             "last_success_at": last.isoformat() if last else "never",
-            "age_hours": round(age / 3600, 2) if age is not None else -1,
+            "failed_runs_26h": count_runs_since(
+                engine, JOB_CODE, JobRunStatus.FAILED, STALE_AFTER_SECONDS
+            ),
         },
     )
 
 
+class ReconcileStaleAlertConfig(Config):
+    max_age_hours: float = Field(
+        default=STALE_AFTER_SECONDS / 3600, gt=0, description="no successful run for 26 h"
+    )
+
+
 @asset_check(
-    asset=POST_COMMENT_COUNTS,
+    asset=RECONCILE_HEALTH,
+    name="reconciled_within_26h",
+    description="A reconcile run succeeded within the last 26 hours (max_age_hours)",
+)
+def reconciled_within_26h(
+    context: AssetCheckExecutionContext,
+    config: ReconcileStaleAlertConfig,
+    database: DatabaseResource,
+) -> AssetCheckResult:
+    last = last_successful_run_at(database.get_engine(), JOB_CODE)
+    age = (datetime.now(UTC) - last).total_seconds() if last else None
+    return AssetCheckResult(
+        passed=age is not None and age <= config.max_age_hours * 3600,
+        severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "last_success_at": last.isoformat() if last else "never",
+            "age_hours": round(age / 3600, 2) if age is not None else -1,
+            "max_age_hours": config.max_age_hours,
+        },
+    )
+
+
+class ReconcileErrorsAlertConfig(Config):
+    window_hours: float = Field(default=26, gt=0, description="failed runs counted over this")
+    max_failed_runs: int = Field(default=0, ge=0, description="more failed runs than this fail")
+
+
+@asset_check(
+    asset=RECONCILE_HEALTH,
     name="no_failed_runs_in_26h",
-    description="No reconcile run failed in the last 26 hours (errors_total not growing)",
+    description="Errors growing: news_comment_reconcile_errors_total rose by more than "
+    "max_failed_runs (0) in the last window_hours (26)",
 )
 def no_failed_runs_in_26h(
-    context: AssetCheckExecutionContext, database: DatabaseResource
+    context: AssetCheckExecutionContext,
+    config: ReconcileErrorsAlertConfig,
+    database: DatabaseResource,
 ) -> AssetCheckResult:
-    failed = count_runs_since(database.get_engine(), JOB_CODE, "failed", STALE_AFTER_SECONDS)
+    failed = count_runs_since(
+        database.get_engine(), JOB_CODE, JobRunStatus.FAILED, config.window_hours * 3600
+    )
     return AssetCheckResult(
-        passed=failed == 0, severity=AssetCheckSeverity.WARN, metadata={"failed_runs": failed}
+        passed=failed <= config.max_failed_runs,
+        severity=AssetCheckSeverity.WARN,
+        description=(
+            f"{failed} reconcile runs failed in the last {config.window_hours:g} h: open them "
+            "in Runs (job news_comment_reconcile), fix the cause (docs/runbooks.md#failed-runs)"
+            if failed > config.max_failed_runs
+            else f"no failed runs in {config.window_hours:g} h"
+        ),
+        metadata={"failed_runs": failed, "window_hours": config.window_hours},
     )

@@ -8,7 +8,9 @@ results for), so it is declared as a spec: no Dagster run ever "computes" the by
 from dagster import AssetKey, AssetSpec, DailyPartitionsDefinition
 
 SCRAPING_RESULTS = AssetKey(["scraping", "results"])
-RESULT_DAYS = DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC")
+# end_offset=1: the running day is a partition too, so what workers stored today shows
+# (and loads) while the day runs, not only after midnight.
+RESULT_DAYS = DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)
 
 scraping_results = AssetSpec(
     key=SCRAPING_RESULTS,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from pin_orchestration.cli.logs import LOG_LEVELS, configure_logging
 from pin_orchestration.db import create_db_engine, engine_from_env, resolve_database_url
 from pin_orchestration.settings import Settings
 
@@ -21,7 +22,16 @@ from pin_orchestration.settings import Settings
 @click.option("--dagster-yaml", type=click.Path(path_type=Path), default=Path("dagster.yaml"))
 @click.option("--workspace", type=click.Path(path_type=Path), default=Path("workspace.yaml"))
 @click.option("--no-demo", is_flag=True, help="Do not load demo data")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="As `pin --log-level` (./scripts/run --log-level debug): debug shows the Dagster "
+    "daemon's sensor ticks and the runs' events",
+)
+@click.pass_context
 def up(
+    ctx: click.Context,
     host: str,
     port: int,
     metrics_port: int,
@@ -29,13 +39,15 @@ def up(
     dagster_yaml: Path,
     workspace: Path,
     no_demo: bool,
+    log_level: str | None,
 ) -> None:
     """Bring the whole system up: database, migrations, demo data, Dagster UI + daemon."""
     from pin_orchestration.devstack import run_stack
+    from pin_orchestration.stack_recovery import StackAlreadyRunning
 
     settings = Settings.from_env()
-    sys.exit(
-        run_stack(
+    try:
+        code = run_stack(
             settings=settings,
             dagster_yaml=dagster_yaml.resolve(),
             workspace_yaml=workspace.resolve(),
@@ -44,8 +56,18 @@ def up(
             metrics_port=metrics_port,
             api_port=api_port,
             seed_demo=not no_demo,
+            log_level=_stack_log_level(ctx, log_level),
         )
-    )
+    except StackAlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
+
+
+def _stack_log_level(ctx: click.Context, log_level: str | None) -> str:
+    if log_level is None:
+        return (ctx.obj or {}).get("log_level", "info")
+    configure_logging(log_level.lower())  # given after `up`: pin's own loggers follow it
+    return log_level.lower()
 
 
 @click.group()

@@ -1,5 +1,6 @@
-"""`pin_alert_checks`: the state-based alert checks of every area in one run, on a schedule,
-so their status on the asset pages is never older than a few minutes."""
+"""`pin_alert_checks`: every area's health asset observed and its alert checks evaluated in
+one run, on a schedule, so their status on the asset pages is never older than a few
+minutes."""
 
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ from dagster import (
     in_process_executor,
 )
 
-from pin_orchestration.assets.chessboard import no_poison_recalc_requests
-from pin_orchestration.assets.news_snapshot_detach import snapshot_detach_outbox_checks
-from pin_orchestration.assets.queue_checks import QUEUE_CHECKS
+from pin_orchestration.assets.chessboard import RECALC_HEALTH
+from pin_orchestration.assets.news_reconcile import RECONCILE_HEALTH
+from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY
+from pin_orchestration.assets.scraping_health import JOBS_HEALTH
+
+# Selecting an asset selects its checks: every alert of the area comes with it.
+HEALTH_ASSETS = (RECONCILE_HEALTH, OUTBOX_ASSET_KEY, RECALC_HEALTH, JOBS_HEALTH)
 
 pin_alert_checks_job = define_asset_job(
     "pin_alert_checks",
-    selection=AssetSelection.checks(
-        *QUEUE_CHECKS, no_poison_recalc_requests, snapshot_detach_outbox_checks
-    ),
+    selection=AssetSelection.assets(*HEALTH_ASSETS),
     executor_def=in_process_executor,
-    description="Alert checks over the queues: stalled backlogs, jobs past their lease, "
-    "recalc poison, quarantined detaches (docs/runbooks.md)",
+    description="The areas' health assets observed and their alert checks evaluated: "
+    "stalled backlogs, SLOs, errors growing, recalc poison, quarantined detaches "
+    "(docs/runbooks.md)",
 )
 
 pin_alert_checks_every_5_minutes = ScheduleDefinition(

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job, in_process_executor
 
-from pin_orchestration.assets.news_reconcile import (
-    POST_COMMENT_COUNTS,
-    no_failed_runs_in_26h,
-    reconciled_within_26h,
-)
+from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, RECONCILE_HEALTH
 
 news_comment_reconcile_job = define_asset_job(
     "news_comment_reconcile",
-    selection=AssetSelection.assets(POST_COMMENT_COUNTS).without_checks()
-    | AssetSelection.checks_for_assets(POST_COMMENT_COUNTS)
-    - AssetSelection.checks(reconciled_within_26h, no_failed_runs_in_26h),
+    selection=AssetSelection.assets(POST_COMMENT_COUNTS),
     executor_def=in_process_executor,
     tags={"pin/job": "news-comment-reconcile"},
     description="Reconcile news.posts.comments_count (seed 000). Config: scope, batch_size, "
@@ -23,7 +17,8 @@ news_comment_reconcile_job = define_asset_job(
 
 news_comment_reconcile_health_job = define_asset_job(
     "news_comment_reconcile_health",
-    selection=AssetSelection.checks(reconciled_within_26h, no_failed_runs_in_26h),
+    # The health asset observed, then its checks (selected with it).
+    selection=AssetSelection.assets(RECONCILE_HEALTH),
     executor_def=in_process_executor,
     description="Alert checks: a successful reconcile within 26 h, no failed runs",
 )

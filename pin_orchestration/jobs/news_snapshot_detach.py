@@ -19,11 +19,11 @@ from dagster import (
 )
 from pydantic import Field
 
-from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY, check_evaluations
+from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY, outbox_evaluations
 from pin_orchestration.cancellation import stop_requested_on_signals
 from pin_orchestration.jobruns import RunStatus
 from pin_orchestration.locks import default_holder
-from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, sensor_state
+from pin_orchestration.news.snapshot_detach.monitoring import outbox_state
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE, DetachOptions
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
@@ -81,7 +81,7 @@ def drain_snapshot_detach_outbox(
         )
     )
     if result.quarantined:
-        for evaluation in check_evaluations(sensor_state(engine), datetime.now(UTC)):
+        for evaluation in outbox_evaluations(engine, datetime.now(UTC)):
             context.log_event(evaluation)
     if result.status == RunStatus.FAILED:
         raise Failure(f"{JOB_CODE} failed: {result.error}", metadata=result.summary())

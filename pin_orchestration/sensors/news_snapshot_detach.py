@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from pin_orchestration.assets.news_snapshot_detach import check_evaluations
+from pin_orchestration.demo import demo_quarantined_ids
 from pin_orchestration.jobs.news_snapshot_detach import news_snapshot_detach_retry
 from pin_orchestration.news.snapshot_detach.monitoring import sensor_state
 from pin_orchestration.resources.database import DatabaseResource
@@ -44,10 +45,12 @@ def news_snapshot_detach_outbox_sensor(
 ) -> SensorResult:
     interval = Settings.from_env().snapshot_detach_polling_seconds
     now = _now()
-    state = sensor_state(database.get_engine())
+    engine = database.get_engine()
+    state = sensor_state(engine)
     cursor = json.loads(context.cursor) if context.cursor else {}
 
-    evaluations = check_evaluations(state, now)
+    demo_ids = demo_quarantined_ids(engine) if state.quarantined else []
+    evaluations = check_evaluations(state, now, demo_ids)
     alerts = {e.check_name: e.passed for e in evaluations}
     asset_events = evaluations if alerts != cursor.get("alerts") else []
 

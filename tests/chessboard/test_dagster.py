@@ -28,6 +28,7 @@ from pin_orchestration.assets.chessboard import (
     no_poison_recalc_requests,
     project_aggregates,
 )
+from pin_orchestration.assets.chessboard_health import recalc_health
 from pin_orchestration.chessboard.queue import request_project_recalc
 from pin_orchestration.jobs.chessboard import (
     DRAIN_TAGS,
@@ -248,7 +249,7 @@ def test_drain_run_raises_the_poison_alert_as_a_failed_check(
         assert queue_row(conn, bad)["attempt_count"] == 5
 
     check = materialize(
-        [project_aggregates, no_poison_recalc_requests],
+        [recalc_health, no_poison_recalc_requests],
         instance=instance,
         resources=resources,
         selection=AssetSelection.checks(no_poison_recalc_requests),

@@ -95,7 +95,7 @@ def test_code_location_has_the_chessboard_names() -> None:
     assert "chessboard/project_aggregates" in assets
     assert {
         "chessboard/project_aggregates:aggregates_match_source_of_truth",
-        "chessboard/project_aggregates:no_poison_recalc_requests",
+        "chessboard/recalc_health:no_poison_recalc_requests",
     } <= checks
     assert {
         "chessboard_project_recalc_drain",

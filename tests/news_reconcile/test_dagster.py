@@ -11,7 +11,8 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.assets.news_reconcile import (
     DRIFT_CHECK,
-    POST_COMMENT_COUNTS,
+    RECONCILE_HEALTH,
+    comment_reconcile_health,
     no_failed_runs_in_26h,
     post_comment_counts,
     reconciled_within_26h,
@@ -121,7 +122,7 @@ def test_reconciled_within_26h_check(
                 {"h": age_hours},
             )
     defs = Definitions(
-        assets=[post_comment_counts],
+        assets=[post_comment_counts, comment_reconcile_health],
         asset_checks=[reconciled_within_26h, no_failed_runs_in_26h],
         resources={"database": DatabaseResource(url=db_url)},
     )
@@ -132,7 +133,7 @@ def test_reconciled_within_26h_check(
     evaluations = {e.check_name: e for e in outcome.get_asset_check_evaluations()}
     assert evaluations["reconciled_within_26h"].passed is passed
     assert evaluations["no_failed_runs_in_26h"].passed
-    assert all(e.asset_key == POST_COMMENT_COUNTS for e in evaluations.values())
+    assert all(e.asset_key == RECONCILE_HEALTH for e in evaluations.values())
 
 
 def test_backfill_of_a_past_day_reconciles_that_days_activity(

@@ -1,0 +1,96 @@
+"""What the areas' alert checks share: the health assets they sit on, the "no failed runs"
+check, and the figures a previous observation recorded (for alerts on growth).
+
+Each area's alerts live on an unpartitioned health asset (news/comment_reconcile_health,
+news/snapshot_detach_outbox, chessboard/recalc_health, scraping/jobs_health): a check on a
+partitioned asset shows "Not evaluated" on its page as soon as another partition is
+materialized. A health asset is observable: `pin_alert_checks` (every 5 minutes) observes
+it, recording the figures its checks judge, then runs the checks.
+"""
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    Config,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunsFilter,
+    asset_check,
+)
+from pydantic import Field
+
+from pin_orchestration.jobruns import RunStatus, count_runs_since
+from pin_orchestration.resources.database import DatabaseResource
+
+
+def last_successful_run(instance: DagsterInstance, job_name: str) -> str:
+    records = instance.get_run_records(
+        RunsFilter(job_name=job_name, statuses=[DagsterRunStatus.SUCCESS]), limit=1
+    )
+    end = records[0].end_time if records else None
+    return datetime.fromtimestamp(end, UTC).isoformat() if end else "never"
+
+
+def observed_before(
+    context: AssetCheckExecutionContext, key: AssetKey, before: datetime
+) -> tuple[datetime, Mapping[str, object]] | None:
+    """When the latest observation of `key` made before `before` by another run was made,
+    and its metadata (this run observed the asset just now: that is the window's end)."""
+    result = context.instance.fetch_observations(
+        AssetRecordsFilter(asset_key=key, before_timestamp=before.timestamp()), limit=2
+    )
+    for record in result.records:
+        observation = record.asset_observation
+        if record.run_id != context.run.run_id and observation is not None:
+            metadata = {name: value.value for name, value in observation.metadata.items()}
+            return datetime.fromtimestamp(record.timestamp, UTC), metadata
+    return None
+
+
+class FailedRunsAlertConfig(Config):
+    window_seconds: float = Field(
+        default=3600, gt=0, description="Failed runs count over this many seconds"
+    )
+
+
+# Drains run all day, so a failure an hour old is still news; the run-failure sensor
+# (record_failed_runs) counts every failed run into pin.job_runs under these job codes.
+def no_failed_runs_check(asset: AssetKey, job_code: str) -> AssetChecksDefinition:
+    @asset_check(
+        asset=asset,
+        name="no_failed_runs_in_1h",
+        description=f"No {job_code} run failed in the last hour (config errors included)",
+    )
+    def _check(
+        context: AssetCheckExecutionContext,
+        config: FailedRunsAlertConfig,
+        database: DatabaseResource,
+    ) -> AssetCheckResult:
+        failed = count_runs_since(
+            database.get_engine(), job_code, RunStatus.FAILED, config.window_seconds
+        )
+        return AssetCheckResult(
+            passed=failed == 0,
+            severity=AssetCheckSeverity.WARN,
+            description=(
+                f"{failed} failed {job_code} runs in the last {config.window_seconds:g} s: "
+                "open them in Runs (filter by job), fix the cause "
+                "(docs/runbooks.md#failed-runs)"
+                if failed
+                else "no failed runs"
+            ),
+            metadata={
+                "failed_runs": failed,
+                "job_code": job_code,
+                "window_seconds": config.window_seconds,
+            },
+        )
+
+    return _check
