@@ -22,6 +22,7 @@ def describe_database(settings: Settings) -> str:
         return f"database {shown} (PIN_DATABASE_URL)"
     return f"the embedded PostgreSQL of PIN_HOME={settings.home}"
 
+
 # libpq's connection parameters for a server that stops answering (hung, or the network
 # to it): a connect gives up after 10 s; an idle connection is probed after 10 s and
 # dropped after 3 unanswered probes 5 s apart; data the server's host never acknowledges
