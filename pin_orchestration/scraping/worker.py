@@ -198,7 +198,7 @@ def run_worker(
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
-                _write_outcomes(engine, worker, outcomes, report, clock)
+                _write_outcomes(engine, worker, outcomes, report, clock, retry_policy.max_pause_seconds)
                 now = time.monotonic()
                 if stop.is_set() or now - started >= options.max_run_duration_seconds:
                     break
@@ -240,7 +240,7 @@ def run_worker(
                     for flight in flights.values():
                         flight.stop("worker_stopped")
         # The pool has drained: every slot's outcome is queued.
-        _write_outcomes(engine, worker, outcomes, report, clock)
+        _write_outcomes(engine, worker, outcomes, report, clock, retry_policy.max_pause_seconds)
     finally:
         renewal_done.set()
         renewer.join(timeout=5)
@@ -388,6 +388,7 @@ def _write_outcomes(
     outcomes: queue.Queue[tuple[AttemptOutcome, datetime]],
     report: WorkerReport,
     clock: Callable[[], datetime],
+    max_pause_seconds: float,
 ) -> None:
     batch: list[tuple[AttemptOutcome, datetime]] = []
     while True:
@@ -398,7 +399,11 @@ def _write_outcomes(
     if not batch:
         return
     written = repository.finish_attempts(
-        engine, worker=worker, outcomes=[o for o, _ in batch], clock=clock
+        engine,
+        worker=worker,
+        outcomes=[o for o, _ in batch],
+        clock=clock,
+        max_pause_seconds=max_pause_seconds,
     )
     for outcome, created_at in batch:
         if outcome.job_id not in written:

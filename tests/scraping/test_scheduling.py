@@ -317,10 +317,7 @@ def test_queue_stats_count_only_what_a_worker_could_claim(db_engine: Engine, mak
     enqueue_many(db_engine, tenant.id, [f"http://paused.example/{i}" for i in range(5)])
     with db_engine.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO scraping.domains (domain, blocked_until) "
-                "VALUES ('paused.example', now() + interval '1 minute')"
-            )
+            text("SELECT scraping.pause_domain('paused.example', now() + interval '1 minute')")
         )
         stats = repository.queue_stats(conn, defaults)
     assert (stats.due, stats.claimable) == (33, 0)
