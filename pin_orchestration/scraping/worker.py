@@ -198,7 +198,9 @@ def run_worker(
     try:
         with ThreadPoolExecutor(max_workers=options.slots, thread_name_prefix=worker) as pool:
             while True:
-                _write_outcomes(engine, worker, outcomes, report, clock, retry_policy.max_pause_seconds)
+                _write_outcomes(
+                    engine, worker, outcomes, report, clock, retry_policy.max_pause_seconds
+                )
                 now = time.monotonic()
                 if stop.is_set() or now - started >= options.max_run_duration_seconds:
                     break
