@@ -1,4 +1,5 @@
 -- Migration 0011 down: back to 0007's claim (its text as 0007 created it).
+DROP TRIGGER domains_deleted ON scraping.domains;
 DROP TRIGGER domains_domain_queue_update ON scraping.domains;
 DROP TRIGGER domains_domain_queue_insert ON scraping.domains;
 DROP TRIGGER jobs_domain_queue_update ON scraping.jobs;
@@ -11,6 +12,7 @@ DROP FUNCTION scraping.check_job_url(text, text);
 DROP FUNCTION scraping.request_sha256(text, jsonb, text, text);
 DROP FUNCTION scraping.idna_host(text);
 DROP FUNCTION scraping.punycode_digit(integer);
+DROP FUNCTION scraping.domains_deleted();
 DROP FUNCTION scraping.domains_domain_queue();
 DROP FUNCTION scraping.jobs_domain_queue();
 DROP FUNCTION scraping.set_domain_queue_aside(text, text, text, timestamptz);

@@ -163,6 +163,27 @@ BEGIN
 END
 $fn$;
 
+-- A domain's state row deleted (an operator resetting it): its queues go with it, and a
+-- fresh row and queues are made again for the jobs still queued there, so none is left
+-- out of the pick.
+CREATE OR REPLACE FUNCTION scraping.domains_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
+    IF EXISTS (SELECT 1 FROM scraping.jobs j
+               WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
+        INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
+        ON CONFLICT (domain) DO NOTHING;
+        INSERT INTO scraping.domain_queues (domain, priority, head_tag)
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
+        ON CONFLICT (domain, priority) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
 -- scraping.claim_jobs: the pick (README "Scheduling"; the design in migration 0011).
 --
 -- Claim up to p_limit due jobs for worker p_worker: each gets a lease (from
@@ -188,7 +209,9 @@ $fn$;
 -- domain's state row (scraping.domains: token bucket, pause) with FOR UPDATE SKIP LOCKED,
 -- so claimers of different domains never wait for each other, and two claimers never both
 -- spend a domain's last token or connection (connections are counted from the jobs
--- themselves under that row lock, so nothing can drift). It never waits on any lock.
+-- themselves under that row lock, so nothing can drift). It waits for a lock only while
+-- it holds none (every domain with room is being claimed from: one busy site), so claims
+-- never deadlock.
 --
 -- Plan per pick (EXPLAIN ANALYZE: bench/scraping_claim.py, bench/README.md): one probe of
 -- ix_domain_queues_pick (priority, head_tag) WHERE ready; the domains row by primary key;
@@ -226,6 +249,9 @@ DECLARE
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
+    -- whether this call holds a row lock yet: until it does, it may wait for one without
+    -- any risk of a deadlock (a waiter holding nothing is in no cycle)
+    v_holds_locks boolean := false;
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
@@ -243,6 +269,7 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ) due
     WHERE q.domain = due.domain AND q.priority = due.priority;
+    v_holds_locks := FOUND;
 
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
            array_agg(vtime ORDER BY array_position(c_name, priority)),
@@ -274,10 +301,21 @@ BEGIN
             ORDER BY q.head_tag, q.domain
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND AND NOT v_holds_locks THEN
+                -- Every queue with room is being picked from by other claims (one busy
+                -- site): wait for the first of them rather than answer "nothing to do".
+                SELECT q.domain, q.head_tag INTO v_queue
+                FROM scraping.domain_queues q
+                WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> ALL (skipped)
+                ORDER BY q.head_tag, q.domain
+                LIMIT 1
+                FOR UPDATE;
+            END IF;
             IF NOT FOUND THEN
                 c_done[ci] := true;
                 CONTINUE picks;
             END IF;
+            v_holds_locks := true;
 
             SELECT d.* INTO v_domain FROM scraping.domains d
             WHERE d.domain = v_queue.domain
@@ -685,3 +723,8 @@ CREATE TRIGGER domains_domain_queue_insert AFTER INSERT ON scraping.domains
 CREATE TRIGGER domains_domain_queue_update
     AFTER UPDATE OF blocked_until, rps, concurrency ON scraping.domains
     FOR EACH ROW EXECUTE FUNCTION scraping.domains_domain_queue();
+CREATE TRIGGER domains_deleted AFTER DELETE ON scraping.domains
+    FOR EACH ROW EXECUTE FUNCTION scraping.domains_deleted();
+
+-- Intake from another service's role: only through `pin db grant-raiser ROLE`.
+REVOKE EXECUTE ON FUNCTION scraping.submit_job(uuid, text, jsonb, text, text, text) FROM PUBLIC;

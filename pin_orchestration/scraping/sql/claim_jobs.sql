@@ -23,7 +23,9 @@
 -- domain's state row (scraping.domains: token bucket, pause) with FOR UPDATE SKIP LOCKED,
 -- so claimers of different domains never wait for each other, and two claimers never both
 -- spend a domain's last token or connection (connections are counted from the jobs
--- themselves under that row lock, so nothing can drift). It never waits on any lock.
+-- themselves under that row lock, so nothing can drift). It waits for a lock only while
+-- it holds none (every domain with room is being claimed from: one busy site), so claims
+-- never deadlock.
 --
 -- Plan per pick (EXPLAIN ANALYZE: bench/scraping_claim.py, bench/README.md): one probe of
 -- ix_domain_queues_pick (priority, head_tag) WHERE ready; the domains row by primary key;
@@ -61,6 +63,9 @@ DECLARE
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
+    -- whether this call holds a row lock yet: until it does, it may wait for one without
+    -- any risk of a deadlock (a waiter holding nothing is in no cycle)
+    v_holds_locks boolean := false;
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
@@ -78,6 +83,7 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ) due
     WHERE q.domain = due.domain AND q.priority = due.priority;
+    v_holds_locks := FOUND;
 
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
            array_agg(vtime ORDER BY array_position(c_name, priority)),
@@ -109,10 +115,21 @@ BEGIN
             ORDER BY q.head_tag, q.domain
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND AND NOT v_holds_locks THEN
+                -- Every queue with room is being picked from by other claims (one busy
+                -- site): wait for the first of them rather than answer "nothing to do".
+                SELECT q.domain, q.head_tag INTO v_queue
+                FROM scraping.domain_queues q
+                WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> ALL (skipped)
+                ORDER BY q.head_tag, q.domain
+                LIMIT 1
+                FOR UPDATE;
+            END IF;
             IF NOT FOUND THEN
                 c_done[ci] := true;
                 CONTINUE picks;
             END IF;
+            v_holds_locks := true;
 
             SELECT d.* INTO v_domain FROM scraping.domains d
             WHERE d.domain = v_queue.domain

@@ -103,3 +103,24 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
+
+-- A domain's state row deleted (an operator resetting it): its queues go with it, and a
+-- fresh row and queues are made again for the jobs still queued there, so none is left
+-- out of the pick.
+CREATE OR REPLACE FUNCTION scraping.domains_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
+    IF EXISTS (SELECT 1 FROM scraping.jobs j
+               WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
+        INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
+        ON CONFLICT (domain) DO NOTHING;
+        INSERT INTO scraping.domain_queues (domain, priority, head_tag)
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
+        ON CONFLICT (domain, priority) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
