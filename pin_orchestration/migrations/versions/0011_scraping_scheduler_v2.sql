@@ -213,11 +213,13 @@ $fn$;
 -- it holds none (every domain with room is being claimed from: one busy site), so claims
 -- never deadlock.
 --
--- Plan per pick (EXPLAIN ANALYZE: bench/scraping_claim.py, bench/README.md): one probe of
+-- Plan per pick (EXPLAIN ANALYZE: bench/scheduler_cases.py, bench/README.md): one probe of
 -- ix_domain_queues_pick (priority, head_tag) WHERE ready; the domains row by primary key;
 -- the running jobs of that domain (ix_jobs_running_domain, <= its concurrency); the head
--- job by ix_jobs_domain_head (domain, priority, fair_tag, id) WHERE queued; then one UPDATE
--- of the job, one INSERT of its attempt, and the queue's next head from the same index.
+-- job and then the queue's next head by ix_jobs_domain_head (domain, priority, fair_tag,
+-- id) WHERE queued; the token written back. At the end one UPDATE claims the batch (each
+-- job's lease stamped with its pick's clock_timestamp()) and one INSERT writes its
+-- attempt rows. Nothing here grows with tenants, domains, paused domains or queue depth.
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
     p_limit integer,
@@ -245,7 +247,11 @@ DECLARE
     v_concurrency integer;
     v_tokens double precision;
     v_running integer;
-    v_job scraping.jobs;
+    v_job_id uuid;
+    v_tag double precision;
+    picked uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
+    picked_domain text[] := '{}';
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
@@ -346,7 +352,9 @@ BEGIN
                     v_now + make_interval(secs => (1 - v_tokens) / v_rps));
                 CONTINUE domains;
             END IF;
-            SELECT count(*) INTO v_running FROM scraping.jobs j
+            SELECT count(*) + (SELECT count(*) FROM unnest(picked_domain) AS p(d)
+                               WHERE p.d = v_queue.domain)
+            INTO v_running FROM scraping.jobs j
             WHERE j.status = 'running' AND j.domain = v_queue.domain;
             IF v_running >= v_concurrency THEN
                 -- A finishing job wakes it (trigger jobs_domain_queue); the second is a
@@ -357,17 +365,18 @@ BEGIN
             END IF;
 
             -- 4. the domain's due job with the smallest tag; never one asked to cancel
-            SELECT j.* INTO v_job FROM scraping.jobs j
+            SELECT j.id, j.fair_tag INTO v_job_id, v_tag FROM scraping.jobs j
             WHERE j.domain = v_queue.domain AND j.priority = c_name[ci]
               AND j.status = 'queued' AND j.next_attempt_at <= v_now
-              AND j.cancel_requested_at IS NULL
+              AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
             ORDER BY j.fair_tag, j.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED;
             IF NOT FOUND THEN
                 SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
                 WHERE j.domain = v_queue.domain AND j.priority = c_name[ci]
-                  AND j.status = 'queued' AND j.cancel_requested_at IS NULL;
+                  AND j.status = 'queued' AND j.cancel_requested_at IS NULL
+                  AND j.id <> ALL (picked);
                 IF v_due IS NULL THEN
                     DELETE FROM scraping.domain_queues q
                     WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
@@ -380,19 +389,11 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- The pick: claim the job, spend the domain's token, advance both clocks.
-            UPDATE scraping.jobs j
-            SET status = 'running',
-                attempts = j.attempts + 1,
-                lease_owner = p_worker,
-                lease_expires_at = v_now + make_interval(secs => p_lease_seconds),
-                started_at = coalesce(j.started_at, v_now),
-                updated_at = v_now
-            WHERE j.id = v_job.id
-            RETURNING j.* INTO v_job;
-            INSERT INTO scraping.job_attempts (job_id, number, worker, started_at)
-            VALUES (v_job.id, v_job.attempts, p_worker, v_now);
-            RETURN NEXT v_job;
+            -- The pick: spend the domain's token and connection, advance both clocks. The
+            -- jobs are claimed together at the end, each stamped with its pick's moment.
+            picked := picked || v_job_id;
+            picked_at := picked_at || v_now;
+            picked_domain := picked_domain || v_queue.domain;
             n_picked := n_picked + 1;
 
             v_tokens := v_tokens - 1;
@@ -402,25 +403,28 @@ BEGIN
 
             SELECT j.fair_tag INTO v_next FROM scraping.jobs j
             WHERE j.domain = v_queue.domain AND j.priority = c_name[ci] AND j.status = 'queued'
+              AND j.id <> ALL (picked)
             ORDER BY j.fair_tag, j.id
             LIMIT 1;
             IF v_next IS NULL THEN
                 DELETE FROM scraping.domain_queues q
                 WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
-            ELSE
+            ELSIF v_tokens < 1 THEN
+                UPDATE scraping.domain_queues q
+                SET head_tag = v_next, ready = false, waiting_for = 'room',
+                    wake_at = v_now + make_interval(secs => (1 - v_tokens) / v_rps)
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            ELSIF v_running + 1 >= v_concurrency THEN
+                UPDATE scraping.domain_queues q
+                SET head_tag = v_next, ready = false, waiting_for = 'room',
+                    wake_at = v_now + interval '1 second'
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            ELSIF v_next <> v_queue.head_tag THEN
                 UPDATE scraping.domain_queues q SET head_tag = v_next
                 WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
-                IF v_tokens < 1 THEN
-                    PERFORM scraping.set_domain_queue_aside(
-                        v_queue.domain, c_name[ci], 'room',
-                        v_now + make_interval(secs => (1 - v_tokens) / v_rps));
-                ELSIF v_running + 1 >= v_concurrency THEN
-                    PERFORM scraping.set_domain_queue_aside(
-                        v_queue.domain, c_name[ci], 'room', v_now + interval '1 second');
-                END IF;
             END IF;
 
-            c_tclock[ci] := greatest(c_tclock[ci], v_job.fair_tag);
+            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
             v_clock := greatest(c_finish[ci], v_clock);
             c_start[ci] := v_clock;
             c_finish[ci] := v_clock + c_step[ci];
@@ -443,6 +447,26 @@ BEGIN
         FROM generate_subscripts(c_name, 1) AS ck
         WHERE c.priority = c_name[ck];
     END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE scraping.jobs j
+        SET status = 'running',
+            attempts = j.attempts + 1,
+            lease_owner = p_worker,
+            lease_expires_at = p.at + make_interval(secs => p_lease_seconds),
+            started_at = coalesce(j.started_at, p.at),
+            updated_at = p.at
+        FROM unnest(picked, picked_at) AS p(id, at)
+        WHERE j.id = p.id
+        RETURNING j.*
+    ), attempt AS (
+        INSERT INTO scraping.job_attempts (job_id, number, worker, started_at)
+        SELECT c.id, c.attempts, p_worker, c.updated_at FROM claimed c
+    )
+    SELECT c.* FROM claimed c
+    JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
+    ORDER BY p.o;
 END
 $fn$;
 
