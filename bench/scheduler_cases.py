@@ -201,7 +201,8 @@ def _claim_for(
     """One claimer: claims of 16, each committed, for `seconds` after the gate opens."""
     own = create_db_engine(url)
     with own.connect() as conn:
-        conn.execute(text("SELECT 1"))
+        conn.execute(text("SELECT 1"))  # connected before the clock starts
+        conn.commit()
         gate.wait()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
