@@ -173,23 +173,20 @@ def explain(engine: Engine) -> None:
             text("SELECT id FROM scraping.tenants WHERE name = 'tenant-000'")
         ).scalar_one()
         statements = {
-            "a tenant's due head (crawler, normal)": (
-                "SELECT j.id, j.domain FROM scraping.jobs j WHERE j.status = 'queued' "
-                "AND j.priority = 'normal' AND j.tenant_id = :t AND j.next_attempt_at <= now() "
-                "ORDER BY j.next_attempt_at, j.id LIMIT 256"
+            "the class's domain queue with the smallest head tag (normal)": (
+                "SELECT q.domain, q.head_tag FROM scraping.domain_queues q "
+                "WHERE q.priority = 'normal' AND q.ready AND q.domain <> ALL ('{}') "
+                "AND :t IS NOT NULL ORDER BY q.head_tag, q.domain LIMIT 1"
             ),
-            "the deep walk's next domain": (
-                "SELECT j.domain FROM scraping.jobs j WHERE j.status = 'queued' "
-                "AND j.priority = 'normal' AND j.tenant_id = :t AND j.domain > '' "
-                "ORDER BY j.domain LIMIT 1"
+            "a domain's due head job (the crawler's busiest domain, normal)": (
+                "SELECT j.id, j.fair_tag FROM scraping.jobs j WHERE j.domain = 'crawl-0.example' "
+                "AND j.priority = 'normal' AND j.status = 'queued' AND j.next_attempt_at <= now() "
+                "AND j.cancel_requested_at IS NULL AND :t IS NOT NULL "
+                "ORDER BY j.fair_tag, j.id LIMIT 1"
             ),
-            "active tenants of a class (skip scan)": (
-                "WITH RECURSIVE t(tid) AS ((SELECT j.tenant_id FROM scraping.jobs j "
-                "WHERE j.status = 'queued' AND j.priority = 'high' ORDER BY j.tenant_id "
-                "LIMIT 1) UNION ALL SELECT (SELECT j.tenant_id FROM scraping.jobs j "
-                "WHERE j.status = 'queued' AND j.priority = 'high' AND j.tenant_id > t.tid "
-                "ORDER BY j.tenant_id LIMIT 1) FROM t WHERE t.tid IS NOT NULL) "
-                "SELECT count(*) FROM t WHERE :t IS NOT NULL AND tid IS NOT NULL"
+            "a domain's running jobs": (
+                "SELECT count(*) FROM scraping.jobs j WHERE j.status = 'running' "
+                "AND j.domain = 'crawl-0.example' AND :t IS NOT NULL"
             ),
         }
         for title, sql in statements.items():
@@ -234,8 +231,8 @@ def main() -> None:
     ratio = statistics.median(results["fair pick"]) / statistics.median(results["fifo"])
     print(f"fair pick / fifo, medians: {ratio:.2f}x")
 
-    # The worst case of the pick: every domain paused, so every tenant's head is looked at
-    # and every tenant's domains are walked, and the claim comes back empty.
+    # The worst case of the 0007 pick: every domain paused (0011: their queues are set
+    # aside, so the claim looks at none of them), and the claim comes back empty.
     with engine.begin() as conn:
         conn.execute(
             text(

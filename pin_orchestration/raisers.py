@@ -4,9 +4,10 @@ Any service raises in its own transaction with one statement:
 
     SELECT chessboard.request_project_recalc(project_id, tenant_id, 'Crud');
     SELECT news.enqueue_snapshot_detach(snapshot_id, post_id, 'PostDeleted');
+    SELECT scraping.submit_job(tenant_id, 'https://example.com/page');
 
 The functions (migration 0005) are SECURITY DEFINER, so EXECUTE on them is all a raiser
-needs; `grant_raiser` gives exactly that (plus USAGE on the two schemas to name them).
+needs; `grant_raiser` gives exactly that (plus USAGE on their schemas to name them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pin_orchestration.sql import load_queries
 RAISER_FUNCTIONS = (
     "chessboard.request_project_recalc(uuid, uuid, text)",
     "news.enqueue_snapshot_detach(uuid, uuid, text)",
+    "scraping.submit_job(uuid, text, jsonb, text, text, text)",
 )
 
 

@@ -23,6 +23,10 @@ def _sql_files() -> dict[str, dict[str, str]]:
     """'package/file.sql' → its queries, for every .sql file under the package."""
     files = {}
     for path in PACKAGE_DIR.rglob("*.sql"):
+        # Schema, not named queries: function definitions (scraping/sql/) and the frozen
+        # SQL of migrations, checked by tests/migrations/test_schema.py instead.
+        if path.parent.name == "sql" or "migrations" in path.parts:
+            continue
         package = ".".join(path.parent.relative_to(PACKAGE_DIR.parent).parts)
         files[f"{package}/{path.name}"] = load_queries(package, path.name)
     return files

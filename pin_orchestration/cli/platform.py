@@ -86,6 +86,15 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"database at revision {current_revision(create_db_engine(url))}")
 
 
+@db.command("dump-schema")
+def db_dump_schema() -> None:
+    """Print the schema at head (`pin db dump-schema > schema.sql`): a scratch database on
+    the configured server, migrated to head, dumped with pg_dump --schema-only, dropped."""
+    from pin_orchestration.migrations.schema_dump import schema_at_head
+
+    click.echo(schema_at_head(resolve_database_url(Settings.from_env())), nl=False)
+
+
 @db.command("grant-raiser")
 @click.argument("role")
 def db_grant_raiser(role: str) -> None:

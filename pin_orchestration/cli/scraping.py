@@ -285,6 +285,63 @@ def scraping_domain_unset(host: str) -> None:
     click.echo(f"{host}\t{'back to the defaults' if cleared else 'had no override'}")
 
 
+class _Duration(click.ParamType):
+    """A duration: seconds, or a number with s, m, h or d (`90`, `90s`, `10m`, `2h`)."""
+
+    name = "duration"
+    _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        text = str(value).strip().lower()
+        unit = self._UNITS.get(text[-1:], None)
+        number = text[:-1] if unit else text
+        try:
+            seconds = float(number) * (unit or 1)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: use e.g. 90, 90s, 10m, 2h", param, ctx)
+        if not seconds > 0:
+            self.fail(f"{value!r} must be longer than 0", param, ctx)
+        return seconds
+
+
+@scraping_domain.command("pause")
+@click.argument("host")
+@click.option(
+    "--for",
+    "duration",
+    type=_Duration(),
+    required=True,
+    help="How long: 90, 90s, 10m, 2h (capped at PIN_SCRAPING_MAX_PAUSE_SECONDS)",
+)
+def scraping_domain_pause(host: str, duration: float) -> None:
+    """No worker sends HOST anything for a while (what a 429 from it does)."""
+    from pin_orchestration.scraping.repository import DomainError, pause_domain
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    try:
+        cap = ScrapingSettings.from_env().max_pause_seconds
+        until = pause_domain(engine_from_env(), host, seconds=duration, max_pause_seconds=cap)
+    except (DomainError, SettingsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    capped = " (capped by PIN_SCRAPING_MAX_PAUSE_SECONDS)" if duration > cap else ""
+    click.echo(f"{host}	paused until {until.isoformat()}{capped}")
+
+
+@scraping_domain.command("resume")
+@click.argument("host")
+def scraping_domain_resume(host: str) -> None:
+    """Lift HOST's pause (a 429's or an operator's): workers take its jobs again now."""
+    from pin_orchestration.scraping.repository import DomainError, resume_domain
+
+    try:
+        was_paused = resume_domain(engine_from_env(), host)
+    except DomainError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{host}	{'resumed' if was_paused else 'was not paused'}")
+
+
 @scraping_domain.command("list")
 def scraping_domain_list() -> None:
     """Domains with an override, a pause in force, or queued or running jobs."""

@@ -59,6 +59,7 @@ def retry_policy_from(settings: ScrapingSettings) -> RetryPolicy:
         max_attempts=settings.max_attempts,
         backoff_base_seconds=settings.backoff_base_seconds,
         backoff_cap_seconds=settings.backoff_cap_seconds,
+        max_pause_seconds=settings.max_pause_seconds,
     )
 
 

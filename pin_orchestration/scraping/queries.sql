@@ -25,35 +25,23 @@ SELECT id, name, api_key_sha256 FROM scraping.tenants WHERE api_key_sha256 = :ap
 -- name: tenant_by_name
 SELECT id, name FROM scraping.tenants WHERE name = :name
 
--- name: forget_expired_idempotency_key
--- A key is remembered for a documented period (IDEMPOTENCY_KEY_TTL); after that the same
--- key makes a new job.
-UPDATE scraping.jobs
-SET idempotency_key = NULL
-WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
-  AND created_at < now() - make_interval(secs => :ttl_seconds)
+-- name: submit_job
+-- Intake (pin_orchestration/scraping/sql/submit_job.sql): validation, the domain, the
+-- fair tag, idempotency, all in the function another service calls too.
+SELECT scraping.submit_job(
+    :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url, :idempotency_key)
 
--- name: insert_job
--- ON CONFLICT waits for a concurrent insert of the same key to commit, then yields no row:
--- the caller reads the winner's job instead.
-INSERT INTO scraping.jobs (
-    id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
-    request_sha256
-)
-VALUES (
-    :id, :tenant_id, :url, :domain, CAST(:params AS jsonb), :priority, :callback_url,
-    :idempotency_key, :request_sha256
-)
-ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, status
-
--- name: job_by_idempotency_key
-SELECT id, status, request_sha256
+-- name: submitted_job
+-- The job submit_job answered with; replayed when this transaction did not insert it.
+SELECT id, status, xmin <> pg_current_xact_id()::xid AS replayed
 FROM scraping.jobs
-WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
+WHERE id = :id
 
 -- name: remembered_job_by_idempotency_key
-SELECT id, status, request_sha256
+-- A key is remembered for a documented period (IDEMPOTENCY_KEY_TTL, submit_job's 24 h).
+SELECT id, status,
+       request_sha256 = scraping.request_sha256(
+           :url, CAST(:params AS jsonb), :priority, :callback_url) AS same_body
 FROM scraping.jobs
 WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
   AND created_at >= now() - make_interval(secs => :ttl_seconds)
@@ -221,18 +209,31 @@ JOIN scraping.job_attempts a ON a.job_id = w.job_id AND a.number = w.number
 JOIN scraping.jobs j ON j.id = a.job_id
 WHERE a.outcome IS NOT NULL AND a.outcome <> 'lost'
 
+-- name: set_max_pause
+-- The cap scraping.pause_domain applies in this transaction (PIN_SCRAPING_MAX_PAUSE_SECONDS).
+SELECT set_config('pin.scraping_max_pause_seconds', CAST(:seconds AS text), true)
+
 -- name: pause_domains
 -- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds
--- (from the database's clock). Written in the transaction of the attempts' outcomes,
--- domains in name order (as the claim writes its tokens), so the two never deadlock; a
--- longer pause already set stands.
-INSERT INTO scraping.domains AS d (domain, blocked_until)
-SELECT p.domain, now() + make_interval(secs => p.seconds)
-FROM unnest(CAST(:domains AS text[]), CAST(:paused_for AS double precision[]))
-    AS p(domain, seconds)
-ORDER BY p.domain
-ON CONFLICT (domain) DO UPDATE
-SET blocked_until = greatest(d.blocked_until, EXCLUDED.blocked_until), updated_at = now()
+-- (from the database's clock), through scraping.pause_domain (capped; a longer pause
+-- already set stands). Written in the transaction of the attempts' outcomes, domains in
+-- name order, so two workers pausing the same domains never deadlock.
+SELECT scraping.pause_domain(p.domain, now() + make_interval(secs => p.seconds))
+FROM (
+    SELECT u.domain, u.seconds
+    FROM unnest(CAST(:domains AS text[]), CAST(:paused_for AS double precision[]))
+        AS u(domain, seconds)
+    ORDER BY u.domain
+    OFFSET 0
+) p
+
+-- name: pause_domain
+SELECT scraping.pause_domain(:domain, now() + make_interval(secs => :seconds)) AS until
+
+-- name: resume_domain
+SELECT d.blocked_until > now() AS was_paused, scraping.pause_domain(:domain, NULL)
+FROM (SELECT :domain AS domain) h
+LEFT JOIN scraping.domains d ON d.domain = h.domain
 
 -- name: set_domain_limits
 -- NULL keeps what is set (the default when nothing is).

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import idna
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration.ids import uuid7
 from pin_orchestration.sql import load_queries
@@ -204,6 +205,32 @@ def clear_domain_limits(engine: Engine, host: str) -> bool:
         return conn.execute(_q("clear_domain_limits"), {"domain": domain}).one_or_none() is not None
 
 
+def pause_domain(
+    engine: Engine, host: str, *, seconds: float, max_pause_seconds: float
+) -> datetime:
+    """Pause a domain for every worker (what a 429 does), through scraping.pause_domain:
+    capped at `max_pause_seconds`; a longer pause in force stands. Returns the pause kept."""
+    if not seconds > 0:
+        raise DomainError(f"--for must be a duration > 0 (got {seconds:g} s)")
+    try:
+        domain = normalize_host(host)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+    with engine.begin() as conn:
+        conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
+        return conn.execute(_q("pause_domain"), {"domain": domain, "seconds": seconds}).scalar_one()
+
+
+def resume_domain(engine: Engine, host: str) -> bool:
+    """Lift a domain's pause at once; False when none was in force."""
+    try:
+        domain = normalize_host(host)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+    with engine.begin() as conn:
+        return bool(conn.execute(_q("resume_domain"), {"domain": domain}).one().was_paused)
+
+
 def list_domains(engine: Engine) -> list[dict[str, Any]]:
     """Domains with an override, a pause in force, or queued or running jobs."""
     with engine.connect() as conn:
@@ -220,22 +247,18 @@ class JobRequest:
     priority: str = "normal"
     callback_url: str | None = None
 
-    def sha256(self) -> str:
-        canonical = json.dumps(
-            {
-                "url": self.url,
-                "params": self.params,
-                "priority": self.priority,
-                "callback_url": self.callback_url,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()
-
     @property
     def domain(self) -> str:
         return job_domain(self.url)
+
+    def bind(self) -> dict[str, Any]:
+        """The request as the parameters of scraping.submit_job's named queries."""
+        return {
+            "url": self.url,
+            "params": json.dumps(self.params),
+            "priority": self.priority,
+            "callback_url": self.callback_url,
+        }
 
 
 @dataclass(frozen=True)
@@ -249,48 +272,31 @@ class IdempotencyKeyReused(Exception):
     """The Idempotency-Key was used before with a different request body."""
 
 
+class JobRejected(ValueError):
+    """scraping.submit_job refused an argument (SQLSTATE 22023); the message names it."""
+
+
 def submit_job(
     engine: Engine, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
 ) -> Submitted:
-    """Accept a job: one transaction, one row, nothing else touched (SCR-1, SCR-4)."""
-    digest = request.sha256()
-    insert = {
-        "id": uuid7(),
-        "tenant_id": tenant_id,
-        "url": request.url,
-        "domain": request.domain,
-        "params": json.dumps(request.params),
-        "priority": request.priority,
-        "callback_url": request.callback_url,
-        "idempotency_key": idempotency_key,
-        "request_sha256": digest,
-    }
-    if idempotency_key is None:
-        # One statement is a transaction of its own: autocommit spares the BEGIN and COMMIT
-        # round trips of intake's common case (bench/scraping_api.py).
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            row = conn.execute(_q("insert_job"), insert).one()
-        return Submitted(row.id, row.status, replayed=False)
+    """Accept a job through scraping.submit_job, the one intake path (SCR-1, SCR-4): it
+    validates, derives the domain, gives the job its fair tag and domain queue, and
+    answers a repeated Idempotency-Key with the first job."""
     with engine.begin() as conn:
-        conn.execute(
-            _q("forget_expired_idempotency_key"),
-            {
-                "tenant_id": tenant_id,
-                "idempotency_key": idempotency_key,
-                "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
-            },
-        )
-        row = conn.execute(_q("insert_job"), insert).one_or_none()
-        if row is not None:
-            return Submitted(row.id, row.status, replayed=False)
-        existing = conn.execute(
-            _q("job_by_idempotency_key"),
-            {"tenant_id": tenant_id, "idempotency_key": idempotency_key},
-        ).one()
-    if existing.request_sha256 != digest:
-        raise IdempotencyKeyReused(idempotency_key)
-    return Submitted(existing.id, existing.status, replayed=True)
+        try:
+            job_id = conn.execute(
+                _q("submit_job"),
+                {"tenant_id": tenant_id, "idempotency_key": idempotency_key, **request.bind()},
+            ).scalar_one()
+        except DBAPIError as exc:
+            sqlstate = getattr(exc.orig, "sqlstate", None)
+            if sqlstate == "23505" and "p_idempotency_key" in str(exc.orig):
+                raise IdempotencyKeyReused(idempotency_key) from None
+            if sqlstate == "22023":
+                raise JobRejected(str(exc.orig).splitlines()[0]) from None
+            raise
+        row = conn.execute(_q("submitted_job"), {"id": job_id}).one()
+    return Submitted(row.id, row.status, replayed=row.replayed)
 
 
 @dataclass(frozen=True)
@@ -334,11 +340,12 @@ def replayed_job(
             "tenant_id": tenant_id,
             "idempotency_key": idempotency_key,
             "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
+            **request.bind(),
         },
     ).one_or_none()
     if row is None:
         return None
-    if row.request_sha256 != request.sha256():
+    if not row.same_body:
         raise IdempotencyKeyReused(idempotency_key)
     return Submitted(row.id, row.status, replayed=True)
 
@@ -512,6 +519,7 @@ def finish_attempts(
     worker: str,
     outcomes: Sequence[AttemptOutcome],
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    max_pause_seconds: float | None = None,
 ) -> dict[uuid.UUID, str]:
     """Write a round of outcomes in one transaction; returns the jobs actually written with
     the status each now has — `cancelled` where a cancel was requested while the attempt
@@ -561,6 +569,8 @@ def finish_attempts(
                 earlier = pauses.get(o.domain, o.domain_paused_until)
                 pauses[o.domain] = max(o.domain_paused_until, earlier)
         if pauses:
+            if max_pause_seconds is not None:
+                conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
             names = sorted(pauses)
             conn.execute(
                 _q("pause_domains"),

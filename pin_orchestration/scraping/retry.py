@@ -59,6 +59,9 @@ class RetryPolicy:
     max_attempts: int = 5
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 600.0
+    # The longest a 429 / Retry-After pauses a domain for every worker
+    # (PIN_SCRAPING_MAX_PAUSE_SECONDS; scraping.pause_domain caps it again).
+    max_pause_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -148,7 +151,7 @@ def domain_pause_until(
         until = now + timedelta(seconds=policy.backoff_base_seconds)
     if until is None or until <= now:
         return None
-    return until
+    return min(until, now + timedelta(seconds=policy.max_pause_seconds))
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:

@@ -37,6 +37,8 @@ class ScrapingSettings:
     # Politeness per target host, shared by every worker (README explains the defaults).
     domain_rps: float = 2.0
     domain_concurrency: int = 4
+    # The longest pause a 429 / Retry-After (or anyone calling scraping.pause_domain) sets.
+    max_pause_seconds: float = 3600.0
     s3_bucket: str | None = None
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
@@ -147,6 +149,12 @@ class ScrapingSettings:
                 _positive_int,
                 d.domain_concurrency,
                 "an integer > 0",
+            ),
+            max_pause_seconds=read(
+                "PIN_SCRAPING_MAX_PAUSE_SECONDS",
+                _positive_float,
+                d.max_pause_seconds,
+                "seconds > 0 (fractions allowed)",
             ),
             s3_bucket=env.get("PIN_S3_BUCKET") or None,
             s3_endpoint_url=read(

@@ -215,7 +215,16 @@ def run_worker(
             while True:
                 _drain(outcomes, unwritten)
                 if unwritten and database.due():
-                    _try_write(engine, worker, store, unwritten, report, clock, database)
+                    _try_write(
+                        engine,
+                        worker,
+                        store,
+                        unwritten,
+                        report,
+                        clock,
+                        database,
+                        retry_policy.max_pause_seconds,
+                    )
                 now = time.monotonic()
                 if stop.is_set() or now - started >= options.max_run_duration_seconds:
                     break
@@ -271,7 +280,16 @@ def run_worker(
         deadline = time.monotonic() + max(options.lease_seconds, FINAL_WRITE_MIN_SECONDS)
         while unwritten:
             database.sleep_until_due()
-            if _try_write(engine, worker, store, unwritten, report, clock, database):
+            if _try_write(
+                engine,
+                worker,
+                store,
+                unwritten,
+                report,
+                clock,
+                database,
+                retry_policy.max_pause_seconds,
+            ):
                 break
             if time.monotonic() >= deadline:
                 log.error(
@@ -477,12 +495,17 @@ def _try_write(
     report: WorkerReport,
     clock: Callable[[], datetime],
     database: _Backoff,
+    max_pause_seconds: float,
 ) -> bool:
     """Write the outcomes owed (one transaction); True when written. On a database error
     they stay in `unwritten` for the next try."""
     try:
         written = repository.finish_attempts(
-            engine, worker=worker, outcomes=[o for o, _ in unwritten], clock=clock
+            engine,
+            worker=worker,
+            outcomes=[o for o, _ in unwritten],
+            clock=clock,
+            max_pause_seconds=max_pause_seconds,
         )
         refused = [o for o, _ in unwritten if o.job_id not in written]
         # A refusal may be our own earlier write whose commit was acknowledged too late

@@ -35,7 +35,7 @@ def section(heading: str) -> str:
 
 
 def test_the_doc_has_the_snippets_the_issue_asks_for() -> None:
-    assert len(blocks("sql")) == 3 and len(blocks("python")) == 2
+    assert len(blocks("sql")) == 4 and len(blocks("python")) == 2
     assert len(blocks("csharp")) == 1
 
 
@@ -43,12 +43,21 @@ def test_sql_snippets_run_as_a_raiser(
     raiser: Raiser,  # noqa: F811
     db_engine: Engine,
 ) -> None:
-    raise_recalc, raise_detach, consumer_view = blocks("sql")
+    raise_recalc, raise_detach, submit_scraping, consumer_view = blocks("sql")
+    [scraping_tenant] = set(UUID.findall(submit_scraping))
+    with db_engine.begin() as conn:  # a tenant made with only the columns it must have
+        conn.execute(
+            text(
+                "INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix) "
+                "VALUES (:id, 'orders', '\\x00', 'pin_0000')"
+            ),
+            {"id": scraping_tenant},
+        )
     connection = raiser.engine.raw_connection()
     try:
         connection.driver_connection.autocommit = True  # the snippets hold BEGIN / COMMIT
         with connection.driver_connection.cursor() as cursor:
-            for snippet in (raise_recalc, raise_detach, consumer_view):
+            for snippet in (raise_recalc, raise_detach, submit_scraping, consumer_view):
                 cursor.execute(snippet)
             cursor.execute("SELECT id::text, version, price_min FROM project_view")
             view = cursor.fetchall()
@@ -75,6 +84,19 @@ def test_sql_snippets_run_as_a_raiser(
     assert (str(request.tenant_id), request.last_reason) == (tenant, "PropertyObjectPriceChanged")
     assert request.debounce.total_seconds() == 30
     assert (str(entry.post_id), entry.reason, entry.status) == (post, "BlockReplaced", "Pending")
+    with db_engine.connect() as conn:
+        jobs = conn.execute(
+            text(
+                "SELECT url, domain, priority, idempotency_key FROM scraping.jobs "
+                "WHERE tenant_id = :t ORDER BY url"
+            ),
+            {"t": scraping_tenant},
+        ).all()
+    assert [tuple(j) for j in jobs] == [
+        ("https://shop.example/products/42", "shop.example", "high", "order-42-product-page"),
+        ("https://shop.example/products/43", "shop.example", "normal", None),
+        ("https://shop.example/products/44", "shop.example", "normal", None),
+    ]
     # The late version 2 did not overwrite version 3.
     assert [(i, v, str(p)) for i, v, p in view] == [(project, 3, "90.00")]
 

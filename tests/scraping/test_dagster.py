@@ -117,10 +117,7 @@ def test_sensor_launches_no_run_for_due_jobs_that_no_worker_could_claim(
         submit(db_engine, tenant.id, f"http://127.0.0.1:9/{i}")
     with db_engine.begin() as conn:  # the target answered 429, Retry-After: 60
         conn.execute(
-            text(
-                "INSERT INTO scraping.domains (domain, blocked_until) "
-                "VALUES ('127.0.0.1', now() + interval '60 seconds')"
-            )
+            text("SELECT scraping.pause_domain('127.0.0.1', now() + interval '60 seconds')")
         )
     result = scraping_jobs_sensor(build_sensor_context(instance=instance, resources=resources))
     assert isinstance(result, SkipReason)

@@ -317,10 +317,7 @@ def test_queue_stats_count_only_what_a_worker_could_claim(db_engine: Engine, mak
     enqueue_many(db_engine, tenant.id, [f"http://paused.example/{i}" for i in range(5)])
     with db_engine.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO scraping.domains (domain, blocked_until) "
-                "VALUES ('paused.example', now() + interval '1 minute')"
-            )
+            text("SELECT scraping.pause_domain('paused.example', now() + interval '1 minute')")
         )
         stats = repository.queue_stats(conn, defaults)
     assert (stats.due, stats.claimable) == (33, 0)
@@ -381,3 +378,298 @@ def test_domain_and_weight_commands(db_url: str, db_engine: Engine, make_tenant)
     assert weight == 3
     unknown = _pin(db_url, "tenant", "set-weight", "nobody", "3")
     assert unknown.exit_code != 0 and "nobody" in unknown.output
+
+
+# --- concurrent claimers (issue 15) ------------------------------------------------------
+
+
+def _claimer_process(db_url: str, worker: str, claims: int, ready: Any, go: Any, out: Any) -> None:
+    """One claimer process: `claims` claims of 10, every claim's jobs sent back."""
+    engine = create_db_engine(db_url)
+    try:
+        ready.put(worker)
+        go.wait(60)
+        for _ in range(claims):
+            batch = claim_rows(engine, worker, 10)
+            out.put((worker, [(str(j.id), j.domain, j.priority) for j in batch]))
+    finally:
+        out.put((worker, None))
+        engine.dispose()
+
+
+def claim_rows(engine: Engine, worker: str, limit: int) -> list[ClaimedJob]:
+    return repository.claim_due_jobs(
+        engine, worker=worker, limit=limit, lease_seconds=600, domain_defaults=UNLIMITED
+    )
+
+
+def test_four_claimer_processes_keep_6_3_1_and_the_domain_limits_and_claim_each_job_once(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The README's guarantee under N concurrent claimers: every claim continues the class
+    sequence from the state last written, so each claim of ten picks is exactly 6:3:1 while
+    all classes have work; a domain's concurrency and rate hold across claimers; no job is
+    claimed twice."""
+    import multiprocessing
+
+    shop, crawler = make_tenant("shop")[0], make_tenant("crawler")[0]
+    enqueue_many(db_engine, shop.id, spread("high", 400), "high")
+    enqueue_many(db_engine, shop.id, spread("normal", 300), "normal")
+    enqueue_many(db_engine, shop.id, spread("low", 100), "low")
+    set_domain_limits(db_engine, "narrow.example", rps=None, concurrency=3)
+    set_domain_limits(db_engine, "rated.example", rps=2, concurrency=None)
+    # The crawler's jobs have the oldest tags in their class: picked first while they can.
+    enqueue_many(db_engine, crawler.id, [f"http://narrow.example/{i}" for i in range(30)])
+    enqueue_many(db_engine, crawler.id, [f"http://rated.example/{i}" for i in range(30)])
+
+    context = multiprocessing.get_context("spawn")
+    ready, out, go = context.Queue(), context.Queue(), context.Event()
+    processes = [
+        context.Process(target=_claimer_process, args=(db_url, f"p{i}", 12, ready, go, out))
+        for i in range(4)
+    ]
+    batches: list[tuple[str, list[tuple[str, str, str]]]] = []
+    try:
+        for p in processes:
+            p.start()
+        for _ in processes:  # every process connected and waiting: start them together
+            ready.get(timeout=120)
+        go.set()
+        finished = 0
+        while finished < len(processes):
+            worker, batch = out.get(timeout=120)
+            if batch is None:
+                finished += 1
+            else:
+                batches.append((worker, batch))
+        for p in processes:
+            p.join(timeout=30)
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    assert all(p.exitcode == 0 for p in processes)
+
+    claimed = [job for _, batch in batches for job in batch]
+    assert len(claimed) == len({job_id for job_id, _, _ in claimed}) == 4 * 12 * 10
+    for worker, batch in batches:
+        assert Counter(priority for _, _, priority in batch) == Counter(high=6, normal=3, low=1), (
+            worker
+        )
+    by_domain = Counter(domain for _, domain, _ in claimed)
+    assert by_domain["narrow.example"] == 3  # its 3 connections, never a 4th
+    # rated.example: a burst of 2 plus 2/s for as long as the claims ran (seconds).
+    with db_engine.connect() as conn:
+        starts = conn.execute(
+            text(
+                "SELECT extract(epoch FROM started_at) FROM scraping.jobs "
+                "WHERE domain = 'rated.example' AND status = 'running' ORDER BY started_at"
+            )
+        ).scalars()
+        rated = [float(s) for s in starts]
+        running_narrow = conn.execute(
+            text(
+                "SELECT count(*) FROM scraping.jobs WHERE domain = 'narrow.example' "
+                "AND status = 'running'"
+            )
+        ).scalar_one()
+    assert running_narrow == 3
+    assert len(rated) == by_domain["rated.example"] >= 2
+    assert _most_in_any_window(rated, rps=2, burst=2, slack=0.0)
+
+
+# --- intake from SQL (issue 15) ----------------------------------------------------------
+
+
+def _submit(conn: Any, *args: Any, **named: Any) -> uuid.UUID:
+    placeholders = [f":a{i}" for i in range(len(args))] + [f"{k} => :{k}" for k in named]
+    params = {f"a{i}": a for i, a in enumerate(args)} | named
+    return conn.execute(
+        text(f"SELECT scraping.submit_job({', '.join(placeholders)})"), params
+    ).scalar_one()
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "argument"),
+    [
+        ((uuid.uuid4(), "http://a.example/"), {}, "p_tenant_id"),
+        (("TENANT", "ftp://a.example/"), {}, "p_url"),
+        (("TENANT", "http:///nohost"), {}, "p_url"),
+        (("TENANT", "http://a.example/" + "x" * 2048), {}, "p_url"),
+        (("TENANT", "http://a.example/a b"), {}, "p_url"),
+        (("TENANT", "http://a.example:99999/"), {}, "p_url"),
+        (("TENANT", None), {}, "p_url"),
+        (("TENANT", "http://a.example/"), {"p_params": "[1]"}, "p_params"),
+        (("TENANT", "http://a.example/"), {"p_priority": "urgent"}, "p_priority"),
+        (("TENANT", "http://a.example/"), {"p_callback_url": "mailto:x@y"}, "p_callback_url"),
+        (("TENANT", "http://a.example/"), {"p_idempotency_key": "k" * 256}, "p_idempotency_key"),
+    ],
+)
+def test_submit_job_refuses_bad_arguments_naming_them(
+    db_engine: Engine, make_tenant, args: tuple[Any, ...], named: dict[str, Any], argument: str
+) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    tenant, _ = make_tenant("shop")
+    args = tuple(tenant.id if a == "TENANT" else a for a in args)
+    with pytest.raises(DBAPIError) as caught, db_engine.begin() as conn:
+        if "p_params" in named:
+            conn.execute(
+                text("SELECT scraping.submit_job(:t, :u, p_params => CAST(:p AS jsonb))"),
+                {"t": args[0], "u": args[1], "p": named["p_params"]},
+            )
+        else:
+            _submit(conn, *args, **named)
+    assert caught.value.orig.sqlstate == "22023"
+    assert argument in str(caught.value.orig)
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one() == 0
+
+
+def test_submit_job_is_idempotent_by_key_and_names_a_reused_key(
+    db_engine: Engine, make_tenant
+) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    tenant, _ = make_tenant("shop")
+    with db_engine.begin() as conn:
+        first = _submit(conn, tenant.id, "http://a.example/1", p_idempotency_key="order-1")
+        again = _submit(conn, tenant.id, "http://a.example/1", p_idempotency_key="order-1")
+    assert first == again
+    with pytest.raises(DBAPIError) as caught, db_engine.begin() as conn:
+        _submit(conn, tenant.id, "http://a.example/2", p_idempotency_key="order-1")
+    assert caught.value.orig.sqlstate == "23505" and "'order-1'" in str(caught.value.orig)
+    # The Python helper (POST /jobs) goes through it: same key, same job, replayed.
+    request = JobRequest(url="http://a.example/1", params={})
+    replay = repository.submit_job(db_engine, tenant.id, request, "order-1")
+    assert (replay.id, replay.replayed) == (first, True)
+    other = JobRequest(url="http://a.example/3", params={})
+    with pytest.raises(repository.IdempotencyKeyReused):
+        repository.submit_job(db_engine, tenant.id, other, "order-1")
+    fresh = repository.submit_job(db_engine, tenant.id, other, None)
+    assert fresh.replayed is False and fresh.status == "queued"
+
+
+def test_submit_job_in_a_producers_transaction_exists_exactly_when_it_commits(
+    db_engine: Engine, make_tenant
+) -> None:
+    tenant, _ = make_tenant("shop")
+    with db_engine.connect() as conn:
+        with conn.begin() as transaction:
+            rolled_back = _submit(conn, tenant.id, "http://a.example/rolled-back")
+            transaction.rollback()
+        with conn.begin():  # set-based, in the producer's own transaction
+            conn.execute(
+                text(
+                    "SELECT scraping.submit_job(:t, 'http://set-' || n || '.example/') "
+                    "FROM generate_series(1, 3) AS n"
+                ),
+                {"t": tenant.id},
+            )
+    picked = claim(db_engine, 10)
+    assert sorted(j.domain for j in picked) == ["set-1.example", "set-2.example", "set-3.example"]
+    assert rolled_back not in {j.id for j in picked}
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one() == 3
+
+
+def test_a_tenant_inserted_with_only_its_required_columns_is_scheduled_at_weight_1(
+    db_engine: Engine, make_tenant
+) -> None:
+    shop, _ = make_tenant("shop")
+    bare = uuid.uuid4()
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix) "
+                "VALUES (:id, 'bare', '\\x01', 'pin_0001')"
+            ),
+            {"id": bare},
+        )
+        for tenant_id, name in ((bare, "bare"), (shop.id, "shop")):
+            conn.execute(
+                text(
+                    "SELECT scraping.submit_job(:t, 'http://' || :n || '-' || g || '.example/') "
+                    "FROM generate_series(1, 20) AS g"
+                ),
+                {"t": tenant_id, "n": name},
+            )
+    picked = Counter(j.tenant_id for j in claim(db_engine, 20))
+    assert picked == {bare: 10, shop.id: 10}
+
+
+# --- pauses, cancels, leases (issue 15) ----------------------------------------------------
+
+
+def test_a_pause_is_capped_and_an_operator_can_pause_and_resume_a_domain(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    tenant, _ = make_tenant("shop")
+    enqueue(db_engine, tenant.id, "http://held.example/1")
+    with db_engine.begin() as conn:  # Retry-After: Fri, 31 Dec 9999 …
+        kept_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM scraping.pause_domain("
+                "'held.example', '9999-12-31 23:59:59+00') - now())"
+            )
+        ).scalar_one()
+    # PIN_SCRAPING_MAX_PAUSE_SECONDS' default (from the function's clock, a moment later)
+    assert 3590 <= kept_for <= 3601
+    assert claim(db_engine, 5) == []
+
+    resumed = _pin(db_url, "scraping", "domain", "resume", "Held.Example")
+    assert resumed.exit_code == 0 and "resumed" in resumed.output, resumed.output
+    [job] = claim(db_engine, 5)
+    assert job.domain == "held.example"
+
+    enqueue(db_engine, tenant.id, "http://held.example/2")
+    paused = CliRunner().invoke(
+        main,
+        ["scraping", "domain", "pause", "held.example", "--for", "10m"],
+        env={"PIN_DATABASE_URL": db_url, "PIN_SCRAPING_MAX_PAUSE_SECONDS": "300"},
+    )
+    assert paused.exit_code == 0 and "capped" in paused.output, paused.output
+    with db_engine.connect() as conn:
+        paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM blocked_until - now()) FROM scraping.domains "
+                "WHERE domain = 'held.example'"
+            )
+        ).scalar_one()
+    assert 290 <= paused_for <= 300
+    assert claim(db_engine, 5) == []
+    listed = _pin(db_url, "scraping", "domain", "list")
+    assert "held.example" in listed.output and "paused until" in listed.output
+    refused = _pin(db_url, "scraping", "domain", "pause", "held.example", "--for", "soon")
+    assert refused.exit_code != 0 and "duration" in refused.output
+
+
+def test_a_job_with_a_cancel_request_is_never_claimed_again(db_engine: Engine, make_tenant) -> None:
+    tenant, _ = make_tenant("shop")
+    job_id = enqueue(db_engine, tenant.id, "http://a.example/1")
+    [job] = claim(db_engine, 5)
+    assert repository.cancel_job(db_engine, tenant.id, job_id) == ("running", True)
+    # Its attempt ends as a retry (a worker that had not seen the request yet).
+    outcome = repository.AttemptOutcome(
+        job_id=job_id, attempt=job.attempt, status="queued", outcome="retry"
+    )
+    repository.finish_attempts(db_engine, worker="w", outcomes=[outcome])
+    assert claim(db_engine, 5) == []
+
+
+def test_a_lease_is_stamped_when_the_claim_runs_not_when_its_transaction_began(
+    db_engine: Engine, make_tenant
+) -> None:
+    tenant, _ = make_tenant("shop")
+    enqueue(db_engine, tenant.id, "http://a.example/1")
+    with db_engine.begin() as conn:
+        began = conn.execute(text("SELECT now()")).scalar_one()
+        conn.execute(text("SELECT pg_sleep(0.3)"))
+        row = conn.execute(
+            text(
+                "SELECT started_at, lease_expires_at FROM scraping.claim_jobs('w', 1, 60, 100, 10)"
+            )
+        ).one()
+    assert (row.started_at - began).total_seconds() >= 0.3
+    assert (row.lease_expires_at - row.started_at).total_seconds() == 60

@@ -1,0 +1,276 @@
+"""Benchmark of the claim at scale (issue 15): the issue's four cases, the claim at head
+(`scraping.claim_jobs`, migration 0011) beside the 0007 claim it replaced, in the same run.
+
+    PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
+        .venv/bin/python bench/scheduler_cases.py [--cases tenants,deep,paused,throughput]
+            [--tenants 100,1000,5000,20000] [--deep 1000,10000,30000]
+            [--paused 1000,10000,50000] [--seconds 8] [--repeat 7]
+
+Database `pin_bench_scheduler` of its own. The 0007 claim is created there as
+`bench_0007.claim_jobs` from migration 0007's own text, with the two indexes it reads
+(0011 dropped them; both contenders pay their upkeep). Cases:
+
+- tenants: N active tenants, 5 due jobs each on a domain of their own; claim of 64 and of 1;
+- deep: one tenant, its 300 oldest jobs on a paused domain, then N one-job domains, all but
+  64 paused (in name order); claim of 64;
+- paused: every queued domain paused, N domains, one job each; the empty claim;
+- throughput: 2,000 tenants x 40 jobs on 20,000 domains, claims of 16 committed for
+  --seconds, 1 claimer then 4 (threads, a connection each).
+Claims in the first three are rolled back; each figure is the median of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._db import fresh_bench_database  # noqa: E402
+from pin_orchestration.db import create_db_engine  # noqa: E402
+
+DATABASE = "pin_bench_scheduler"
+ROOT = Path(__file__).resolve().parent.parent
+CLAIMS = {"0011": "scraping.claim_jobs", "0007": "bench_0007.claim_jobs"}
+
+
+def install_0007(engine: Engine) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "m0007", ROOT / "pin_orchestration/migrations/versions/0007_scraping_scheduling.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    body = module.CLAIM_JOBS.replace(
+        "CREATE FUNCTION scraping.claim_jobs(", "CREATE FUNCTION bench_0007.claim_jobs(", 1
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA bench_0007")
+        conn.exec_driver_sql(body)
+        conn.exec_driver_sql(
+            "CREATE INDEX ix_jobs_pick ON scraping.jobs (priority, tenant_id, next_attempt_at, "
+            "id) INCLUDE (domain) WHERE status = 'queued'"
+        )
+        conn.exec_driver_sql(
+            "CREATE INDEX ix_jobs_pick_domain ON scraping.jobs "
+            "(priority, tenant_id, domain, next_attempt_at, id) WHERE status = 'queued'"
+        )
+
+
+def clear(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE scraping.job_attempts, scraping.jobs, scraping.domain_queues, "
+                "scraping.domains, scraping.tenant_vtimes, scraping.intake_buckets, "
+                "scraping.webhook_deliveries, scraping.tenants CASCADE"
+            )
+        )
+        conn.execute(
+            text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
+        )
+
+
+def tenants(engine: Engine, n: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.tenants (id, name, api_key_sha256, api_key_prefix) "
+                "SELECT gen_random_uuid(), 't' || g, sha256(g::text::bytea), 'pin_' "
+                "FROM generate_series(1, :n) AS g"
+            ),
+            {"n": n},
+        )
+
+
+def jobs(engine: Engine, select: str, params: dict[str, object]) -> None:
+    """Jobs from a SELECT of (tenant_no, domain, age_order), due an hour ago onwards."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "WITH t AS (SELECT array_agg(id ORDER BY name) AS ids FROM scraping.tenants) "
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, next_attempt_at) "
+                "SELECT gen_random_uuid(), t.ids[s.tenant_no], 'http://' || s.domain || '/', "
+                "       s.domain, now() - interval '1 hour' + s.age * interval '1 ms' "
+                f"FROM ({select}) AS s(tenant_no, domain, age), t ORDER BY s.age"
+            ),
+            params,
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE scraping.jobs"))
+        conn.execute(text("VACUUM ANALYZE scraping.domain_queues"))
+        conn.execute(text("VACUUM ANALYZE scraping.domains"))
+
+
+def pause(engine: Engine, where: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.domains SET blocked_until = now() + interval '1 hour' "
+                f"WHERE {where}"
+            )
+        )
+
+
+def timed_claims(engine: Engine, claim: str, limit: int, repeat: int) -> tuple[float, int]:
+    """Median ms of `repeat` claims, each rolled back; jobs the claim returned."""
+    times, got = [], 0
+    with engine.connect() as conn:
+        for _ in range(repeat):
+            with conn.begin() as tx:
+                began = time.perf_counter()
+                got = len(
+                    conn.execute(
+                        text(f"SELECT id FROM {claim}('bench', :n, 600, 2, 4)"), {"n": limit}
+                    ).all()
+                )
+                times.append((time.perf_counter() - began) * 1000)
+                tx.rollback()
+    return statistics.median(times), got
+
+
+def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
+    for n in sizes:
+        clear(engine)
+        tenants(engine, n)
+        jobs(
+            engine,
+            "SELECT 1 + g % :n, 'd' || (g % :n) || '.example', g "
+            "FROM generate_series(0, 5 * :n - 1) AS g",
+            {"n": n},
+        )
+        for name, claim in CLAIMS.items():
+            ms64, got64 = timed_claims(engine, claim, 64, repeat)
+            ms1, _ = timed_claims(engine, claim, 1, repeat)
+            print(
+                f"tenants {n:>6,}  {name}: claim of 64 {ms64:8.1f} ms ({got64} jobs)"
+                f"   claim of 1 {ms1:7.1f} ms"
+            )
+
+
+def case_deep(engine: Engine, sizes: list[int], repeat: int) -> None:
+    for n in sizes:
+        clear(engine)
+        tenants(engine, 1)
+        jobs(
+            engine,
+            "SELECT 1, 'a-paused.example', g FROM generate_series(0, 299) AS g "
+            "UNION ALL SELECT 1, 'd' || lpad(g::text, 6, '0') || '.example', 300 + g "
+            "FROM generate_series(0, :n - 1) AS g",
+            {"n": n},
+        )
+        pause(
+            engine,
+            "domain = 'a-paused.example' OR domain IN (SELECT domain FROM scraping.domains "
+            "WHERE domain LIKE 'd%' ORDER BY domain LIMIT :keep)".replace(
+                ":keep", str(max(n - 64, 0))
+            ),
+        )
+        for name, claim in CLAIMS.items():
+            ms, got = timed_claims(engine, claim, 64, repeat)
+            print(f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs)")
+
+
+def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
+    for n in sizes:
+        clear(engine)
+        tenants(engine, 100)
+        jobs(
+            engine,
+            "SELECT 1 + g % 100, 'd' || g || '.example', g FROM generate_series(0, :n - 1) AS g",
+            {"n": n},
+        )
+        pause(engine, "true")
+        for name, claim in CLAIMS.items():
+            ms, got = timed_claims(engine, claim, 64, repeat)
+            assert got == 0
+            print(f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms")
+
+
+def _claim_for(
+    url: str, claim: str, i: int, counts: list[int], gate: threading.Barrier, seconds: float
+) -> None:
+    """One claimer: claims of 16, each committed, for `seconds` after the gate opens."""
+    own = create_db_engine(url)
+    with own.connect() as conn:
+        conn.execute(text("SELECT 1"))  # connected before the clock starts
+        conn.commit()
+        gate.wait()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with conn.begin():
+                counts[i] += len(
+                    conn.execute(
+                        text(f"SELECT id FROM {claim}(:w, 16, 600, 2, 4)"), {"w": f"b{i}"}
+                    ).all()
+                )
+    own.dispose()
+
+
+def case_throughput(engine: Engine, url: str, seconds: float) -> None:
+    for name, claim in CLAIMS.items():
+        for claimers in (1, 4):
+            clear(engine)
+            tenants(engine, 2000)
+            jobs(
+                engine,
+                "SELECT 1 + g % 2000, 'd' || (g % 20000) || '.example', g "
+                "FROM generate_series(0, 80000 - 1) AS g",
+                {},
+            )
+            counts = [0] * claimers
+            gate = threading.Barrier(claimers + 1)
+            threads = [
+                threading.Thread(target=_claim_for, args=(url, claim, i, counts, gate, seconds))
+                for i in range(claimers)
+            ]
+            for t in threads:
+                t.start()
+            gate.wait()  # every claimer connected: the clock starts
+            began = time.monotonic()
+            for t in threads:
+                t.join()
+            took = time.monotonic() - began
+            print(
+                f"throughput {name}, {claimers} claimer(s): {sum(counts) / took:7.0f} jobs/s"
+                f"  ({sum(counts):,} jobs in {took:.1f} s)"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="tenants,deep,paused,throughput")
+    parser.add_argument("--tenants", default="100,1000,5000,20000")
+    parser.add_argument("--deep", default="1000,10000,30000")
+    parser.add_argument("--paused", default="1000,10000,50000")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+
+    def sizes(raw: str) -> list[int]:
+        return [int(s) for s in raw.split(",") if s]
+
+    url = fresh_bench_database(DATABASE)
+    engine = create_db_engine(url)
+    install_0007(engine)
+    cases: dict[str, Callable[[], None]] = {
+        "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
+        "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),
+        "paused": lambda: case_paused(engine, sizes(args.paused), args.repeat),
+        "throughput": lambda: case_throughput(engine, url, args.seconds),
+    }
+    for name in args.cases.split(","):
+        cases[name]()
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+-- The scheduler's write-time state (migration 0011): a job's fair tag, the (domain, class)
+-- queues the claim picks from, and what sets a queue aside or brings it back. Triggers on
+-- scraping.jobs and scraping.domains keep it, so every writer (intake, the worker's
+-- outcomes, the sweeper, the runbook requeue, an operator's SQL) keeps it right.
+
+-- A job entering the queue takes its tenant's next start tag in its class: the tenant's
+-- last finish tag or the class clock (the largest tag picked), whichever is later; the
+-- finish tag then grows by 1/weight. Concurrent intake of one tenant into one class
+-- serialises on its tenant_vtimes row, nothing else.
+CREATE OR REPLACE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_step double precision;
+    v_clock double precision;
+BEGIN
+    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = NEW.tenant_id;
+    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
+    WHERE c.priority = NEW.priority;
+    INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
+    VALUES (NEW.priority, NEW.tenant_id, v_clock + v_step)
+    ON CONFLICT (priority, tenant_id) DO UPDATE
+    SET vtime = greatest(v.vtime, v_clock) + v_step
+    RETURNING v.vtime - v_step INTO NEW.fair_tag;
+    RETURN NEW;
+END
+$fn$;
+
+-- A queue leaves the pick until `until`: 'room' (the domain paused, its bucket empty, its
+-- connections full) or 'due' (no due job). Called with the queue's row locked.
+CREATE OR REPLACE FUNCTION scraping.set_domain_queue_aside(
+    p_domain text, p_priority text, p_waiting_for text, p_until timestamptz
+) RETURNS void
+LANGUAGE sql AS $fn$
+    UPDATE scraping.domain_queues q
+    SET ready = false, waiting_for = p_waiting_for, wake_at = p_until
+    WHERE q.domain = p_domain AND q.priority = p_priority;
+$fn$;
+
+-- After a job's status changes: a job entering the queue is announced to its (domain,
+-- class) queue (made, its head lowered, or woken early when it waited for a due job); a
+-- job leaving `running` frees a connection, so the domain's queues waiting for room look
+-- again at the next claim.
+CREATE OR REPLACE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_blocked timestamptz;
+BEGIN
+    IF NEW.status = 'queued' AND (TG_OP = 'INSERT' OR OLD.status <> 'queued') THEN
+        -- The common case writes nothing: a queue that already sorts at or before this
+        -- job and is not waiting for a later due time (so intake does not lock a row a
+        -- claim may be holding).
+        PERFORM 1 FROM scraping.domain_queues q
+        WHERE q.domain = NEW.domain AND q.priority = NEW.priority
+          AND q.head_tag <= NEW.fair_tag
+          AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= NEW.next_attempt_at);
+        IF NOT FOUND THEN
+            INSERT INTO scraping.domains (domain) VALUES (NEW.domain)
+            ON CONFLICT (domain) DO NOTHING;
+            SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+            WHERE d.domain = NEW.domain AND d.blocked_until > clock_timestamp();
+            INSERT INTO scraping.domain_queues AS q
+                (domain, priority, head_tag, ready, waiting_for, wake_at)
+            SELECT NEW.domain, NEW.priority, NEW.fair_tag, s.waiting_for IS NULL,
+                   s.waiting_for, s.wake_at
+            FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                              WHEN NEW.next_attempt_at > clock_timestamp() THEN 'due'
+                         END AS waiting_for,
+                         coalesce(v_blocked, CASE WHEN NEW.next_attempt_at > clock_timestamp()
+                                                  THEN NEW.next_attempt_at END) AS wake_at) s
+            ON CONFLICT (domain, priority) DO UPDATE
+            SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+                wake_at = CASE WHEN q.waiting_for = 'due'
+                               THEN least(q.wake_at, NEW.next_attempt_at)
+                               ELSE q.wake_at END;
+        END IF;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status <> 'running' THEN
+        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
+        WHERE q.domain = OLD.domain AND NOT q.ready AND q.waiting_for = 'room'
+          AND q.wake_at > clock_timestamp()
+          AND NOT EXISTS (SELECT 1 FROM scraping.domains d
+                          WHERE d.domain = OLD.domain AND d.blocked_until > clock_timestamp());
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A domain paused (a 429, an operator) sets its queues aside until the pause ends; a pause
+-- lifted or a limit changed brings the queues waiting for room back at the next claim.
+CREATE OR REPLACE FUNCTION scraping.domains_domain_queue() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.blocked_until > clock_timestamp() THEN
+        UPDATE scraping.domain_queues q
+        SET ready = false, waiting_for = 'room', wake_at = NEW.blocked_until
+        WHERE q.domain = NEW.domain
+          AND (q.ready OR q.wake_at IS DISTINCT FROM NEW.blocked_until);
+    ELSE
+        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
+        WHERE q.domain = NEW.domain AND NOT q.ready AND q.waiting_for = 'room'
+          AND q.wake_at > clock_timestamp();
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A domain's state row deleted (an operator resetting it): its queues go with it, and a
+-- fresh row and queues are made again for the jobs still queued there, so none is left
+-- out of the pick.
+CREATE OR REPLACE FUNCTION scraping.domains_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
+    IF EXISTS (SELECT 1 FROM scraping.jobs j
+               WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
+        INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
+        ON CONFLICT (domain) DO NOTHING;
+        INSERT INTO scraping.domain_queues (domain, priority, head_tag)
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
+        ON CONFLICT (domain, priority) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$fn$;

@@ -1,0 +1,37 @@
+-- A domain's pause (a 429 or Retry-After from it, or an operator): no worker sends it
+-- anything before the pause ends. The pause kept is capped at the session's
+-- pin.scraping_max_pause_seconds (the worker sets it from PIN_SCRAPING_MAX_PAUSE_SECONDS;
+-- 3600 when unset), so `Retry-After: Fri, 31 Dec 9999 …` cannot stop a domain for every
+-- tenant for ever. A longer pause already in force stands; p_until NULL or in the past
+-- lifts the pause (`pin scraping domain resume`). Returns the pause kept (NULL: none).
+CREATE OR REPLACE FUNCTION scraping.pause_domain(p_domain text, p_until timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_cap double precision := coalesce(
+        nullif(current_setting('pin.scraping_max_pause_seconds', true), '')::double precision,
+        3600);
+    v_until timestamptz;
+    v_kept timestamptz;
+BEGIN
+    IF p_domain IS NULL OR btrim(p_domain) = '' THEN
+        RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
+    END IF;
+    IF p_until IS NULL OR p_until <= clock_timestamp() THEN
+        UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
+        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+        RETURN NULL;
+    END IF;
+    v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
+    INSERT INTO scraping.domains AS d (domain, blocked_until)
+    VALUES (scraping.idna_host(p_domain), v_until)
+    ON CONFLICT (domain) DO UPDATE
+    SET blocked_until = greatest(
+            least(coalesce(d.blocked_until, '-infinity'),
+                  clock_timestamp() + make_interval(secs => v_cap)),
+            EXCLUDED.blocked_until),
+        updated_at = now()
+    RETURNING d.blocked_until INTO v_kept;
+    RETURN v_kept;
+END
+$fn$;

@@ -1,0 +1,219 @@
+-- Intake from SQL (README "Scheduling", docs/integration.md): the one path by which a job
+-- enters scraping.jobs. POST /jobs and the Python helper call it; another service calls it
+-- in its own transaction (the job exists exactly when that transaction commits), one row
+-- or set-based (`SELECT scraping.submit_job(t.id, u.url) FROM …`).
+
+-- A host as the politeness limits key it (Python: repository.normalize_host): no trailing
+-- dot, no brackets around an IPv6 literal, lowercased; a non-ASCII label in its IDNA
+-- (punycode, RFC 3492) form after NFKC normalisation.
+CREATE OR REPLACE FUNCTION scraping.idna_host(p_host text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT AS $fn$
+DECLARE
+    v_host text := lower(rtrim(btrim(p_host), '.'));
+    v_labels text[];
+    v_out text[] := '{}';
+    v_label text;
+    cps integer[];
+    n integer; delta bigint; bias integer; h integer; b integer; m integer;
+    q bigint; k integer; t integer; v_enc text;
+    first boolean;
+BEGIN
+    IF v_host LIKE '[%]' THEN
+        v_host := substr(v_host, 2, length(v_host) - 2);
+    END IF;
+    IF v_host ~ '^[\x01-\x7f]*$' OR position(':' IN v_host) > 0 THEN
+        RETURN v_host;
+    END IF;
+    v_labels := string_to_array(normalize(v_host, NFKC), '.');
+    FOREACH v_label IN ARRAY v_labels LOOP
+        IF v_label ~ '^[\x01-\x7f]*$' THEN
+            v_out := v_out || v_label;
+            CONTINUE;
+        END IF;
+        SELECT array_agg(ascii(c) ORDER BY o) INTO cps
+        FROM unnest(string_to_array(v_label, NULL)) WITH ORDINALITY AS u(c, o);
+        v_enc := '';
+        FOR i IN 1..array_length(cps, 1) LOOP
+            IF cps[i] < 128 THEN v_enc := v_enc || chr(cps[i]); END IF;
+        END LOOP;
+        b := length(v_enc);
+        h := b;
+        IF b > 0 THEN v_enc := v_enc || '-'; END IF;
+        n := 128; delta := 0; bias := 72; first := true;
+        WHILE h < array_length(cps, 1) LOOP
+            SELECT min(c) INTO m FROM unnest(cps) AS c WHERE c >= n;
+            delta := delta + (m - n)::bigint * (h + 1);
+            n := m;
+            FOR i IN 1..array_length(cps, 1) LOOP
+                IF cps[i] < n THEN delta := delta + 1; END IF;
+                IF cps[i] = n THEN
+                    q := delta;
+                    k := 36;
+                    LOOP
+                        t := CASE WHEN k <= bias THEN 1 WHEN k >= bias + 26 THEN 26
+                                  ELSE k - bias END;
+                        EXIT WHEN q < t;
+                        v_enc := v_enc || scraping.punycode_digit((t + (q - t) % (36 - t))::integer);
+                        q := (q - t) / (36 - t);
+                        k := k + 36;
+                    END LOOP;
+                    v_enc := v_enc || scraping.punycode_digit(q::integer);
+                    -- adapt the bias (RFC 3492 §6.1)
+                    delta := CASE WHEN first THEN delta / 700 ELSE delta / 2 END;
+                    delta := delta + delta / (h + 1);
+                    k := 0;
+                    WHILE delta > 455 LOOP
+                        delta := delta / 35;
+                        k := k + 36;
+                    END LOOP;
+                    bias := k + (36 * delta) / (delta + 38);
+                    delta := 0;
+                    first := false;
+                    h := h + 1;
+                END IF;
+            END LOOP;
+            delta := delta + 1;
+            n := n + 1;
+        END LOOP;
+        v_out := v_out || ('xn--' || v_enc);
+    END LOOP;
+    RETURN array_to_string(v_out, '.');
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION scraping.punycode_digit(p_digit integer) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $fn$
+    SELECT CASE WHEN p_digit < 26 THEN chr(97 + p_digit) ELSE chr(22 + p_digit) END;
+$fn$;
+
+-- The fingerprint of a request body: the same Idempotency-Key with another body is refused.
+CREATE OR REPLACE FUNCTION scraping.request_sha256(
+    p_url text, p_params jsonb, p_priority text, p_callback_url text
+) RETURNS text
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT encode(sha256(convert_to(jsonb_build_object(
+        'url', p_url, 'params', p_params, 'priority', p_priority,
+        'callback_url', p_callback_url)::text, 'UTF8')), 'hex');
+$fn$;
+
+CREATE OR REPLACE FUNCTION scraping.submit_job(
+    p_tenant_id uuid,
+    p_url text,
+    p_params jsonb DEFAULT '{}',
+    p_priority text DEFAULT 'normal',
+    p_callback_url text DEFAULT NULL,
+    p_idempotency_key text DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $fn$
+-- Validates as POST /jobs does (SQLSTATE 22023, the message naming the argument), derives
+-- the domain, inserts the job (its fair tag and domain queue come from the triggers of
+-- migration 0011). Same key and same body: the first job's id; same key, other body:
+-- SQLSTATE 23505 naming the key. A key is remembered 24 hours (the API's documented TTL).
+DECLARE
+    v_authority text;
+    v_host text;
+    v_digest text;
+    v_id uuid;
+    v_existing record;
+BEGIN
+    IF p_tenant_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM scraping.tenants t WHERE t.id = p_tenant_id) THEN
+        RAISE EXCEPTION 'p_tenant_id: no tenant %', coalesce(p_tenant_id::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'pin tenant list shows the tenants';
+    END IF;
+    PERFORM scraping.check_job_url(p_url, 'p_url');
+    IF p_callback_url IS NOT NULL THEN
+        PERFORM scraping.check_job_url(p_callback_url, 'p_callback_url');
+    END IF;
+    IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
+        RAISE EXCEPTION 'p_params must be a JSON object (got %)',
+            coalesce(jsonb_typeof(p_params), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_priority IS NULL OR p_priority NOT IN ('high', 'normal', 'low') THEN
+        RAISE EXCEPTION 'p_priority must be high, normal or low (got %)',
+            coalesce(quote_literal(p_priority), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_idempotency_key IS NOT NULL
+       AND (length(p_idempotency_key) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'p_idempotency_key must be 1 to 255 characters (got %)',
+            length(p_idempotency_key)
+            USING ERRCODE = '22023';
+    END IF;
+
+    v_authority := substring(p_url FROM '^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)');
+    v_authority := regexp_replace(v_authority, '^.*@', '');
+    IF v_authority LIKE '[%' THEN
+        v_host := substring(v_authority FROM '^(\[[^]]*\])');
+    ELSE
+        v_host := split_part(v_authority, ':', 1);
+    END IF;
+    v_digest := scraping.request_sha256(p_url, p_params, p_priority, p_callback_url);
+
+    IF p_idempotency_key IS NOT NULL THEN
+        UPDATE scraping.jobs j SET idempotency_key = NULL
+        WHERE j.tenant_id = p_tenant_id AND j.idempotency_key = p_idempotency_key
+          AND j.created_at < now() - interval '24 hours';
+    END IF;
+    INSERT INTO scraping.jobs AS j (
+        id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
+        request_sha256
+    )
+    VALUES (
+        pin.uuid7(), p_tenant_id, p_url, scraping.idna_host(v_host), p_params,
+        p_priority, p_callback_url, p_idempotency_key, v_digest
+    )
+    ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO v_id;
+    IF v_id IS NOT NULL THEN
+        RETURN v_id;
+    END IF;
+    -- The key's first job (a concurrent insert of it has committed by now).
+    SELECT j.id, j.request_sha256 INTO v_existing FROM scraping.jobs j
+    WHERE j.tenant_id = p_tenant_id AND j.idempotency_key = p_idempotency_key;
+    IF v_existing.request_sha256 IS DISTINCT FROM v_digest THEN
+        RAISE EXCEPTION 'p_idempotency_key % was already used with a different request',
+            quote_literal(p_idempotency_key)
+            USING ERRCODE = '23505', HINT = 'use a new key for a new job';
+    END IF;
+    RETURN v_existing.id;
+END
+$fn$;
+
+-- A job's URL or callback as POST /jobs accepts it: http(s), a host, at most 2048
+-- characters, no whitespace.
+CREATE OR REPLACE FUNCTION scraping.check_job_url(p_url text, p_argument text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+    v_authority text;
+    v_port text;
+BEGIN
+    IF p_url IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF length(p_url) > 2048 THEN
+        RAISE EXCEPTION '% is longer than 2048 characters', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF p_url ~ '\s' THEN
+        RAISE EXCEPTION '% must not contain whitespace', p_argument USING ERRCODE = '22023';
+    END IF;
+    v_authority := substring(p_url FROM '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)');
+    IF v_authority IS NULL THEN
+        RAISE EXCEPTION '% must be an http:// or https:// URL (got %)',
+            p_argument, quote_literal(left(p_url, 80))
+            USING ERRCODE = '22023';
+    END IF;
+    v_authority := regexp_replace(v_authority, '^.*@', '');
+    v_port := substring(v_authority FROM '(?:^\[[^]]*\]|^[^:\[]*):(.*)$');
+    IF regexp_replace(v_authority, '^(\[[^]]*\]|[^:]*).*$', '\1') IN ('', '[]') THEN
+        RAISE EXCEPTION '% has no host', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF v_port IS NOT NULL AND v_port <> ''
+       AND (v_port !~ '^[0-9]{1,5}$' OR v_port::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION '% has an invalid port %', p_argument, quote_literal(v_port)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$fn$;

@@ -1,0 +1,1812 @@
+--
+-- PostgreSQL database dump
+--
+
+--
+-- Name: chessboard; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA chessboard;
+
+--
+-- Name: news; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA news;
+
+--
+-- Name: pin; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA pin;
+
+--
+-- Name: scraping; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA scraping;
+
+--
+-- Name: request_project_recalc(uuid, uuid, text); Type: FUNCTION; Schema: chessboard; Owner: -
+--
+
+CREATE FUNCTION chessboard.request_project_recalc(project_id uuid, tenant_id uuid, reason text) RETURNS timestamp with time zone
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+            -- The policy of RecalcPolicy's defaults: debounce 30 s, cap 5 min.
+            SELECT chessboard.request_project_recalc_at($1, $2, $3, now(), 30, 300)
+        $_$;
+
+--
+-- Name: request_project_recalc_at(uuid, uuid, text, timestamp with time zone, double precision, double precision); Type: FUNCTION; Schema: chessboard; Owner: -
+--
+
+CREATE FUNCTION chessboard.request_project_recalc_at(project_id uuid, tenant_id uuid, reason text, requested_at timestamp with time zone, debounce_seconds double precision, cap_seconds double precision) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+        DECLARE
+            p_project_id ALIAS FOR $1;
+            p_tenant_id ALIAS FOR $2;
+            p_reason ALIAS FOR $3;
+            p_requested_at ALIAS FOR $4;
+            p_debounce ALIAS FOR $5;
+            p_cap ALIAS FOR $6;
+            allowed text[] := ARRAY['PropertyObjectStatusChanged', 'PropertyObjectPriceChanged', 'PropertyObjectUpserted', 'LayoutChanged', 'TalentSync', 'Crud', 'Manual']::text[];
+            due timestamptz;
+        BEGIN
+            IF p_project_id IS NULL THEN
+                RAISE EXCEPTION 'project_id must not be NULL'
+                    USING ERRCODE = 'null_value_not_allowed',
+                          HINT = 'pass the id of the project whose aggregates are stale';
+            END IF;
+            IF p_tenant_id IS NULL THEN
+                RAISE EXCEPTION 'tenant_id must not be NULL'
+                    USING ERRCODE = 'null_value_not_allowed',
+                          HINT = 'pass the tenant id of the project';
+            END IF;
+            IF p_reason IS NULL OR NOT (p_reason = ANY (allowed)) THEN
+                RAISE EXCEPTION 'reason must be one of % (got %)',
+                        array_to_string(allowed, ', '), coalesce(quote_literal(p_reason), 'NULL')
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            IF p_requested_at IS NULL OR p_debounce IS NULL OR p_cap IS NULL
+               OR p_debounce <= 0 OR p_cap < p_debounce THEN
+                RAISE EXCEPTION 'requested_at, debounce_seconds and cap_seconds must be set, '
+                                'with 0 < debounce_seconds <= cap_seconds (got %, %, %)',
+                        p_requested_at, p_debounce, p_cap
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            -- Trailing debounce with a starvation cap (seed 002, AGG-1): a new row is due
+            -- debounce after the request; a further request moves it to request + debounce,
+            -- never past first_requested_at + cap.
+            INSERT INTO chessboard.project_recalc_requests AS r (
+                project_id, tenant_id, due_at, first_requested_at, requested_count,
+                last_reason, attempt_count, created_at, updated_at
+            )
+            VALUES (
+                p_project_id, p_tenant_id,
+                p_requested_at + make_interval(secs => p_debounce), p_requested_at, 1,
+                p_reason, 0, p_requested_at, p_requested_at
+            )
+            ON CONFLICT ON CONSTRAINT project_recalc_requests_pkey DO UPDATE
+            SET due_at = least(
+                    excluded.updated_at + make_interval(secs => p_debounce),
+                    r.first_requested_at + make_interval(secs => p_cap)
+                ),
+                requested_count = r.requested_count + 1,
+                last_reason = excluded.last_reason,
+                tenant_id = excluded.tenant_id,
+                updated_at = excluded.updated_at
+            RETURNING r.due_at INTO due;
+            RETURN due;
+        END
+        $_$;
+
+--
+-- Name: enqueue_snapshot_detach(uuid, uuid, text); Type: FUNCTION; Schema: news; Owner: -
+--
+
+CREATE FUNCTION news.enqueue_snapshot_detach(snapshot_id uuid, post_id uuid, reason text) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+        #variable_conflict use_column
+        DECLARE
+            p_snapshot_id ALIAS FOR $1;
+            p_post_id ALIAS FOR $2;
+            p_reason ALIAS FOR $3;
+            allowed text[] := ARRAY['BlockReplaced', 'PostDeleted']::text[];
+            entry_id uuid;
+        BEGIN
+            IF p_snapshot_id IS NULL THEN
+                RAISE EXCEPTION 'snapshot_id must not be NULL'
+                    USING ERRCODE = 'null_value_not_allowed',
+                          HINT = 'pass the id of the orphaned selection snapshot';
+            END IF;
+            IF p_post_id IS NULL THEN
+                RAISE EXCEPTION 'post_id must not be NULL'
+                    USING ERRCODE = 'null_value_not_allowed',
+                          HINT = 'pass the id of the post the snapshot belonged to';
+            END IF;
+            IF p_reason IS NULL OR NOT (p_reason = ANY (allowed)) THEN
+                RAISE EXCEPTION 'reason must be one of % (got %)',
+                        array_to_string(allowed, ', '), coalesce(quote_literal(p_reason), 'NULL')
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            -- One active (not Done) row per snapshot (ux_sdo_snapshot). When the insert
+            -- meets an active row, that row may turn Done (committed by the worker) before
+            -- the lookup reads it: the lookup then finds nothing, and the insert is tried
+            -- again, now without a conflict. Each statement sees rows committed before it
+            -- started, so the loop ends unless that race repeats.
+            LOOP
+                INSERT INTO news.snapshot_detach_outbox AS o (
+                    id, snapshot_id, post_id, reason, attempts, next_attempt_at, status,
+                    created_at, updated_at
+                )
+                VALUES (pin.uuid7(), p_snapshot_id, p_post_id, p_reason, 0, now(), 'Pending',
+                        now(), now())
+                ON CONFLICT (snapshot_id) WHERE status <> 'Done' DO NOTHING
+                RETURNING o.id INTO entry_id;
+                IF entry_id IS NOT NULL THEN
+                    RETURN entry_id;
+                END IF;
+                SELECT o.id INTO entry_id
+                FROM news.snapshot_detach_outbox AS o
+                WHERE o.snapshot_id = p_snapshot_id AND o.status <> 'Done';
+                IF entry_id IS NOT NULL THEN
+                    RETURN entry_id;
+                END IF;
+            END LOOP;
+        END
+        $_$;
+
+--
+-- Name: uuid7(); Type: FUNCTION; Schema: pin; Owner: -
+--
+
+CREATE FUNCTION pin.uuid7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+            SELECT encode(
+                set_bit(set_bit(
+                    overlay(uuid_send(gen_random_uuid())
+                            PLACING substring(int8send(
+                                floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                FROM 3)
+                            FROM 1 FOR 6),
+                    52, 1), 53, 1),
+                'hex')::uuid
+        $$;
+
+--
+-- Name: check_job_url(text, text); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.check_job_url(p_url text, p_argument text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+DECLARE
+    v_authority text;
+    v_port text;
+BEGIN
+    IF p_url IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF length(p_url) > 2048 THEN
+        RAISE EXCEPTION '% is longer than 2048 characters', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF p_url ~ '\s' THEN
+        RAISE EXCEPTION '% must not contain whitespace', p_argument USING ERRCODE = '22023';
+    END IF;
+    v_authority := substring(p_url FROM '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)');
+    IF v_authority IS NULL THEN
+        RAISE EXCEPTION '% must be an http:// or https:// URL (got %)',
+            p_argument, quote_literal(left(p_url, 80))
+            USING ERRCODE = '22023';
+    END IF;
+    v_authority := regexp_replace(v_authority, '^.*@', '');
+    v_port := substring(v_authority FROM '(?:^\[[^]]*\]|^[^:\[]*):(.*)$');
+    IF regexp_replace(v_authority, '^(\[[^]]*\]|[^:]*).*$', '\1') IN ('', '[]') THEN
+        RAISE EXCEPTION '% has no host', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF v_port IS NOT NULL AND v_port <> ''
+       AND (v_port !~ '^[0-9]{1,5}$' OR v_port::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION '% has an invalid port %', p_argument, quote_literal(v_port)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$_$;
+
+--
+-- Name: jobs; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.jobs (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    url text NOT NULL,
+    params jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority text DEFAULT 'normal'::text NOT NULL,
+    callback_url text,
+    idempotency_key text,
+    request_sha256 text,
+    status text DEFAULT 'queued'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    attempts_before_requeue integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    cancel_requested_at timestamp with time zone,
+    last_error text,
+    last_error_class text,
+    result_key text,
+    result_size bigint,
+    result_sha256 text,
+    result_content_type text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    domain text NOT NULL,
+    finish_published_at timestamp with time zone,
+    webhook_attempts integer DEFAULT 0 NOT NULL,
+    webhook_next_attempt_at timestamp with time zone,
+    result_expired_at timestamp with time zone,
+    fair_tag double precision,
+    CONSTRAINT jobs_callback_url_check CHECK ((length(callback_url) <= 2048)),
+    CONSTRAINT jobs_check CHECK (((status = 'running'::text) = (lease_expires_at IS NOT NULL))),
+    CONSTRAINT jobs_check1 CHECK (((status <> 'succeeded'::text) OR (result_key IS NOT NULL))),
+    CONSTRAINT jobs_idempotency_key_check CHECK ((length(idempotency_key) <= 255)),
+    CONSTRAINT jobs_last_error_check CHECK ((length(last_error) <= 512)),
+    CONSTRAINT jobs_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_url_check CHECK ((length(url) <= 2048))
+);
+
+--
+-- Name: claim_jobs(text, integer, double precision, double precision, integer); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.claim_jobs(p_worker text, p_limit integer, p_lease_seconds double precision, p_default_rps double precision, p_default_concurrency integer) RETURNS SETOF scraping.jobs
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c_name text[] := ARRAY['high', 'normal', 'low'];
+    c_step bigint[];
+    c_finish bigint[];
+    c_start bigint[];
+    c_tclock double precision[];
+    c_done boolean[] := ARRAY[false, false, false];
+    v_clock bigint;
+    ci integer;
+    n_picked integer := 0;
+    -- domains whose state row another claim holds: left to it for the rest of this call
+    skipped text[] := '{}';
+    v_now timestamptz;
+    v_queue record;
+    v_domain scraping.domains;
+    v_rps double precision;
+    v_concurrency integer;
+    v_tokens double precision;
+    v_running integer;
+    v_job_id uuid;
+    v_tag double precision;
+    picked uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
+    picked_domain text[] := '{}';
+    v_next double precision;
+    v_due timestamptz;
+    n_locked integer;
+    -- whether this call holds a row lock yet: until it does, it may wait for one without
+    -- any risk of a deadlock (a waiter holding nothing is in no cycle)
+    v_holds_locks boolean := false;
+BEGIN
+    IF p_limit IS NULL OR p_limit <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Domain queues whose wait is over come back into the pick (a bounded batch per call;
+    -- rows another claim is waking are skipped, not waited for).
+    UPDATE scraping.domain_queues q
+    SET ready = true, wake_at = NULL, waiting_for = NULL
+    FROM (
+        SELECT w.domain, w.priority FROM scraping.domain_queues w
+        WHERE NOT w.ready AND w.wake_at <= clock_timestamp()
+        ORDER BY w.wake_at
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ) due
+    WHERE q.domain = due.domain AND q.priority = due.priority;
+    v_holds_locks := FOUND;
+
+    SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
+           array_agg(vtime ORDER BY array_position(c_name, priority)),
+           array_agg(last_start ORDER BY array_position(c_name, priority)),
+           array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
+           max(last_start)
+    INTO c_step, c_finish, c_start, c_tclock, v_clock
+    FROM scraping.pick_classes;
+
+    <<picks>>
+    WHILE n_picked < p_limit LOOP
+        -- 1. the class with the smallest start tag (ties: the higher class)
+        ci := NULL;
+        FOR k IN 1..3 LOOP
+            CONTINUE WHEN c_done[k];
+            IF ci IS NULL OR greatest(c_finish[k], v_clock) < greatest(c_finish[ci], v_clock)
+            THEN
+                ci := k;
+            END IF;
+        END LOOP;
+        EXIT picks WHEN ci IS NULL;
+
+        <<domains>>
+        LOOP
+            -- 2. the class's domain queue with the smallest head tag
+            SELECT q.domain, q.head_tag INTO v_queue
+            FROM scraping.domain_queues q
+            WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> ALL (skipped)
+            ORDER BY q.head_tag, q.domain
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND AND NOT v_holds_locks THEN
+                -- Every queue with room is being picked from by other claims (one busy
+                -- site): wait for the first of them rather than answer "nothing to do".
+                SELECT q.domain, q.head_tag INTO v_queue
+                FROM scraping.domain_queues q
+                WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> ALL (skipped)
+                ORDER BY q.head_tag, q.domain
+                LIMIT 1
+                FOR UPDATE;
+            END IF;
+            IF NOT FOUND THEN
+                c_done[ci] := true;
+                CONTINUE picks;
+            END IF;
+            v_holds_locks := true;
+
+            SELECT d.* INTO v_domain FROM scraping.domains d
+            WHERE d.domain = v_queue.domain
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                skipped := skipped || v_queue.domain;
+                CONTINUE domains;
+            END IF;
+            v_now := clock_timestamp();
+
+            -- 3. room: no pause, a token in the bucket, a free connection
+            IF v_domain.blocked_until > v_now THEN
+                PERFORM scraping.set_domain_queue_aside(
+                    v_queue.domain, c_name[ci], 'room', v_domain.blocked_until);
+                CONTINUE domains;
+            END IF;
+            v_rps := coalesce(v_domain.rps, p_default_rps);
+            v_concurrency := coalesce(v_domain.concurrency, p_default_concurrency);
+            v_tokens := CASE
+                WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
+                ELSE least(greatest(1.0, v_rps),
+                           v_domain.tokens + v_rps * greatest(
+                               0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
+            END;
+            IF v_tokens < 1 THEN
+                PERFORM scraping.set_domain_queue_aside(
+                    v_queue.domain, c_name[ci], 'room',
+                    v_now + make_interval(secs => (1 - v_tokens) / v_rps));
+                CONTINUE domains;
+            END IF;
+            SELECT count(*) + (SELECT count(*) FROM unnest(picked_domain) AS p(d)
+                               WHERE p.d = v_queue.domain)
+            INTO v_running FROM scraping.jobs j
+            WHERE j.status = 'running' AND j.domain = v_queue.domain;
+            IF v_running >= v_concurrency THEN
+                -- A finishing job wakes it (trigger jobs_domain_queue); the second is a
+                -- safety net for a finish that committed while this claim was deciding.
+                PERFORM scraping.set_domain_queue_aside(
+                    v_queue.domain, c_name[ci], 'room', v_now + interval '1 second');
+                CONTINUE domains;
+            END IF;
+
+            -- 4. the domain's due job with the smallest tag; never one asked to cancel
+            SELECT j.id, j.fair_tag INTO v_job_id, v_tag FROM scraping.jobs j
+            WHERE j.domain = v_queue.domain AND j.priority = c_name[ci]
+              AND j.status = 'queued' AND j.next_attempt_at <= v_now
+              AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
+            ORDER BY j.fair_tag, j.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
+                WHERE j.domain = v_queue.domain AND j.priority = c_name[ci]
+                  AND j.status = 'queued' AND j.cancel_requested_at IS NULL
+                  AND j.id <> ALL (picked);
+                IF v_due IS NULL THEN
+                    DELETE FROM scraping.domain_queues q
+                    WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+                ELSE
+                    -- Not due yet, or its due jobs held by another transaction (a cancel).
+                    PERFORM scraping.set_domain_queue_aside(
+                        v_queue.domain, c_name[ci], 'due',
+                        greatest(v_due, v_now + interval '1 second'));
+                END IF;
+                CONTINUE domains;
+            END IF;
+
+            -- The pick: spend the domain's token and connection, advance both clocks. The
+            -- jobs are claimed together at the end, each stamped with its pick's moment.
+            picked := picked || v_job_id;
+            picked_at := picked_at || v_now;
+            picked_domain := picked_domain || v_queue.domain;
+            n_picked := n_picked + 1;
+
+            v_tokens := v_tokens - 1;
+            UPDATE scraping.domains d
+            SET tokens = v_tokens, tokens_at = greatest(v_now, d.tokens_at)
+            WHERE d.domain = v_queue.domain;
+
+            SELECT j.fair_tag INTO v_next FROM scraping.jobs j
+            WHERE j.domain = v_queue.domain AND j.priority = c_name[ci] AND j.status = 'queued'
+              AND j.id <> ALL (picked)
+            ORDER BY j.fair_tag, j.id
+            LIMIT 1;
+            IF v_next IS NULL THEN
+                DELETE FROM scraping.domain_queues q
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            ELSIF v_tokens < 1 THEN
+                UPDATE scraping.domain_queues q
+                SET head_tag = v_next, ready = false, waiting_for = 'room',
+                    wake_at = v_now + make_interval(secs => (1 - v_tokens) / v_rps)
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            ELSIF v_running + 1 >= v_concurrency THEN
+                UPDATE scraping.domain_queues q
+                SET head_tag = v_next, ready = false, waiting_for = 'room',
+                    wake_at = v_now + interval '1 second'
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            ELSIF v_next <> v_queue.head_tag THEN
+                UPDATE scraping.domain_queues q SET head_tag = v_next
+                WHERE q.domain = v_queue.domain AND q.priority = c_name[ci];
+            END IF;
+
+            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
+            v_clock := greatest(c_finish[ci], v_clock);
+            c_start[ci] := v_clock;
+            c_finish[ci] := v_clock + c_step[ci];
+            CONTINUE picks;
+        END LOOP domains;
+    END LOOP picks;
+
+    IF n_picked = 0 THEN
+        RETURN;
+    END IF;
+    -- The class state, unless another claim is writing it right now: then its write
+    -- stands (both continued the sequence from the same state), and this claim never
+    -- waits. All three rows or none, so the state stays one point of the sequence.
+    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
+    GET DIAGNOSTICS n_locked = ROW_COUNT;
+    IF n_locked = 3 THEN
+        UPDATE scraping.pick_classes c
+        SET vtime = c_finish[ck], last_start = c_start[ck],
+            tenant_clock = greatest(c.tenant_clock, c_tclock[ck])
+        FROM generate_subscripts(c_name, 1) AS ck
+        WHERE c.priority = c_name[ck];
+    END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE scraping.jobs j
+        SET status = 'running',
+            attempts = j.attempts + 1,
+            lease_owner = p_worker,
+            lease_expires_at = p.at + make_interval(secs => p_lease_seconds),
+            started_at = coalesce(j.started_at, p.at),
+            updated_at = p.at
+        FROM unnest(picked, picked_at) AS p(id, at)
+        WHERE j.id = p.id
+        RETURNING j.*
+    ), attempt AS (
+        INSERT INTO scraping.job_attempts (job_id, number, worker, started_at)
+        SELECT c.id, c.attempts, p_worker, c.updated_at FROM claimed c
+    )
+    SELECT c.* FROM claimed c
+    JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
+    ORDER BY p.o;
+END
+$$;
+
+--
+-- Name: domains_deleted(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domains_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
+    IF EXISTS (SELECT 1 FROM scraping.jobs j
+               WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
+        INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
+        ON CONFLICT (domain) DO NOTHING;
+        INSERT INTO scraping.domain_queues (domain, priority, head_tag)
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
+        ON CONFLICT (domain, priority) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: domains_domain_queue(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domains_domain_queue() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.blocked_until > clock_timestamp() THEN
+        UPDATE scraping.domain_queues q
+        SET ready = false, waiting_for = 'room', wake_at = NEW.blocked_until
+        WHERE q.domain = NEW.domain
+          AND (q.ready OR q.wake_at IS DISTINCT FROM NEW.blocked_until);
+    ELSE
+        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
+        WHERE q.domain = NEW.domain AND NOT q.ready AND q.waiting_for = 'room'
+          AND q.wake_at > clock_timestamp();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: idna_host(text); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.idna_host(p_host text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT
+    AS $_$
+DECLARE
+    v_host text := lower(rtrim(btrim(p_host), '.'));
+    v_labels text[];
+    v_out text[] := '{}';
+    v_label text;
+    cps integer[];
+    n integer; delta bigint; bias integer; h integer; b integer; m integer;
+    q bigint; k integer; t integer; v_enc text;
+    first boolean;
+BEGIN
+    IF v_host LIKE '[%]' THEN
+        v_host := substr(v_host, 2, length(v_host) - 2);
+    END IF;
+    IF v_host ~ '^[\x01-\x7f]*$' OR position(':' IN v_host) > 0 THEN
+        RETURN v_host;
+    END IF;
+    v_labels := string_to_array(normalize(v_host, NFKC), '.');
+    FOREACH v_label IN ARRAY v_labels LOOP
+        IF v_label ~ '^[\x01-\x7f]*$' THEN
+            v_out := v_out || v_label;
+            CONTINUE;
+        END IF;
+        SELECT array_agg(ascii(c) ORDER BY o) INTO cps
+        FROM unnest(string_to_array(v_label, NULL)) WITH ORDINALITY AS u(c, o);
+        v_enc := '';
+        FOR i IN 1..array_length(cps, 1) LOOP
+            IF cps[i] < 128 THEN v_enc := v_enc || chr(cps[i]); END IF;
+        END LOOP;
+        b := length(v_enc);
+        h := b;
+        IF b > 0 THEN v_enc := v_enc || '-'; END IF;
+        n := 128; delta := 0; bias := 72; first := true;
+        WHILE h < array_length(cps, 1) LOOP
+            SELECT min(c) INTO m FROM unnest(cps) AS c WHERE c >= n;
+            delta := delta + (m - n)::bigint * (h + 1);
+            n := m;
+            FOR i IN 1..array_length(cps, 1) LOOP
+                IF cps[i] < n THEN delta := delta + 1; END IF;
+                IF cps[i] = n THEN
+                    q := delta;
+                    k := 36;
+                    LOOP
+                        t := CASE WHEN k <= bias THEN 1 WHEN k >= bias + 26 THEN 26
+                                  ELSE k - bias END;
+                        EXIT WHEN q < t;
+                        v_enc := v_enc || scraping.punycode_digit((t + (q - t) % (36 - t))::integer);
+                        q := (q - t) / (36 - t);
+                        k := k + 36;
+                    END LOOP;
+                    v_enc := v_enc || scraping.punycode_digit(q::integer);
+                    -- adapt the bias (RFC 3492 §6.1)
+                    delta := CASE WHEN first THEN delta / 700 ELSE delta / 2 END;
+                    delta := delta + delta / (h + 1);
+                    k := 0;
+                    WHILE delta > 455 LOOP
+                        delta := delta / 35;
+                        k := k + 36;
+                    END LOOP;
+                    bias := k + (36 * delta) / (delta + 38);
+                    delta := 0;
+                    first := false;
+                    h := h + 1;
+                END IF;
+            END LOOP;
+            delta := delta + 1;
+            n := n + 1;
+        END LOOP;
+        v_out := v_out || ('xn--' || v_enc);
+    END LOOP;
+    RETURN array_to_string(v_out, '.');
+END
+$_$;
+
+--
+-- Name: jobs_domain_queue(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_blocked timestamptz;
+BEGIN
+    IF NEW.status = 'queued' AND (TG_OP = 'INSERT' OR OLD.status <> 'queued') THEN
+        -- The common case writes nothing: a queue that already sorts at or before this
+        -- job and is not waiting for a later due time (so intake does not lock a row a
+        -- claim may be holding).
+        PERFORM 1 FROM scraping.domain_queues q
+        WHERE q.domain = NEW.domain AND q.priority = NEW.priority
+          AND q.head_tag <= NEW.fair_tag
+          AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= NEW.next_attempt_at);
+        IF NOT FOUND THEN
+            INSERT INTO scraping.domains (domain) VALUES (NEW.domain)
+            ON CONFLICT (domain) DO NOTHING;
+            SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+            WHERE d.domain = NEW.domain AND d.blocked_until > clock_timestamp();
+            INSERT INTO scraping.domain_queues AS q
+                (domain, priority, head_tag, ready, waiting_for, wake_at)
+            SELECT NEW.domain, NEW.priority, NEW.fair_tag, s.waiting_for IS NULL,
+                   s.waiting_for, s.wake_at
+            FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                              WHEN NEW.next_attempt_at > clock_timestamp() THEN 'due'
+                         END AS waiting_for,
+                         coalesce(v_blocked, CASE WHEN NEW.next_attempt_at > clock_timestamp()
+                                                  THEN NEW.next_attempt_at END) AS wake_at) s
+            ON CONFLICT (domain, priority) DO UPDATE
+            SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+                wake_at = CASE WHEN q.waiting_for = 'due'
+                               THEN least(q.wake_at, NEW.next_attempt_at)
+                               ELSE q.wake_at END;
+        END IF;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status <> 'running' THEN
+        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
+        WHERE q.domain = OLD.domain AND NOT q.ready AND q.waiting_for = 'room'
+          AND q.wake_at > clock_timestamp()
+          AND NOT EXISTS (SELECT 1 FROM scraping.domains d
+                          WHERE d.domain = OLD.domain AND d.blocked_until > clock_timestamp());
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: jobs_fair_tag(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_step double precision;
+    v_clock double precision;
+BEGIN
+    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = NEW.tenant_id;
+    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
+    WHERE c.priority = NEW.priority;
+    INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
+    VALUES (NEW.priority, NEW.tenant_id, v_clock + v_step)
+    ON CONFLICT (priority, tenant_id) DO UPDATE
+    SET vtime = greatest(v.vtime, v_clock) + v_step
+    RETURNING v.vtime - v_step INTO NEW.fair_tag;
+    RETURN NEW;
+END
+$$;
+
+--
+-- Name: notify_job_finished(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.notify_job_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+        BEGIN
+            PERFORM pg_notify(
+                'scraping_job_finished',
+                json_build_object(
+                    'job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status
+                )::text
+            );
+            RETURN NULL;
+        END
+        $$;
+
+--
+-- Name: pause_domain(text, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.pause_domain(p_domain text, p_until timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_cap double precision := coalesce(
+        nullif(current_setting('pin.scraping_max_pause_seconds', true), '')::double precision,
+        3600);
+    v_until timestamptz;
+    v_kept timestamptz;
+BEGIN
+    IF p_domain IS NULL OR btrim(p_domain) = '' THEN
+        RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
+    END IF;
+    IF p_until IS NULL OR p_until <= clock_timestamp() THEN
+        UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
+        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+        RETURN NULL;
+    END IF;
+    v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
+    INSERT INTO scraping.domains AS d (domain, blocked_until)
+    VALUES (scraping.idna_host(p_domain), v_until)
+    ON CONFLICT (domain) DO UPDATE
+    SET blocked_until = greatest(
+            least(coalesce(d.blocked_until, '-infinity'),
+                  clock_timestamp() + make_interval(secs => v_cap)),
+            EXCLUDED.blocked_until),
+        updated_at = now()
+    RETURNING d.blocked_until INTO v_kept;
+    RETURN v_kept;
+END
+$$;
+
+--
+-- Name: punycode_digit(integer); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.punycode_digit(p_digit integer) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT
+    AS $$
+    SELECT CASE WHEN p_digit < 26 THEN chr(97 + p_digit) ELSE chr(22 + p_digit) END;
+$$;
+
+--
+-- Name: request_sha256(text, jsonb, text, text); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.request_sha256(p_url text, p_params jsonb, p_priority text, p_callback_url text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT encode(sha256(convert_to(jsonb_build_object(
+        'url', p_url, 'params', p_params, 'priority', p_priority,
+        'callback_url', p_callback_url)::text, 'UTF8')), 'hex');
+$$;
+
+--
+-- Name: set_domain_queue_aside(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.set_domain_queue_aside(p_domain text, p_priority text, p_waiting_for text, p_until timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE scraping.domain_queues q
+    SET ready = false, waiting_for = p_waiting_for, wake_at = p_until
+    WHERE q.domain = p_domain AND q.priority = p_priority;
+$$;
+
+--
+-- Name: submit_job(uuid, text, jsonb, text, text, text); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.submit_job(p_tenant_id uuid, p_url text, p_params jsonb DEFAULT '{}'::jsonb, p_priority text DEFAULT 'normal'::text, p_callback_url text DEFAULT NULL::text, p_idempotency_key text DEFAULT NULL::text) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+-- Validates as POST /jobs does (SQLSTATE 22023, the message naming the argument), derives
+-- the domain, inserts the job (its fair tag and domain queue come from the triggers of
+-- migration 0011). Same key and same body: the first job's id; same key, other body:
+-- SQLSTATE 23505 naming the key. A key is remembered 24 hours (the API's documented TTL).
+DECLARE
+    v_authority text;
+    v_host text;
+    v_digest text;
+    v_id uuid;
+    v_existing record;
+BEGIN
+    IF p_tenant_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM scraping.tenants t WHERE t.id = p_tenant_id) THEN
+        RAISE EXCEPTION 'p_tenant_id: no tenant %', coalesce(p_tenant_id::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'pin tenant list shows the tenants';
+    END IF;
+    PERFORM scraping.check_job_url(p_url, 'p_url');
+    IF p_callback_url IS NOT NULL THEN
+        PERFORM scraping.check_job_url(p_callback_url, 'p_callback_url');
+    END IF;
+    IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
+        RAISE EXCEPTION 'p_params must be a JSON object (got %)',
+            coalesce(jsonb_typeof(p_params), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_priority IS NULL OR p_priority NOT IN ('high', 'normal', 'low') THEN
+        RAISE EXCEPTION 'p_priority must be high, normal or low (got %)',
+            coalesce(quote_literal(p_priority), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_idempotency_key IS NOT NULL
+       AND (length(p_idempotency_key) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'p_idempotency_key must be 1 to 255 characters (got %)',
+            length(p_idempotency_key)
+            USING ERRCODE = '22023';
+    END IF;
+
+    v_authority := substring(p_url FROM '^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)');
+    v_authority := regexp_replace(v_authority, '^.*@', '');
+    IF v_authority LIKE '[%' THEN
+        v_host := substring(v_authority FROM '^(\[[^]]*\])');
+    ELSE
+        v_host := split_part(v_authority, ':', 1);
+    END IF;
+    v_digest := scraping.request_sha256(p_url, p_params, p_priority, p_callback_url);
+
+    IF p_idempotency_key IS NOT NULL THEN
+        UPDATE scraping.jobs j SET idempotency_key = NULL
+        WHERE j.tenant_id = p_tenant_id AND j.idempotency_key = p_idempotency_key
+          AND j.created_at < now() - interval '24 hours';
+    END IF;
+    INSERT INTO scraping.jobs AS j (
+        id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
+        request_sha256
+    )
+    VALUES (
+        pin.uuid7(), p_tenant_id, p_url, scraping.idna_host(v_host), p_params,
+        p_priority, p_callback_url, p_idempotency_key, v_digest
+    )
+    ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO v_id;
+    IF v_id IS NOT NULL THEN
+        RETURN v_id;
+    END IF;
+    -- The key's first job (a concurrent insert of it has committed by now).
+    SELECT j.id, j.request_sha256 INTO v_existing FROM scraping.jobs j
+    WHERE j.tenant_id = p_tenant_id AND j.idempotency_key = p_idempotency_key;
+    IF v_existing.request_sha256 IS DISTINCT FROM v_digest THEN
+        RAISE EXCEPTION 'p_idempotency_key % was already used with a different request',
+            quote_literal(p_idempotency_key)
+            USING ERRCODE = '23505', HINT = 'use a new key for a new job';
+    END IF;
+    RETURN v_existing.id;
+END
+$$;
+
+--
+-- Name: buildings; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.buildings (
+    id uuid NOT NULL,
+    project_id uuid NOT NULL,
+    name text,
+    deleted_at timestamp with time zone,
+    property_objects_total_count integer DEFAULT 0 NOT NULL,
+    property_objects_free_count integer DEFAULT 0 NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: event_outbox; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.event_outbox (
+    id bigint NOT NULL,
+    topic text NOT NULL,
+    entity character varying(32) NOT NULL,
+    entity_id uuid NOT NULL,
+    tenant_id uuid,
+    version bigint NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    publish_attempts integer DEFAULT 0 NOT NULL,
+    last_error character varying(1024)
+);
+
+--
+-- Name: event_outbox_id_seq; Type: SEQUENCE; Schema: chessboard; Owner: -
+--
+
+CREATE SEQUENCE chessboard.event_outbox_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: event_outbox_id_seq; Type: SEQUENCE OWNED BY; Schema: chessboard; Owner: -
+--
+
+ALTER SEQUENCE chessboard.event_outbox_id_seq OWNED BY chessboard.event_outbox.id;
+
+--
+-- Name: layout_groups; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.layout_groups (
+    id uuid NOT NULL,
+    project_id uuid NOT NULL,
+    name text,
+    deleted_at timestamp with time zone,
+    layouts_count integer DEFAULT 0 NOT NULL,
+    area_min numeric(12,2),
+    area_max numeric(12,2),
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: layouts; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.layouts (
+    id uuid NOT NULL,
+    project_id uuid NOT NULL,
+    layout_group_id uuid,
+    name text,
+    total_area numeric(12,2),
+    deleted_at timestamp with time zone,
+    property_objects_count integer DEFAULT 0 NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: project_recalc_requests; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.project_recalc_requests (
+    project_id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    first_requested_at timestamp with time zone NOT NULL,
+    requested_count integer DEFAULT 1 NOT NULL,
+    last_reason character varying(32) NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    last_error character varying(1024),
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    not_before timestamp with time zone,
+    claimed_until timestamp with time zone,
+    claim_token uuid,
+    claimable_at timestamp with time zone GENERATED ALWAYS AS (GREATEST(due_at, not_before, claimed_until)) STORED,
+    CONSTRAINT project_recalc_requests_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT project_recalc_requests_requested_count_check CHECK ((requested_count >= 1))
+);
+
+--
+-- Name: projects; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.projects (
+    id uuid NOT NULL,
+    tenant_id uuid,
+    name text,
+    status character varying(16) DEFAULT 'Draft'::character varying NOT NULL,
+    deleted_at timestamp with time zone,
+    price_min numeric(18,2),
+    price_max numeric(18,2),
+    property_objects_total_count integer DEFAULT 0 NOT NULL,
+    property_objects_free_count integer DEFAULT 0 NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT projects_status_check CHECK (((status)::text = ANY ((ARRAY['Draft'::character varying, 'Published'::character varying, 'Hidden'::character varying, 'Archived'::character varying])::text[])))
+);
+
+--
+-- Name: property_objects; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.property_objects (
+    id uuid NOT NULL,
+    project_id uuid NOT NULL,
+    building_id uuid,
+    layout_id uuid,
+    status character varying(16) NOT NULL,
+    price numeric(18,2),
+    deleted_at timestamp with time zone,
+    number text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: recalc_metrics; Type: TABLE; Schema: chessboard; Owner: -
+--
+
+CREATE TABLE chessboard.recalc_metrics (
+    name text NOT NULL,
+    label text DEFAULT ''::text NOT NULL,
+    value double precision DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: comments; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.comments (
+    id uuid NOT NULL,
+    post_id uuid NOT NULL,
+    status text DEFAULT 'Visible'::text NOT NULL,
+    author_id uuid,
+    body text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT comments_status_check CHECK ((status = ANY (ARRAY['Visible'::text, 'HiddenByModerator'::text, 'DeletedByAuthor'::text])))
+);
+
+--
+-- Name: posts; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.posts (
+    id uuid NOT NULL,
+    status text DEFAULT 'Draft'::text NOT NULL,
+    comments_count integer DEFAULT 0 NOT NULL,
+    title text,
+    author_id uuid,
+    comments_enabled boolean DEFAULT true NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT posts_status_check CHECK ((status = ANY (ARRAY['Draft'::text, 'Published'::text, 'Unpublished'::text, 'Archived'::text])))
+);
+
+--
+-- Name: snapshot_detach_outbox; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.snapshot_detach_outbox (
+    id uuid NOT NULL,
+    snapshot_id uuid NOT NULL,
+    post_id uuid NOT NULL,
+    reason character varying(16) NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    status character varying(16) DEFAULT 'Pending'::character varying NOT NULL,
+    last_error character varying(512),
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT snapshot_detach_outbox_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT snapshot_detach_outbox_reason_check CHECK (((reason)::text = ANY ((ARRAY['BlockReplaced'::character varying, 'PostDeleted'::character varying])::text[]))),
+    CONSTRAINT snapshot_detach_outbox_status_check CHECK (((status)::text = ANY ((ARRAY['Pending'::character varying, 'Done'::character varying, 'Quarantined'::character varying])::text[])))
+);
+
+--
+-- Name: alembic_version; Type: TABLE; Schema: pin; Owner: -
+--
+
+CREATE TABLE pin.alembic_version (
+    version_num character varying(32) NOT NULL
+);
+
+--
+-- Name: distributed_locks; Type: TABLE; Schema: pin; Owner: -
+--
+
+CREATE TABLE pin.distributed_locks (
+    lock_key text NOT NULL,
+    holder text NOT NULL,
+    acquired_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: job_checkpoints; Type: TABLE; Schema: pin; Owner: -
+--
+
+CREATE TABLE pin.job_checkpoints (
+    checkpoint_key text NOT NULL,
+    last_id uuid,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    window_start timestamp with time zone,
+    window_end timestamp with time zone
+);
+
+--
+-- Name: job_runs; Type: TABLE; Schema: pin; Owner: -
+--
+
+CREATE TABLE pin.job_runs (
+    id bigint NOT NULL,
+    job_code text NOT NULL,
+    run_id text NOT NULL,
+    status text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    result jsonb DEFAULT '{}'::jsonb NOT NULL,
+    CONSTRAINT job_runs_status_check CHECK ((status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text])))
+);
+
+--
+-- Name: job_runs_id_seq; Type: SEQUENCE; Schema: pin; Owner: -
+--
+
+CREATE SEQUENCE pin.job_runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: job_runs_id_seq; Type: SEQUENCE OWNED BY; Schema: pin; Owner: -
+--
+
+ALTER SEQUENCE pin.job_runs_id_seq OWNED BY pin.job_runs.id;
+
+--
+-- Name: retired_totals; Type: TABLE; Schema: pin; Owner: -
+--
+
+CREATE TABLE pin.retired_totals (
+    counter text NOT NULL,
+    label text DEFAULT ''::text NOT NULL,
+    value double precision DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: domain_queues; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.domain_queues (
+    domain text NOT NULL,
+    priority text NOT NULL,
+    head_tag double precision NOT NULL,
+    ready boolean DEFAULT true NOT NULL,
+    waiting_for text,
+    wake_at timestamp with time zone,
+    CONSTRAINT domain_queues_check CHECK (((ready = (waiting_for IS NULL)) AND (ready = (wake_at IS NULL)))),
+    CONSTRAINT domain_queues_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['room'::text, 'due'::text])))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: domains; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.domains (
+    domain text NOT NULL,
+    rps double precision,
+    concurrency integer,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    blocked_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
+    CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
+);
+
+--
+-- Name: intake_buckets; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.intake_buckets (
+    tenant_id uuid NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone NOT NULL
+)
+WITH (fillfactor='50');
+
+--
+-- Name: job_attempts; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.job_attempts (
+    job_id uuid NOT NULL,
+    number integer NOT NULL,
+    worker text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    http_status integer,
+    error_class text,
+    error_detail text,
+    duration_ms integer,
+    CONSTRAINT job_attempts_error_detail_check CHECK ((length(error_detail) <= 512)),
+    CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'retry'::text, 'failed'::text, 'lost'::text, 'cancelled'::text])))
+);
+
+--
+-- Name: pick_classes; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.pick_classes (
+    priority text NOT NULL,
+    share integer NOT NULL,
+    vtime bigint DEFAULT 0 NOT NULL,
+    last_start bigint DEFAULT 0 NOT NULL,
+    tenant_clock double precision DEFAULT 0 NOT NULL,
+    CONSTRAINT pick_classes_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
+    CONSTRAINT pick_classes_share_check CHECK (((share > 0) AND ((60 % share) = 0)))
+);
+
+--
+-- Name: tenant_vtimes; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.tenant_vtimes (
+    priority text NOT NULL,
+    tenant_id uuid NOT NULL,
+    vtime double precision NOT NULL
+);
+
+--
+-- Name: tenants; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.tenants (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    api_key_sha256 bytea NOT NULL,
+    api_key_prefix text NOT NULL,
+    key_rotated_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    weight double precision DEFAULT 1 NOT NULL,
+    webhook_secret text DEFAULT ('whsec_'::text || replace(((gen_random_uuid())::text || (gen_random_uuid())::text), '-'::text, ''::text)) NOT NULL,
+    webhook_secret_rotated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT tenants_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'::text)),
+    CONSTRAINT tenants_weight_check CHECK (((weight > (0)::double precision) AND (weight <= (1000)::double precision)))
+);
+
+--
+-- Name: webhook_deliveries; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.webhook_deliveries (
+    id bigint NOT NULL,
+    job_id uuid NOT NULL,
+    number integer NOT NULL,
+    job_status text NOT NULL,
+    attempted_at timestamp with time zone DEFAULT now() NOT NULL,
+    url text NOT NULL,
+    outcome text NOT NULL,
+    http_status integer,
+    error_class text,
+    error_detail text,
+    duration_ms integer NOT NULL,
+    next_attempt_at timestamp with time zone,
+    CONSTRAINT webhook_deliveries_error_detail_check CHECK ((length(error_detail) <= 512)),
+    CONSTRAINT webhook_deliveries_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'gave_up'::text])))
+);
+
+--
+-- Name: webhook_deliveries_id_seq; Type: SEQUENCE; Schema: scraping; Owner: -
+--
+
+ALTER TABLE scraping.webhook_deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME scraping.webhook_deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: event_outbox id; Type: DEFAULT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.event_outbox ALTER COLUMN id SET DEFAULT nextval('chessboard.event_outbox_id_seq'::regclass);
+
+--
+-- Name: job_runs id; Type: DEFAULT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.job_runs ALTER COLUMN id SET DEFAULT nextval('pin.job_runs_id_seq'::regclass);
+
+--
+-- Name: buildings buildings_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.buildings
+    ADD CONSTRAINT buildings_pkey PRIMARY KEY (id);
+
+--
+-- Name: event_outbox event_outbox_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.event_outbox
+    ADD CONSTRAINT event_outbox_pkey PRIMARY KEY (id);
+
+--
+-- Name: layout_groups layout_groups_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.layout_groups
+    ADD CONSTRAINT layout_groups_pkey PRIMARY KEY (id);
+
+--
+-- Name: layouts layouts_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.layouts
+    ADD CONSTRAINT layouts_pkey PRIMARY KEY (id);
+
+--
+-- Name: project_recalc_requests project_recalc_requests_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.project_recalc_requests
+    ADD CONSTRAINT project_recalc_requests_pkey PRIMARY KEY (project_id);
+
+--
+-- Name: projects projects_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.projects
+    ADD CONSTRAINT projects_pkey PRIMARY KEY (id);
+
+--
+-- Name: property_objects property_objects_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.property_objects
+    ADD CONSTRAINT property_objects_pkey PRIMARY KEY (id);
+
+--
+-- Name: recalc_metrics recalc_metrics_pkey; Type: CONSTRAINT; Schema: chessboard; Owner: -
+--
+
+ALTER TABLE ONLY chessboard.recalc_metrics
+    ADD CONSTRAINT recalc_metrics_pkey PRIMARY KEY (name, label);
+
+--
+-- Name: comments comments_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comments
+    ADD CONSTRAINT comments_pkey PRIMARY KEY (id);
+
+--
+-- Name: posts posts_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.posts
+    ADD CONSTRAINT posts_pkey PRIMARY KEY (id);
+
+--
+-- Name: snapshot_detach_outbox snapshot_detach_outbox_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.snapshot_detach_outbox
+    ADD CONSTRAINT snapshot_detach_outbox_pkey PRIMARY KEY (id);
+
+--
+-- Name: alembic_version alembic_version_pkc; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.alembic_version
+    ADD CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num);
+
+--
+-- Name: distributed_locks distributed_locks_pkey; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.distributed_locks
+    ADD CONSTRAINT distributed_locks_pkey PRIMARY KEY (lock_key);
+
+--
+-- Name: job_checkpoints job_checkpoints_pkey; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.job_checkpoints
+    ADD CONSTRAINT job_checkpoints_pkey PRIMARY KEY (checkpoint_key);
+
+--
+-- Name: job_runs job_runs_pkey; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.job_runs
+    ADD CONSTRAINT job_runs_pkey PRIMARY KEY (id);
+
+--
+-- Name: retired_totals retired_totals_pkey; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.retired_totals
+    ADD CONSTRAINT retired_totals_pkey PRIMARY KEY (counter, label);
+
+--
+-- Name: domain_queues domain_queues_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.domain_queues
+    ADD CONSTRAINT domain_queues_pkey PRIMARY KEY (domain, priority);
+
+--
+-- Name: domains domains_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.domains
+    ADD CONSTRAINT domains_pkey PRIMARY KEY (domain);
+
+--
+-- Name: intake_buckets intake_buckets_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.intake_buckets
+    ADD CONSTRAINT intake_buckets_pkey PRIMARY KEY (tenant_id);
+
+--
+-- Name: job_attempts job_attempts_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.job_attempts
+    ADD CONSTRAINT job_attempts_pkey PRIMARY KEY (job_id, number);
+
+--
+-- Name: jobs jobs_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: pick_classes pick_classes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.pick_classes
+    ADD CONSTRAINT pick_classes_pkey PRIMARY KEY (priority);
+
+--
+-- Name: tenant_vtimes tenant_vtimes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenant_vtimes
+    ADD CONSTRAINT tenant_vtimes_pkey PRIMARY KEY (priority, tenant_id);
+
+--
+-- Name: tenants tenants_api_key_sha256_key; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenants
+    ADD CONSTRAINT tenants_api_key_sha256_key UNIQUE (api_key_sha256);
+
+--
+-- Name: tenants tenants_name_key; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenants
+    ADD CONSTRAINT tenants_name_key UNIQUE (name);
+
+--
+-- Name: tenants tenants_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenants
+    ADD CONSTRAINT tenants_pkey PRIMARY KEY (id);
+
+--
+-- Name: webhook_deliveries webhook_deliveries_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id);
+
+--
+-- Name: ix_buildings_project; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_buildings_project ON chessboard.buildings USING btree (project_id);
+
+--
+-- Name: ix_event_outbox_published; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_event_outbox_published ON chessboard.event_outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
+
+--
+-- Name: ix_event_outbox_unpublished; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_event_outbox_unpublished ON chessboard.event_outbox USING btree (id) WHERE (published_at IS NULL);
+
+--
+-- Name: ix_layout_groups_project; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_layout_groups_project ON chessboard.layout_groups USING btree (project_id);
+
+--
+-- Name: ix_layouts_project; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_layouts_project ON chessboard.layouts USING btree (project_id) INCLUDE (layout_group_id, total_area, deleted_at);
+
+--
+-- Name: ix_project_recalc_claimable; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_project_recalc_claimable ON chessboard.project_recalc_requests USING btree (claimable_at);
+
+--
+-- Name: ix_property_objects_project_live; Type: INDEX; Schema: chessboard; Owner: -
+--
+
+CREATE INDEX ix_property_objects_project_live ON chessboard.property_objects USING btree (project_id) INCLUDE (building_id, layout_id, status, price) WHERE (deleted_at IS NULL);
+
+--
+-- Name: ix_comments_created_at; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_comments_created_at ON news.comments USING btree (created_at);
+
+--
+-- Name: ix_comments_post_visible; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_comments_post_visible ON news.comments USING btree (post_id) WHERE (status = 'Visible'::text);
+
+--
+-- Name: ix_comments_updated_at; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_comments_updated_at ON news.comments USING btree (updated_at);
+
+--
+-- Name: ix_sdo_done_updated; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_sdo_done_updated ON news.snapshot_detach_outbox USING btree (updated_at) WHERE ((status)::text = 'Done'::text);
+
+--
+-- Name: ix_sdo_due; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_sdo_due ON news.snapshot_detach_outbox USING btree (status, next_attempt_at);
+
+--
+-- Name: ix_sdo_post; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_sdo_post ON news.snapshot_detach_outbox USING btree (post_id);
+
+--
+-- Name: ux_sdo_snapshot; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE UNIQUE INDEX ux_sdo_snapshot ON news.snapshot_detach_outbox USING btree (snapshot_id) WHERE ((status)::text <> 'Done'::text);
+
+--
+-- Name: ix_job_runs_finished; Type: INDEX; Schema: pin; Owner: -
+--
+
+CREATE INDEX ix_job_runs_finished ON pin.job_runs USING btree (finished_at);
+
+--
+-- Name: ix_job_runs_job_finished; Type: INDEX; Schema: pin; Owner: -
+--
+
+CREATE INDEX ix_job_runs_job_finished ON pin.job_runs USING btree (job_code, finished_at DESC);
+
+--
+-- Name: ix_domain_queues_pick; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_domain_queues_pick ON scraping.domain_queues USING btree (priority, head_tag, domain) WHERE ready;
+
+--
+-- Name: ix_domain_queues_wake; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_domain_queues_wake ON scraping.domain_queues USING btree (wake_at) WHERE (NOT ready);
+
+--
+-- Name: ix_domains_blocked; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_domains_blocked ON scraping.domains USING btree (blocked_until) WHERE (blocked_until IS NOT NULL);
+
+--
+-- Name: ix_domains_overrides; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_domains_overrides ON scraping.domains USING btree (domain) WHERE ((rps IS NOT NULL) OR (concurrency IS NOT NULL));
+
+--
+-- Name: ix_domains_tokens_at; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_domains_tokens_at ON scraping.domains USING btree (tokens_at);
+
+--
+-- Name: ix_job_attempts_started; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_job_attempts_started ON scraping.job_attempts USING btree (started_at);
+
+--
+-- Name: ix_jobs_domain_head; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_domain_head ON scraping.jobs USING btree (domain, priority, fair_tag, id) WHERE (status = 'queued'::text);
+
+--
+-- Name: ix_jobs_due; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_due ON scraping.jobs USING btree (next_attempt_at, id) WHERE (status = 'queued'::text);
+
+--
+-- Name: ix_jobs_lease; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_lease ON scraping.jobs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+
+--
+-- Name: ix_jobs_queued_domain; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_queued_domain ON scraping.jobs USING btree (domain, next_attempt_at) WHERE (status = 'queued'::text);
+
+--
+-- Name: ix_jobs_result_age; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_result_age ON scraping.jobs USING btree (finished_at, id) WHERE ((status = 'succeeded'::text) AND (result_expired_at IS NULL));
+
+--
+-- Name: ix_jobs_running_domain; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_running_domain ON scraping.jobs USING btree (domain) WHERE (status = 'running'::text);
+
+--
+-- Name: ix_jobs_tenant; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_tenant ON scraping.jobs USING btree (tenant_id, id);
+
+--
+-- Name: ix_jobs_tenant_status; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_tenant_status ON scraping.jobs USING btree (tenant_id, status, id);
+
+--
+-- Name: ix_jobs_webhook_due; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_webhook_due ON scraping.jobs USING btree (COALESCE(webhook_next_attempt_at, finished_at), id) WHERE ((callback_url IS NOT NULL) AND (finish_published_at IS NULL) AND (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text])));
+
+--
+-- Name: ix_webhook_deliveries_job; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_webhook_deliveries_job ON scraping.webhook_deliveries USING btree (job_id, id);
+
+--
+-- Name: ux_jobs_idempotency; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE UNIQUE INDEX ux_jobs_idempotency ON scraping.jobs USING btree (tenant_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+--
+-- Name: domains domains_deleted; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_deleted AFTER DELETE ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_deleted();
+
+--
+-- Name: domains domains_domain_queue_insert; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_domain_queue_insert AFTER INSERT ON scraping.domains FOR EACH ROW WHEN ((new.blocked_until IS NOT NULL)) EXECUTE FUNCTION scraping.domains_domain_queue();
+
+--
+-- Name: domains domains_domain_queue_update; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_domain_queue_update AFTER UPDATE OF blocked_until, rps, concurrency ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_domain_queue();
+
+--
+-- Name: jobs jobs_domain_queue_insert; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_domain_queue_insert AFTER INSERT ON scraping.jobs FOR EACH ROW WHEN ((new.status = 'queued'::text)) EXECUTE FUNCTION scraping.jobs_domain_queue();
+
+--
+-- Name: jobs jobs_domain_queue_update; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_domain_queue_update AFTER UPDATE OF status ON scraping.jobs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND ((new.status = 'queued'::text) OR (old.status = 'running'::text)))) EXECUTE FUNCTION scraping.jobs_domain_queue();
+
+--
+-- Name: jobs jobs_fair_tag_insert; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_fair_tag_insert BEFORE INSERT ON scraping.jobs FOR EACH ROW WHEN ((new.status = 'queued'::text)) EXECUTE FUNCTION scraping.jobs_fair_tag();
+
+--
+-- Name: jobs jobs_fair_tag_requeue; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_fair_tag_requeue BEFORE UPDATE OF status ON scraping.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (old.status <> 'queued'::text))) EXECUTE FUNCTION scraping.jobs_fair_tag();
+
+--
+-- Name: jobs jobs_notify_finished; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_notify_finished AFTER UPDATE OF status ON scraping.jobs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND ((new.status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text])) OR (old.status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text]))))) EXECUTE FUNCTION scraping.notify_job_finished();
+
+--
+-- Name: comments comments_post_id_fkey; Type: FK CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comments
+    ADD CONSTRAINT comments_post_id_fkey FOREIGN KEY (post_id) REFERENCES news.posts(id);
+
+--
+-- Name: domain_queues domain_queues_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.domain_queues
+    ADD CONSTRAINT domain_queues_priority_fkey FOREIGN KEY (priority) REFERENCES scraping.pick_classes(priority);
+
+--
+-- Name: intake_buckets intake_buckets_tenant_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.intake_buckets
+    ADD CONSTRAINT intake_buckets_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES scraping.tenants(id) ON DELETE CASCADE;
+
+--
+-- Name: job_attempts job_attempts_job_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.job_attempts
+    ADD CONSTRAINT job_attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES scraping.jobs(id) ON DELETE CASCADE;
+
+--
+-- Name: jobs jobs_tenant_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.jobs
+    ADD CONSTRAINT jobs_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES scraping.tenants(id);
+
+--
+-- Name: tenant_vtimes tenant_vtimes_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenant_vtimes
+    ADD CONSTRAINT tenant_vtimes_priority_fkey FOREIGN KEY (priority) REFERENCES scraping.pick_classes(priority);
+
+--
+-- Name: tenant_vtimes tenant_vtimes_tenant_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.tenant_vtimes
+    ADD CONSTRAINT tenant_vtimes_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES scraping.tenants(id) ON DELETE CASCADE;
+
+--
+-- Name: webhook_deliveries webhook_deliveries_job_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_job_id_fkey FOREIGN KEY (job_id) REFERENCES scraping.jobs(id) ON DELETE CASCADE;
+
+--
+-- PostgreSQL database dump complete
+--
