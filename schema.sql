@@ -256,6 +256,7 @@ CREATE TABLE scraping.jobs (
     webhook_next_attempt_at timestamp with time zone,
     result_expired_at timestamp with time zone,
     fair_tag double precision,
+    attempt_objects_swept_at timestamp with time zone,
     CONSTRAINT jobs_callback_url_check CHECK ((length(callback_url) <= 2048)),
     CONSTRAINT jobs_check CHECK (((status = 'running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT jobs_check1 CHECK (((status <> 'succeeded'::text) OR (result_key IS NOT NULL))),
@@ -1108,7 +1109,8 @@ CREATE TABLE pin.distributed_locks (
     lock_key text NOT NULL,
     holder text NOT NULL,
     acquired_at timestamp with time zone DEFAULT now() NOT NULL,
-    expires_at timestamp with time zone NOT NULL
+    expires_at timestamp with time zone NOT NULL,
+    token uuid DEFAULT gen_random_uuid() NOT NULL
 );
 
 --
@@ -1408,6 +1410,13 @@ ALTER TABLE ONLY pin.distributed_locks
     ADD CONSTRAINT distributed_locks_pkey PRIMARY KEY (lock_key);
 
 --
+-- Name: distributed_locks distributed_locks_token_key; Type: CONSTRAINT; Schema: pin; Owner: -
+--
+
+ALTER TABLE ONLY pin.distributed_locks
+    ADD CONSTRAINT distributed_locks_token_key UNIQUE (token);
+
+--
 -- Name: job_checkpoints job_checkpoints_pkey; Type: CONSTRAINT; Schema: pin; Owner: -
 --
 
@@ -1636,6 +1645,12 @@ CREATE INDEX ix_domains_tokens_at ON scraping.domains USING btree (tokens_at);
 --
 
 CREATE INDEX ix_job_attempts_started ON scraping.job_attempts USING btree (started_at);
+
+--
+-- Name: ix_jobs_attempt_objects_unswept; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_jobs_attempt_objects_unswept ON scraping.jobs USING btree (finished_at, id) WHERE ((attempt_objects_swept_at IS NULL) AND (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text])));
 
 --
 -- Name: ix_jobs_domain_head; Type: INDEX; Schema: scraping; Owner: -

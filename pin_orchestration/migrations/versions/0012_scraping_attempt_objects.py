@@ -11,13 +11,13 @@ ended without (issue 16, items 2 and 8).
   they finished.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 """
 
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

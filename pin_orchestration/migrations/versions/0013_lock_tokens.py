@@ -11,13 +11,13 @@ row locks, so a takeover (which changes the token) takes FOR UPDATE and waits fo
 write's FOR KEY SHARE, while a renewal (which changes only expires_at) takes FOR NO KEY
 UPDATE and never waits for one.
 
-Revision ID: 0014
+Revision ID: 0013
 Revises: 0012
 """
 
 from alembic import op
 
-revision = "0014"
+revision = "0013"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
