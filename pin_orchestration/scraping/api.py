@@ -28,7 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.scraping import repository, webhooks
+from pin_orchestration.scraping import repository, signing, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.repository import (
@@ -299,24 +299,29 @@ def _webhook_callbacks() -> APIRouter:
         "or no connection is retried with exponential backoff and jitter "
         "(PIN_WEBHOOK_MAX_ATTEMPTS, default 8, attempts in all). Every attempt is listed "
         "at GET /jobs/{id}/deliveries. Polling GET /jobs/{id} stays the primary channel. "
-        "Verify the signature on the raw body (docs/integration.md): HMAC-SHA256 of "
-        "`<X-Pin-Timestamp>.<raw body>` with the tenant's webhook secret (`pin tenant "
-        "webhook-secret NAME`); reject timestamps more than 5 minutes from your clock.",
+        "Signed as Standard Webhooks 1.0: verify with the `standardwebhooks` or `svix` "
+        "libraries and the tenant's `whsec_` secret (`pin tenant webhook-secret NAME`; "
+        "docs/integration.md), which refuse timestamps more than 5 minutes off.",
     )
     def completion_webhook(
         body: WebhookEvent,
-        x_pin_timestamp: Annotated[
-            str, Header(alias=webhooks.TIMESTAMP_HEADER, description="Unix seconds, signed")
-        ],
-        x_pin_signature: Annotated[
+        webhook_id: Annotated[
             str,
             Header(
-                alias=webhooks.SIGNATURE_HEADER,
-                description="sha256=<lowercase hex HMAC-SHA256 of '<timestamp>.<raw body>'>",
+                alias=signing.ID_HEADER,
+                description="The event's id, the same on every retry: de-duplicate by it",
             ),
         ],
-        x_pin_delivery_attempt: Annotated[
-            int, Header(alias=webhooks.ATTEMPT_HEADER, description="Attempt number, from 1")
+        webhook_timestamp: Annotated[
+            str, Header(alias=signing.TIMESTAMP_HEADER, description="Unix seconds, signed")
+        ],
+        webhook_signature: Annotated[
+            str,
+            Header(
+                alias=signing.SIGNATURE_HEADER,
+                description="v1,<base64 HMAC-SHA256 of '<webhook-id>.<webhook-timestamp>."
+                "<raw body>'>; during a secret rotation two, space-separated",
+            ),
         ],
     ) -> None:
         """Documentation only: the receiver is the client's."""

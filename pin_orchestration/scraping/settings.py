@@ -63,6 +63,8 @@ class ScrapingSettings:
     intake_burst: int = 400
     webhook_backoff_base_seconds: float = 5.0
     webhook_backoff_cap_seconds: float = 3600.0
+    # After `pin tenant webhook-secret --rotate`, the replaced secret signs too this long.
+    webhook_secret_overlap_seconds: float = 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -183,6 +185,12 @@ class ScrapingSettings:
                 d.webhook_backoff_cap_seconds,
                 "seconds > 0 (fractions allowed)",
             ),
+            webhook_secret_overlap_seconds=read(
+                "PIN_WEBHOOK_SECRET_OVERLAP_SECONDS",
+                _non_negative_float,
+                d.webhook_secret_overlap_seconds,
+                "seconds >= 0 (0: the replaced secret stops signing at once)",
+            ),
             intake_rps=read(
                 "PIN_SCRAPING_INTAKE_RPS",
                 _intake_rps,
@@ -216,6 +224,13 @@ def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a finite number >= 0")
     return value
 
 

@@ -9,20 +9,16 @@ the delivery, anything else is retried after a backoff with full jitter until
 `max_attempts`, when it is given up (recorded, and closed). A refused or malformed
 callback address is given up at once: no packet is ever sent to it.
 
-Signature (docs/integration.md, "Verifying a webhook"): `X-Pin-Timestamp` = Unix
-seconds, `X-Pin-Signature` = `sha256=` + hex HMAC-SHA256 of `<timestamp>.<raw body>`
-keyed with the tenant's webhook secret (its ASCII text, as `pin tenant webhook-secret`
-shows it).
+Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
+webhook"), with the tenant's secret and, for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS after a
+rotation, with the secret it replaced as well.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import random
-import secrets
 import threading
 import time
 import uuid
@@ -35,14 +31,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.options import option
+from pin_orchestration.scraping import signing
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
 from pin_orchestration.sql import load_queries
 
-SIGNATURE_HEADER = "X-Pin-Signature"
-TIMESTAMP_HEADER = "X-Pin-Timestamp"
-ATTEMPT_HEADER = "X-Pin-Delivery-Attempt"
-SIGNATURE_PREFIX = "sha256="
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
 _MAX_DETAIL_CHARS = 300
@@ -65,6 +58,8 @@ class WebhookPolicy:
     backoff_cap_seconds: float = 3600.0
     # Timeout of one delivery (connect, read and the whole call).
     timeout_seconds: float = 10.0
+    # After a rotation, deliveries carry the replaced secret's signature this long too.
+    secret_overlap_seconds: float = 86400.0
 
     def validate(self) -> None:
         problems = [
@@ -77,6 +72,10 @@ class WebhookPolicy:
             )
             if not getattr(self, name) > 0
         ]
+        if not self.secret_overlap_seconds >= 0:
+            problems.append(
+                f"secret_overlap_seconds must be >= 0 (got {self.secret_overlap_seconds})"
+            )
         if problems:
             raise WebhookConfigError("invalid webhook delivery policy: " + "; ".join(problems))
 
@@ -126,26 +125,7 @@ def webhook_body(job_id: uuid.UUID, status: str, finished_at: datetime) -> bytes
     ).encode()
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    mac = hmac.new(secret.encode("ascii"), timestamp.encode("ascii") + b"." + body, hashlib.sha256)
-    return SIGNATURE_PREFIX + mac.hexdigest()
-
-
-def signed_headers(secret: str, body: bytes, *, now: float, attempt: int) -> dict[str, str]:
-    timestamp = str(int(now))
-    return {
-        "Content-Type": "application/json",
-        TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, body),
-        ATTEMPT_HEADER: str(attempt),
-    }
-
-
 # --- tenants' secrets --------------------------------------------------------------------
-
-
-def new_webhook_secret() -> str:
-    return "whsec_" + secrets.token_hex(32)
 
 
 def tenant_webhook_secret(engine: Engine, name: str, *, rotate: bool = False) -> dict[str, Any]:
@@ -155,7 +135,7 @@ def tenant_webhook_secret(engine: Engine, name: str, *, rotate: bool = False) ->
         if rotate:
             row = conn.execute(
                 _q("rotate_tenant_webhook_secret"),
-                {"name": name, "webhook_secret": new_webhook_secret()},
+                {"name": name, "webhook_secret": signing.new_secret()},
             ).one_or_none()
         else:
             row = conn.execute(_q("tenant_webhook_secret"), {"name": name}).one_or_none()
@@ -200,7 +180,7 @@ class _Claimed:
     status: str
     finished_at: datetime
     number: int
-    secret: str
+    secrets: tuple[str, ...]  # the current one first; the replaced one during an overlap
 
 
 @dataclass(frozen=True)
@@ -235,7 +215,9 @@ def run_deliveries(
         while not (stop is not None and stop.is_set()):
             if time.monotonic() - started >= options.max_run_duration_seconds:
                 break
-            claimed = _claim(engine, options.batch_size, policy.lease_seconds)
+            claimed = _claim(
+                engine, options.batch_size, policy.lease_seconds, policy.secret_overlap_seconds
+            )
             if not claimed:
                 break
             report.claimed += len(claimed)
@@ -257,14 +239,26 @@ def run_deliveries(
     return report
 
 
-def _claim(engine: Engine, limit: int, lease_seconds: float) -> list[_Claimed]:
+def _claim(
+    engine: Engine, limit: int, lease_seconds: float, secret_overlap_seconds: float
+) -> list[_Claimed]:
     with engine.begin() as conn:
         rows = conn.execute(
-            _q("claim_webhooks"), {"limit": limit, "lease_seconds": lease_seconds}
+            _q("claim_webhooks"),
+            {
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "secret_overlap_seconds": secret_overlap_seconds,
+            },
         ).all()
     return [
         _Claimed(
-            r.id, r.callback_url, r.status, r.finished_at, r.webhook_attempts, r.webhook_secret
+            r.id,
+            r.callback_url,
+            r.status,
+            r.finished_at,
+            r.webhook_attempts,
+            tuple(s for s in (r.webhook_secret, r.webhook_secret_previous) if s is not None),
         )
         for r in rows
     ]
@@ -278,7 +272,8 @@ def _deliver(
     clock: Callable[[], float],
 ) -> _Attempt:
     body = webhook_body(job.id, job.status, job.finished_at)
-    headers = signed_headers(job.secret, body, now=clock(), attempt=job.number)
+    msg_id = signing.event_id(job.id, job.status, job.finished_at)
+    headers = signing.signed_headers(job.secrets, msg_id, body, now=clock())
     started = time.monotonic()
     http_status: int | None = None
     error_class: str | None = None

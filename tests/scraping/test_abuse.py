@@ -365,6 +365,7 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
     )
     from tests.scraping.conftest import _with_allowed
     from tests.scraping.test_webhooks import Receiver
+    from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
     caplog.set_level(logging.DEBUG)
     secrets: list[str] = []
@@ -399,6 +400,7 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
                     rng=random.Random(1),
                 )
             assert len(receiver.received) == 2
+            assert_every_delivery_verifies(db_engine, receiver.received)
             _, new_key = rotate_tenant_key(db_engine, "shop")
             secrets.append(new_key)
             wrong = "pin_" + "w" * 43
