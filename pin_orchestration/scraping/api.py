@@ -25,7 +25,14 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Qu
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+)
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import repository, signing, webhooks
@@ -49,6 +56,9 @@ URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
 UtcDatetime = Annotated[
     datetime,
     PlainSerializer(lambda d: d.astimezone(UTC).isoformat(), return_type=str),
+    # Still a date-time in the schema (the serializer alone makes it a plain string), so
+    # generated clients parse it as one.
+    WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
 
 

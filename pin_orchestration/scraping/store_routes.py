@@ -29,8 +29,12 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
         responses={
             200: {
                 "description": "The stored bytes, with the content type the target sent",
-                # Whatever type the target sent.
-                "content": {"*/*": {}},
+                # Whatever type the target sent (*/*), typed as bytes; generators that
+                # know no wildcard (openapi-python-client) read the octet-stream entry.
+                "content": {
+                    media_type: {"schema": {"type": "string", "format": "binary"}}
+                    for media_type in ("application/octet-stream", "*/*")
+                },
             },
             403: {"model": ResultLinkError, "description": "Bad signature, or link expired"},
             404: {"model": ResultLinkError, "description": "No result stored under this key"},
