@@ -35,9 +35,10 @@ from pydantic import (
 )
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.scraping import repository, signing, webhooks
+from pin_orchestration.scraping import problems, repository, signing, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
+from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
     TERMINAL,
@@ -60,10 +61,6 @@ UtcDatetime = Annotated[
     # generated clients parse it as one.
     WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
-
-
-class Error(BaseModel):
-    detail: str = Field(description="What was wrong, naming the field or header")
 
 
 def _check_url(value: str, field: str) -> str:
@@ -149,8 +146,9 @@ class JobCreate(BaseModel):
         return value
 
 
-class RateLimited(BaseModel):
-    detail: str = Field(description="Which limit was reached, and when to come back")
+class RateLimited(Problem):
+    """A problem document with the limit that was reached."""
+
     limit: Literal["intake"] = Field(
         description="The limit reached: intake = POST /jobs per tenant "
         "(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
@@ -339,9 +337,9 @@ def _webhook_callbacks() -> APIRouter:
     return callbacks
 
 
-UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
-NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
-CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+UNAUTHORIZED = {401: {"model": Problem, "description": "Missing or wrong API key"}}
+NOT_FOUND = {404: {"model": Problem, "description": "No such job for this tenant"}}
+CONFLICT = {409: {"model": Problem, "description": "Not possible in the job's current status"}}
 
 
 def _job_links(*names: str) -> dict[str, Any]:
@@ -365,12 +363,12 @@ def _job_links(*names: str) -> dict[str, Any]:
 
 HEADERS_TOO_LARGE = {
     431: {
-        "model": Error,
+        "model": Problem,
         "description": f"The request's headers exceed {MAX_HEADER_BYTES} bytes in all",
     }
 }
 BODY_TOO_LARGE = {
-    413: {"model": Error, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
+    413: {"model": Problem, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
 }
 RATE_LIMITED = {
     429: {
@@ -488,7 +486,7 @@ def create_app(
                     "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
                 )
             },
-            400: {"model": Error, "description": "The body could not be read as JSON"},
+            400: {"model": Problem, "description": "The body could not be read as JSON"},
             **BODY_TOO_LARGE,
             **RATE_LIMITED,
         },
@@ -534,17 +532,18 @@ def create_app(
                 engine_provider(), caller.id, request, idempotency_key or None
             )
         except IdempotencyKeyReused:
-            # Shaped like every other 422 (FastAPI's validation error), naming the header.
-            raise HTTPException(
+            raise ProblemError(
                 422,
-                [
-                    {
-                        "type": "idempotency_key_reused",
-                        "loc": ["header", "Idempotency-Key"],
-                        "msg": "Idempotency-Key was already used with a different request "
-                        "body; use a new key for a new job",
-                        "input": idempotency_key,
-                    }
+                "Idempotency-Key was already used with a different request body; use a new "
+                "key for a new job",
+                type_=problems.IDEMPOTENCY_KEY_REUSED,
+                title="Idempotency-Key reused with another body",
+                errors=[
+                    FieldError(
+                        detail="already used with a different request body",
+                        parameter="Idempotency-Key",
+                        in_="header",
+                    )
                 ],
             ) from None
         return receipt_response(submitted)
@@ -561,6 +560,9 @@ def create_app(
     def rate_limited(wait_seconds: float) -> JSONResponse:
         retry_after = max(1, math.ceil(wait_seconds))
         answer = RateLimited(
+            type=problems.RATE_LIMITED,
+            title="Intake rate limit reached",
+            status=429,
             detail=f"intake rate limit reached: a tenant may submit "
             f"{intake_limit.rps:g} jobs/s, {intake_limit.burst} at once "
             f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
@@ -571,9 +573,10 @@ def create_app(
             retry_after_seconds=retry_after,
         )
         return JSONResponse(
-            answer.model_dump(mode="json"),
+            answer.model_dump(mode="json", exclude_none=True),
             status_code=429,
             headers={"Retry-After": str(retry_after)},
+            media_type=problems.MEDIA_TYPE,
         )
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
@@ -624,7 +627,7 @@ def create_app(
             **NOT_FOUND,
             **CONFLICT,
             410: {
-                "model": Error,
+                "model": Problem,
                 "description": "The result was deleted by retention "
                 "(PIN_RESULT_RETENTION_DAYS after the job finished)",
             },
@@ -716,6 +719,7 @@ def create_app(
         return {"status": "ok"}
 
     _mount_local_results(app, store)
+    problems.install(app)
     _answer_405_with_every_allowed_method(app)
     app.add_middleware(RequestSizeLimits)
     return app
@@ -724,7 +728,6 @@ def create_app(
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
     """Starlette's 405 lists only the methods of the first route whose path matched; a path
     served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6)."""
-    from fastapi.exception_handlers import http_exception_handler
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
     from starlette.responses import Response
@@ -738,7 +741,7 @@ def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
                 if match != Match.NONE:
                     allowed |= set(getattr(route, "methods", None) or ())
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
-        return await http_exception_handler(request, exc)
+        return await problems.http_problem(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pin_orchestration.scraping.problems import MEDIA_TYPE, problem_body
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024
 
@@ -110,9 +112,9 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _answer(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+    body = json.dumps(problem_body(status, detail)).encode()
     headers: list[tuple[bytes, bytes]] = [
-        (b"content-type", b"application/json"),
+        (b"content-type", MEDIA_TYPE.encode()),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]

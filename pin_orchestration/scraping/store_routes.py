@@ -10,13 +10,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
-from pydantic import BaseModel
 
+from pin_orchestration.scraping.problems import Problem
 from pin_orchestration.scraping.store import LocalResultStore
-
-
-class ResultLinkError(BaseModel):
-    detail: str
 
 
 def local_results_router(store: LocalResultStore) -> APIRouter:
@@ -36,8 +32,8 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
                     for media_type in ("application/octet-stream", "*/*")
                 },
             },
-            403: {"model": ResultLinkError, "description": "Bad signature, or link expired"},
-            404: {"model": ResultLinkError, "description": "No result stored under this key"},
+            403: {"model": Problem, "description": "Bad signature, or link expired"},
+            404: {"model": Problem, "description": "No result stored under this key"},
         },
     )
     def download_result(
