@@ -35,7 +35,7 @@ from pydantic import (
 )
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.scraping import problems, repository, signing, webhooks
+from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
 from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
@@ -382,7 +382,8 @@ RATE_LIMITED = {
                 "description": "Seconds to wait before the next POST /jobs (an integer ≥ 1)",
                 "required": True,
                 "schema": {"type": "integer", "minimum": 1},
-            }
+            },
+            **ratelimit.OPENAPI_HEADERS,
         },
     }
 }
@@ -484,7 +485,8 @@ def create_app(
             202: {
                 "links": _job_links(
                     "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
-                )
+                ),
+                "headers": ratelimit.OPENAPI_HEADERS,
             },
             400: {"model": Problem, "description": "The body could not be read as JSON"},
             **BODY_TOO_LARGE,
@@ -512,10 +514,12 @@ def create_app(
             priority=body.priority,
             callback_url=body.callback_url,
         )
+        limit_headers: dict[str, str] = {}
         try:
             if intake_limit.enabled:
-                wait = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
-                if wait > 0:
+                taken = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
+                limit_headers = ratelimit.headers(intake_limit, taken.remaining)
+                if taken.wait_seconds > 0:
                     # A repeat of an accepted request costs one indexed read, only here:
                     # it is answered as intake would, so a client retrying a lost 202 is
                     # never refused (and spends no token while the bucket is empty).
@@ -526,8 +530,8 @@ def create_app(
                                 conn, caller.id, request, idempotency_key
                             )
                     if replayed is None:
-                        return rate_limited(wait)
-                    return receipt_response(replayed)
+                        return rate_limited(taken.wait_seconds, limit_headers)
+                    return receipt_response(replayed, limit_headers)
             submitted = repository.submit_job(
                 engine_provider(), caller.id, request, idempotency_key or None
             )
@@ -546,18 +550,20 @@ def create_app(
                     )
                 ],
             ) from None
-        return receipt_response(submitted)
+        return receipt_response(submitted, limit_headers)
 
-    def receipt_response(submitted: repository.Submitted) -> JSONResponse:
+    def receipt_response(
+        submitted: repository.Submitted, limit_headers: dict[str, str]
+    ) -> JSONResponse:
         receipt = Receipt(
             id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
         )
-        headers = {"Location": receipt.links.self}
+        headers = {"Location": receipt.links.self, **limit_headers}
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
 
-    def rate_limited(wait_seconds: float) -> JSONResponse:
+    def rate_limited(wait_seconds: float, limit_headers: dict[str, str]) -> JSONResponse:
         retry_after = max(1, math.ceil(wait_seconds))
         answer = RateLimited(
             type=problems.RATE_LIMITED,
@@ -575,7 +581,7 @@ def create_app(
         return JSONResponse(
             answer.model_dump(mode="json", exclude_none=True),
             status_code=429,
-            headers={"Retry-After": str(retry_after)},
+            headers={"Retry-After": str(retry_after), **limit_headers},
             media_type=problems.MEDIA_TYPE,
         )
 

@@ -311,7 +311,8 @@ RETURNING id
 
 -- name: take_intake_token
 -- The per-tenant intake limit (migration 0010): refill the tenant's bucket by the time
--- elapsed since its last refill (capped at the burst) and take one token if there is one,
+-- elapsed since its last refill (capped at the burst) and take :jobs tokens (one per job
+-- submitted: a batch of 400 takes 400) if there are that many,
 -- in one statement whose row lock serialises the API processes. Time is PostgreSQL's
 -- clock, the same for every process. A refused request writes nothing (the DO UPDATE's
 -- WHERE is false): `taken` is then NULL and `level` is the bucket read from the
@@ -319,21 +320,21 @@ RETURNING id
 WITH now AS (SELECT clock_timestamp() AS t),
 taken AS (
     INSERT INTO scraping.intake_buckets AS b (tenant_id, tokens, refilled_at)
-    SELECT :tenant_id, CAST(:burst AS double precision) - 1, now.t FROM now
+    SELECT :tenant_id, CAST(:burst AS double precision) - :jobs, now.t FROM now
     ON CONFLICT (tenant_id) DO UPDATE
     SET tokens = LEAST(
             CAST(:burst AS double precision),
             b.tokens + CAST(:rps AS double precision) * GREATEST(
                 0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
             )
-        ) - 1,
+        ) - :jobs,
         refilled_at = GREATEST(b.refilled_at, EXCLUDED.refilled_at)
     WHERE LEAST(
             CAST(:burst AS double precision),
             b.tokens + CAST(:rps AS double precision) * GREATEST(
                 0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
             )
-        ) >= 1
+        ) >= :jobs
     RETURNING b.tokens
 )
 SELECT

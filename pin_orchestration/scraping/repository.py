@@ -305,21 +305,29 @@ class IntakeLimit:
         return self.rps > 0
 
 
-def take_intake_token(engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit) -> float:
-    """Take one intake token from the tenant's bucket, shared by every API process (one
-    statement). 0.0: taken, go on; otherwise the seconds until a token is back."""
+@dataclass(frozen=True)
+class IntakeTaken:
+    wait_seconds: float  # 0.0: taken, go on; otherwise the seconds until there are enough
+    remaining: float  # the tokens left in the bucket (after the take, or beside a refusal)
+
+
+def take_intake_token(
+    engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int = 1
+) -> IntakeTaken:
+    """Take one intake token per job from the tenant's bucket, shared by every API process
+    (one statement); all of them or none."""
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         row = conn.execute(
             _q("take_intake_token"),
-            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst},
+            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst, "jobs": jobs},
         ).one()
     if row.taken is not None:
-        return 0.0
+        return IntakeTaken(0.0, max(row.taken, 0.0))
     # The level read beside a refusal: a concurrent take may have moved it since, so the
     # wait is a floor; a client told too short a wait is simply refused again.
     level = row.level if row.level is not None else 0.0
-    return max((1.0 - level) / limit.rps, 0.001)
+    return IntakeTaken(max((jobs - level) / limit.rps, 0.001), max(level, 0.0))
 
 
 def replayed_job(
