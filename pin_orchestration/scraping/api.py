@@ -37,8 +37,14 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
-from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
+from pin_orchestration.scraping.limits import (
+    MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    RequestSizeLimits,
+)
 from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
+from pin_orchestration.scraping.ratelimit import RateLimited
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
     TERMINAL,
@@ -144,18 +150,6 @@ class JobCreate(BaseModel):
         if size > MAX_PARAMS_BYTES:
             raise ValueError(f"params is {size} bytes as JSON; at most {MAX_PARAMS_BYTES}")
         return value
-
-
-class RateLimited(Problem):
-    """A problem document with the limit that was reached."""
-
-    limit: Literal["intake"] = Field(
-        description="The limit reached: intake = POST /jobs per tenant "
-        "(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
-    )
-    rate_per_second: float = Field(description="Jobs a tenant may submit per second")
-    burst: int = Field(description="Jobs a tenant may submit at once after a pause")
-    retry_after_seconds: int = Field(description="The Retry-After header's value")
 
 
 class Links(BaseModel):
@@ -530,7 +524,7 @@ def create_app(
                                 conn, caller.id, request, idempotency_key
                             )
                     if replayed is None:
-                        return rate_limited(taken.wait_seconds, limit_headers)
+                        return ratelimit.refusal(intake_limit, taken.wait_seconds, limit_headers)
                     return receipt_response(replayed, limit_headers)
             submitted = repository.submit_job(
                 engine_provider(), caller.id, request, idempotency_key or None
@@ -562,28 +556,6 @@ def create_app(
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
-
-    def rate_limited(wait_seconds: float, limit_headers: dict[str, str]) -> JSONResponse:
-        retry_after = max(1, math.ceil(wait_seconds))
-        answer = RateLimited(
-            type=problems.RATE_LIMITED,
-            title="Intake rate limit reached",
-            status=429,
-            detail=f"intake rate limit reached: a tenant may submit "
-            f"{intake_limit.rps:g} jobs/s, {intake_limit.burst} at once "
-            f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
-            f"retry after {retry_after} s",
-            limit="intake",
-            rate_per_second=intake_limit.rps,
-            burst=intake_limit.burst,
-            retry_after_seconds=retry_after,
-        )
-        return JSONResponse(
-            answer.model_dump(mode="json", exclude_none=True),
-            status_code=429,
-            headers={"Retry-After": str(retry_after), **limit_headers},
-            media_type=problems.MEDIA_TYPE,
-        )
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
     def read_job(job_id: JobId, caller: Caller) -> Response:
@@ -702,6 +674,12 @@ def create_app(
         return DeliveryList(items=[DeliveryView(**r) for r in rows])
 
     app.include_router(router)
+    from pin_orchestration.scraping.batch_routes import batch_router
+
+    app.include_router(
+        batch_router(tenant, engine_provider, intake_limit),
+        responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE},
+    )
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
@@ -727,7 +705,7 @@ def create_app(
     _mount_local_results(app, store)
     problems.install(app)
     _answer_405_with_every_allowed_method(app)
-    app.add_middleware(RequestSizeLimits)
+    app.add_middleware(RequestSizeLimits, body_bytes_by_path={"/jobs/batch": MAX_BATCH_BODY_BYTES})
     return app
 
 

@@ -11,8 +11,13 @@ is full again.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+from pin_orchestration.scraping import problems
+from pin_orchestration.scraping.problems import Problem
 from pin_orchestration.scraping.repository import IntakeLimit
 
 POLICY = "intake"
@@ -47,3 +52,42 @@ OPENAPI_HEADERS: dict[str, Any] = {
         "schema": {"type": "string"},
     },
 }
+
+
+class RateLimited(Problem):
+    """A problem document with the limit that was reached."""
+
+    limit: Literal["intake"] = Field(
+        description="The limit reached: intake = POST /jobs and POST /jobs/batch per tenant, "
+        "one token per job (PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
+    )
+    rate_per_second: float = Field(description="Jobs a tenant may submit per second")
+    burst: int = Field(description="Jobs a tenant may submit at once after a pause")
+    retry_after_seconds: int = Field(description="The Retry-After header's value")
+
+
+def refusal(
+    limit: IntakeLimit, wait_seconds: float, limit_headers: dict[str, str], jobs: int = 1
+) -> JSONResponse:
+    """The 429 of an intake refused by the limit: nothing was stored."""
+    retry_after = max(1, math.ceil(wait_seconds))
+    needed = f"the batch's {jobs} jobs need as many tokens; " if jobs > 1 else ""
+    answer = RateLimited(
+        type=problems.RATE_LIMITED,
+        title="Intake rate limit reached",
+        status=429,
+        detail=f"intake rate limit reached: {needed}a tenant may submit "
+        f"{limit.rps:g} jobs/s, {limit.burst} at once "
+        f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
+        f"retry after {retry_after} s",
+        limit="intake",
+        rate_per_second=limit.rps,
+        burst=limit.burst,
+        retry_after_seconds=retry_after,
+    )
+    return JSONResponse(
+        answer.model_dump(mode="json", exclude_none=True),
+        status_code=429,
+        headers={"Retry-After": str(retry_after), **limit_headers},
+        media_type=problems.MEDIA_TYPE,
+    )

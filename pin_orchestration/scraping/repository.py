@@ -253,6 +253,43 @@ def submit_job(
     engine: Engine, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
 ) -> Submitted:
     """Accept a job: one transaction, one row, nothing else touched (SCR-1, SCR-4)."""
+    if idempotency_key is None:
+        # One statement is a transaction of its own: autocommit spares the BEGIN and COMMIT
+        # round trips of intake's common case (bench/scraping_api.py).
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            return _submit_in(conn, tenant_id, request, None)
+    with engine.begin() as conn:
+        return _submit_in(conn, tenant_id, request, idempotency_key)
+
+
+def submit_jobs(
+    engine: Engine,
+    tenant_id: uuid.UUID,
+    requests: Sequence[tuple[JobRequest, str | None]],
+    *,
+    atomic: bool,
+) -> list[Submitted | IdempotencyKeyReused]:
+    """Accept a batch in one transaction, each job as submit_job accepts one. A reused
+    Idempotency-Key is that job's answer (the others are stored), or with `atomic` raised
+    after rolling every job back."""
+    answers: list[Submitted | IdempotencyKeyReused] = []
+    with engine.begin() as conn:
+        for request, idempotency_key in requests:
+            try:
+                answers.append(_submit_in(conn, tenant_id, request, idempotency_key))
+            except IdempotencyKeyReused as refused:
+                if atomic:
+                    raise
+                answers.append(refused)
+    return answers
+
+
+def _submit_in(
+    conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
+) -> Submitted:
+    """The one intake path of POST /jobs and POST /jobs/batch, on the caller's connection
+    (in its transaction when it holds one)."""
     digest = request.sha256()
     insert = {
         "id": uuid7(),
@@ -266,28 +303,23 @@ def submit_job(
         "request_sha256": digest,
     }
     if idempotency_key is None:
-        # One statement is a transaction of its own: autocommit spares the BEGIN and COMMIT
-        # round trips of intake's common case (bench/scraping_api.py).
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            row = conn.execute(_q("insert_job"), insert).one()
+        row = conn.execute(_q("insert_job"), insert).one()
         return Submitted(row.id, row.status, replayed=False)
-    with engine.begin() as conn:
-        conn.execute(
-            _q("forget_expired_idempotency_key"),
-            {
-                "tenant_id": tenant_id,
-                "idempotency_key": idempotency_key,
-                "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
-            },
-        )
-        row = conn.execute(_q("insert_job"), insert).one_or_none()
-        if row is not None:
-            return Submitted(row.id, row.status, replayed=False)
-        existing = conn.execute(
-            _q("job_by_idempotency_key"),
-            {"tenant_id": tenant_id, "idempotency_key": idempotency_key},
-        ).one()
+    conn.execute(
+        _q("forget_expired_idempotency_key"),
+        {
+            "tenant_id": tenant_id,
+            "idempotency_key": idempotency_key,
+            "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
+        },
+    )
+    row = conn.execute(_q("insert_job"), insert).one_or_none()
+    if row is not None:
+        return Submitted(row.id, row.status, replayed=False)
+    existing = conn.execute(
+        _q("job_by_idempotency_key"),
+        {"tenant_id": tenant_id, "idempotency_key": idempotency_key},
+    ).one()
     if existing.request_sha256 != digest:
         raise IdempotencyKeyReused(idempotency_key)
     return Submitted(existing.id, existing.status, replayed=True)

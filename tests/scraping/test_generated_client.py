@@ -102,6 +102,7 @@ def test_a_generated_client_drives_the_whole_job_lifecycle(
     download = generated("api.results.download_result_results_key_get")
     cancel = generated("api.default.cancel_jobs_job_id_cancel_post")
     attempts = generated("api.default.attempts_jobs_job_id_attempts_get")
+    batch = generated("api.default.submit_batch_jobs_batch_post")
     _, key = make_tenant("generated")
     client = client_module.AuthenticatedClient(
         base_url=served, token=key, raise_on_unexpected_status=True
@@ -149,6 +150,24 @@ def test_a_generated_client_drives_the_whole_job_lifecycle(
     assert isinstance(listed, models.AttemptList)
     assert [a.outcome for a in listed.items] == ["succeeded"]
     assert listed.items[0].http_status == 200
+
+    # batch: a receipt per accepted job, a problem pointing into the request per refused one
+    answer = batch.sync(
+        client=client,
+        body=models.BatchCreate(
+            jobs=[
+                models.BatchJob(url=f"{site.url}/page/b0", idempotency_key="b0"),
+                models.BatchJob(url="http://127.0.0.1:0/refused"),
+                models.BatchJob(url=f"{site.url}/page/b2"),
+            ]
+        ),
+    )
+    assert isinstance(answer, models.BatchAnswer), answer
+    assert (answer.accepted, answer.refused) == (2, 1)
+    assert [item.status for item in answer.items] == [202, 422, 202]
+    assert isinstance(answer.items[0].receipt, models.Receipt)
+    assert answer.items[1].problem.errors[0].pointer == "/jobs/1/url"
+    assert read_job.sync(answer.items[2].receipt.id, client=client).status == "queued"
 
     # a 404 and a 422 come back as documented, parsed models
     missing = read_job.sync_detailed(uuid.uuid4(), client=client)
