@@ -673,13 +673,14 @@ def create_app(
             rows = webhooks.list_deliveries(conn, job_id)
         return DeliveryList(items=[DeliveryView(**r) for r in rows])
 
-    app.include_router(router)
     from pin_orchestration.scraping.batch_routes import batch_router
 
+    # Before the job routes: /jobs/batch is not a job id.
     app.include_router(
         batch_router(tenant, engine_provider, intake_limit),
         responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE},
     )
+    app.include_router(router)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

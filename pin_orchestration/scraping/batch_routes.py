@@ -13,7 +13,7 @@ counts jobs: a batch takes one token per job it submits, all or none.
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from sqlalchemy import Engine
@@ -165,6 +165,15 @@ def batch_router(
             status_code=202,
             headers=limit_headers,
         )
+
+    @router.api_route(
+        "/jobs/batch",
+        methods=["GET", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    def batch_other_methods() -> None:
+        # Else GET /jobs/batch would be read as GET /jobs/{job_id}, a 422 of a bad id.
+        raise HTTPException(405, "POST /jobs/batch only", {"Allow": "POST"})
 
     return router
 
