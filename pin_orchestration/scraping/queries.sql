@@ -47,6 +47,36 @@ VALUES (
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, status
 
+-- name: forget_expired_idempotency_keys
+-- forget_expired_idempotency_key for the keys of a batch (POST /jobs/batch).
+UPDATE scraping.jobs
+SET idempotency_key = NULL
+WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
+  AND created_at < now() - make_interval(secs => :ttl_seconds)
+
+-- name: insert_jobs
+-- insert_job for a batch, in one statement: the same columns and the same conflict rule
+-- (a key already taken, by an earlier request or an earlier job of the batch, yields no
+-- row; the caller reads the winner). Rows in the batch's order.
+INSERT INTO scraping.jobs (
+    id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
+    request_sha256
+)
+SELECT j.id, :tenant_id, j.url, j.domain, j.params, j.priority, j.callback_url,
+       j.idempotency_key, j.request_sha256
+FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
+    ord integer, id uuid, url text, domain text, params jsonb, priority text,
+    callback_url text, idempotency_key text, request_sha256 text
+)
+ORDER BY j.ord
+ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, status
+
+-- name: jobs_by_idempotency_keys
+SELECT id, status, request_sha256, idempotency_key
+FROM scraping.jobs
+WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
+
 -- name: job_by_idempotency_key
 SELECT id, status, request_sha256
 FROM scraping.jobs

@@ -253,43 +253,6 @@ def submit_job(
     engine: Engine, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
 ) -> Submitted:
     """Accept a job: one transaction, one row, nothing else touched (SCR-1, SCR-4)."""
-    if idempotency_key is None:
-        # One statement is a transaction of its own: autocommit spares the BEGIN and COMMIT
-        # round trips of intake's common case (bench/scraping_api.py).
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            return _submit_in(conn, tenant_id, request, None)
-    with engine.begin() as conn:
-        return _submit_in(conn, tenant_id, request, idempotency_key)
-
-
-def submit_jobs(
-    engine: Engine,
-    tenant_id: uuid.UUID,
-    requests: Sequence[tuple[JobRequest, str | None]],
-    *,
-    atomic: bool,
-) -> list[Submitted | IdempotencyKeyReused]:
-    """Accept a batch in one transaction, each job as submit_job accepts one. A reused
-    Idempotency-Key is that job's answer (the others are stored), or with `atomic` raised
-    after rolling every job back."""
-    answers: list[Submitted | IdempotencyKeyReused] = []
-    with engine.begin() as conn:
-        for request, idempotency_key in requests:
-            try:
-                answers.append(_submit_in(conn, tenant_id, request, idempotency_key))
-            except IdempotencyKeyReused as refused:
-                if atomic:
-                    raise
-                answers.append(refused)
-    return answers
-
-
-def _submit_in(
-    conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
-) -> Submitted:
-    """The one intake path of POST /jobs and POST /jobs/batch, on the caller's connection
-    (in its transaction when it holds one)."""
     digest = request.sha256()
     insert = {
         "id": uuid7(),
@@ -303,26 +266,94 @@ def _submit_in(
         "request_sha256": digest,
     }
     if idempotency_key is None:
-        row = conn.execute(_q("insert_job"), insert).one()
+        # One statement is a transaction of its own: autocommit spares the BEGIN and COMMIT
+        # round trips of intake's common case (bench/scraping_api.py).
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            row = conn.execute(_q("insert_job"), insert).one()
         return Submitted(row.id, row.status, replayed=False)
-    conn.execute(
-        _q("forget_expired_idempotency_key"),
-        {
-            "tenant_id": tenant_id,
-            "idempotency_key": idempotency_key,
-            "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
-        },
-    )
-    row = conn.execute(_q("insert_job"), insert).one_or_none()
-    if row is not None:
-        return Submitted(row.id, row.status, replayed=False)
-    existing = conn.execute(
-        _q("job_by_idempotency_key"),
-        {"tenant_id": tenant_id, "idempotency_key": idempotency_key},
-    ).one()
+    with engine.begin() as conn:
+        conn.execute(
+            _q("forget_expired_idempotency_key"),
+            {
+                "tenant_id": tenant_id,
+                "idempotency_key": idempotency_key,
+                "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS,
+            },
+        )
+        row = conn.execute(_q("insert_job"), insert).one_or_none()
+        if row is not None:
+            return Submitted(row.id, row.status, replayed=False)
+        existing = conn.execute(
+            _q("job_by_idempotency_key"),
+            {"tenant_id": tenant_id, "idempotency_key": idempotency_key},
+        ).one()
     if existing.request_sha256 != digest:
         raise IdempotencyKeyReused(idempotency_key)
     return Submitted(existing.id, existing.status, replayed=True)
+
+
+def submit_jobs(
+    engine: Engine,
+    tenant_id: uuid.UUID,
+    requests: Sequence[tuple[JobRequest, str | None]],
+    *,
+    atomic: bool,
+) -> list[Submitted | IdempotencyKeyReused]:
+    """Accept a batch in one transaction, each job as submit_job accepts one (the same
+    columns, the same Idempotency-Key rules), in three statements whatever its size: one
+    statement per job costs ~0.6 ms, 400 of them far more than the batch's 100 ms. A
+    reused key is that job's answer (the others are stored), or with `atomic` raised after
+    rolling every job back."""
+    rows = [
+        {
+            "ord": n,
+            "id": str(uuid7()),
+            "url": request.url,
+            "domain": request.domain,
+            "params": request.params,
+            "priority": request.priority,
+            "callback_url": request.callback_url,
+            "idempotency_key": idempotency_key,
+            "request_sha256": request.sha256(),
+        }
+        for n, (request, idempotency_key) in enumerate(requests)
+    ]
+    keys = sorted({r["idempotency_key"] for r in rows if r["idempotency_key"] is not None})
+    with engine.begin() as conn:
+        if keys:
+            conn.execute(
+                _q("forget_expired_idempotency_keys"),
+                {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
+            )
+        inserted = {
+            str(r.id): r.status
+            for r in conn.execute(
+                _q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)}
+            )
+        }
+        existing = {}
+        if len(inserted) < len(rows) and keys:
+            existing = {
+                r.idempotency_key: r
+                for r in conn.execute(
+                    _q("jobs_by_idempotency_keys"), {"tenant_id": tenant_id, "keys": keys}
+                )
+            }
+        answers: list[Submitted | IdempotencyKeyReused] = []
+        for row in rows:
+            if row["id"] in inserted:
+                answers.append(Submitted(uuid.UUID(row["id"]), inserted[row["id"]], False))
+                continue
+            # Not inserted: its key is taken, by an earlier request or an earlier job here.
+            winner = existing[row["idempotency_key"]]
+            if winner.request_sha256 != row["request_sha256"]:
+                if atomic:
+                    raise IdempotencyKeyReused(row["idempotency_key"])
+                answers.append(IdempotencyKeyReused(row["idempotency_key"]))
+            else:
+                answers.append(Submitted(winner.id, winner.status, replayed=True))
+    return answers
 
 
 @dataclass(frozen=True)
