@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -123,6 +124,7 @@ async def _run_load(load: Load) -> dict[str, list[float] | int]:
     errors = {"post": 0, "get": 0, "batch": 0}
     reasons: Counter[str] = Counter()
     tasks: set[asyncio.Task[None]] = set()
+    batch_turn = itertools.count()
 
     async def one(kind: str, scheduled: float) -> None:
         try:
@@ -141,7 +143,8 @@ async def _run_load(load: Load) -> dict[str, list[float] | int]:
                 if ok:
                     recent.append((loop.time(), json.loads(answer)["id"], key))
             elif kind == "batch":
-                key = rng.choice(load.keys)
+                # Round robin: each tenant's bucket refills between its batches.
+                key = load.keys[next(batch_turn) % len(load.keys)]
                 jobs = [
                     {"url": f"https://t{rng.randrange(50)}.example/{rng.random()}"}
                     for _ in range(load.batch_size)

@@ -28,6 +28,7 @@ from pin_orchestration.scraping.repository import (
     requeue_failed_jobs,
     submit_job,
 )
+from pin_orchestration.scraping.signing import secret_key
 from pin_orchestration.scraping.webhooks import (
     DeliveryOptions,
     DeliveryReport,
@@ -133,6 +134,7 @@ def test_a_finished_job_is_announced_once_signed_with_the_tenants_secret(
     # (whsec_<base64>) — and not with another tenant's, nor with a changed body.
     secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
     assert secret.startswith("whsec_") and verifies(secret, received)
+    assert len(secret_key(secret)) == 32  # whsec_ + base64 of 32 random bytes (0015)
     other = tenant_webhook_secret(db_engine, make_tenant("other")[0].name)["webhook_secret"]
     assert not verifies(other, received)
     changed = received.body.replace(b"cancelled", b"succeeded")
