@@ -88,6 +88,7 @@ def batch_router(
         response_model=BatchAnswer,
         responses={
             202: {"headers": ratelimit.OPENAPI_HEADERS},
+            400: {"model": Problem, "description": "The body could not be read as JSON"},
             413: {
                 "model": Problem,
                 "description": f"The request body exceeds {MAX_BATCH_BODY_BYTES} bytes",
