@@ -1266,8 +1266,9 @@ CREATE TABLE scraping.tenants (
     key_rotated_at timestamp with time zone DEFAULT now() NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     weight double precision DEFAULT 1 NOT NULL,
-    webhook_secret text DEFAULT ('whsec_'::text || replace(((gen_random_uuid())::text || (gen_random_uuid())::text), '-'::text, ''::text)) NOT NULL,
+    webhook_secret text DEFAULT ('whsec_'::text || encode((uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid())), 'base64'::text)) NOT NULL,
     webhook_secret_rotated_at timestamp with time zone DEFAULT now() NOT NULL,
+    webhook_secret_previous text,
     CONSTRAINT tenants_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'::text)),
     CONSTRAINT tenants_weight_check CHECK (((weight > (0)::double precision) AND (weight <= (1000)::double precision)))
 );

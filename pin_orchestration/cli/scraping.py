@@ -118,10 +118,12 @@ def tenant_set_weight(name: str, weight: float) -> None:
 @click.option("--rotate", is_flag=True, help="Replace it with a new secret first")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "webhook_secret"}')
 def tenant_webhook_secret(name: str, rotate: bool, as_json: bool) -> None:
-    """Show (or rotate) the secret the tenant's completion webhooks are signed with.
+    """Show (or rotate) the `whsec_<base64>` secret the tenant's completion webhooks are
+    signed with (Standard Webhooks: give it to `standardwebhooks` / `svix` as it is).
 
-    After --rotate, deliveries are signed with the new secret at once: the receiver should
-    accept either secret until it has the new one (docs/integration.md)."""
+    After --rotate, deliveries carry two signatures, with the new and the replaced secret,
+    for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS (default one day): a receiver keeps verifying
+    with the old secret until it has the new one (docs/integration.md)."""
     from pin_orchestration.scraping.webhooks import tenant_webhook_secret as read_secret
 
     try:

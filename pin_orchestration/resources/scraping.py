@@ -82,4 +82,5 @@ def webhook_policy_from(settings: ScrapingSettings) -> WebhookPolicy:
         backoff_base_seconds=settings.webhook_backoff_base_seconds,
         backoff_cap_seconds=settings.webhook_backoff_cap_seconds,
         timeout_seconds=settings.webhook_timeout_seconds,
+        secret_overlap_seconds=settings.webhook_secret_overlap_seconds,
     )

@@ -26,13 +26,27 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+)
 from sqlalchemy import Connection, Engine
 
-from pin_orchestration.scraping import repository, webhooks
+from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
 from pin_orchestration.scraping.cache import InvalidationListener, JobCache
 from pin_orchestration.scraping.health_routes import health_router
-from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, RequestSizeLimits
+from pin_orchestration.scraping.limits import (
+    MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    RequestSizeLimits,
+)
+from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
+from pin_orchestration.scraping.ratelimit import RateLimited
 from pin_orchestration.scraping.repository import (
     IDEMPOTENCY_KEY_TTL_SECONDS,
     TERMINAL,
@@ -54,11 +68,10 @@ URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
 UtcDatetime = Annotated[
     datetime,
     PlainSerializer(lambda d: d.astimezone(UTC).isoformat(), return_type=str),
+    # Still a date-time in the schema (the serializer alone makes it a plain string), so
+    # generated clients parse it as one.
+    WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
-
-
-class Error(BaseModel):
-    detail: str = Field(description="What was wrong, naming the field or header")
 
 
 def _has_lone_surrogate(value: str) -> bool:
@@ -181,17 +194,6 @@ class JobCreate(BaseModel):
         if size > MAX_PARAMS_BYTES:
             raise ValueError(f"params is {size} bytes as JSON; at most {MAX_PARAMS_BYTES}")
         return value
-
-
-class RateLimited(BaseModel):
-    detail: str = Field(description="Which limit was reached, and when to come back")
-    limit: Literal["intake"] = Field(
-        description="The limit reached: intake = POST /jobs per tenant "
-        "(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST)"
-    )
-    rate_per_second: float = Field(description="Jobs a tenant may submit per second")
-    burst: int = Field(description="Jobs a tenant may submit at once after a pause")
-    retry_after_seconds: int = Field(description="The Retry-After header's value")
 
 
 class Links(BaseModel):
@@ -343,24 +345,29 @@ def _webhook_callbacks() -> APIRouter:
         "or no connection is retried with exponential backoff and jitter "
         "(PIN_WEBHOOK_MAX_ATTEMPTS, default 8, attempts in all). Every attempt is listed "
         "at GET /jobs/{id}/deliveries. Polling GET /jobs/{id} stays the primary channel. "
-        "Verify the signature on the raw body (docs/integration.md): HMAC-SHA256 of "
-        "`<X-Pin-Timestamp>.<raw body>` with the tenant's webhook secret (`pin tenant "
-        "webhook-secret NAME`); reject timestamps more than 5 minutes from your clock.",
+        "Signed as Standard Webhooks 1.0: verify with the `standardwebhooks` or `svix` "
+        "libraries and the tenant's `whsec_` secret (`pin tenant webhook-secret NAME`; "
+        "docs/integration.md), which refuse timestamps more than 5 minutes off.",
     )
     def completion_webhook(
         body: WebhookEvent,
-        x_pin_timestamp: Annotated[
-            str, Header(alias=webhooks.TIMESTAMP_HEADER, description="Unix seconds, signed")
-        ],
-        x_pin_signature: Annotated[
+        webhook_id: Annotated[
             str,
             Header(
-                alias=webhooks.SIGNATURE_HEADER,
-                description="sha256=<lowercase hex HMAC-SHA256 of '<timestamp>.<raw body>'>",
+                alias=signing.ID_HEADER,
+                description="The event's id, the same on every retry: de-duplicate by it",
             ),
         ],
-        x_pin_delivery_attempt: Annotated[
-            int, Header(alias=webhooks.ATTEMPT_HEADER, description="Attempt number, from 1")
+        webhook_timestamp: Annotated[
+            str, Header(alias=signing.TIMESTAMP_HEADER, description="Unix seconds, signed")
+        ],
+        webhook_signature: Annotated[
+            str,
+            Header(
+                alias=signing.SIGNATURE_HEADER,
+                description="v1,<base64 HMAC-SHA256 of '<webhook-id>.<webhook-timestamp>."
+                "<raw body>'>; during a secret rotation two, space-separated",
+            ),
         ],
     ) -> None:
         """Documentation only: the receiver is the client's."""
@@ -368,9 +375,9 @@ def _webhook_callbacks() -> APIRouter:
     return callbacks
 
 
-UNAUTHORIZED = {401: {"model": Error, "description": "Missing or wrong API key"}}
-NOT_FOUND = {404: {"model": Error, "description": "No such job for this tenant"}}
-CONFLICT = {409: {"model": Error, "description": "Not possible in the job's current status"}}
+UNAUTHORIZED = {401: {"model": Problem, "description": "Missing or wrong API key"}}
+NOT_FOUND = {404: {"model": Problem, "description": "No such job for this tenant"}}
+CONFLICT = {409: {"model": Problem, "description": "Not possible in the job's current status"}}
 
 
 def _job_links(*names: str) -> dict[str, Any]:
@@ -394,12 +401,12 @@ def _job_links(*names: str) -> dict[str, Any]:
 
 HEADERS_TOO_LARGE = {
     431: {
-        "model": Error,
+        "model": Problem,
         "description": f"The request's headers exceed {MAX_HEADER_BYTES} bytes in all",
     }
 }
 BODY_TOO_LARGE = {
-    413: {"model": Error, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
+    413: {"model": Problem, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"}
 }
 RATE_LIMITED = {
     429: {
@@ -413,7 +420,8 @@ RATE_LIMITED = {
                 "description": "Seconds to wait before the next POST /jobs (an integer ≥ 1)",
                 "required": True,
                 "schema": {"type": "integer", "minimum": 1},
-            }
+            },
+            **ratelimit.OPENAPI_HEADERS,
         },
     }
 }
@@ -518,9 +526,10 @@ def create_app(
             202: {
                 "links": _job_links(
                     "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
-                )
+                ),
+                "headers": ratelimit.OPENAPI_HEADERS,
             },
-            400: {"model": Error, "description": "The body could not be read as JSON"},
+            400: {"model": Problem, "description": "The body could not be read as JSON"},
             **BODY_TOO_LARGE,
             **RATE_LIMITED,
         },
@@ -546,10 +555,12 @@ def create_app(
             priority=body.priority,
             callback_url=body.callback_url,
         )
+        limit_headers: dict[str, str] = {}
         try:
             if intake_limit.enabled:
-                wait = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
-                if wait > 0:
+                taken = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
+                limit_headers = ratelimit.headers(intake_limit, taken.remaining)
+                if taken.wait_seconds > 0:
                     # A repeat of an accepted request costs one indexed read, only here:
                     # it is answered as intake would, so a client retrying a lost 202 is
                     # never refused (and spends no token while the bucket is empty).
@@ -560,53 +571,38 @@ def create_app(
                                 conn, caller.id, request, idempotency_key
                             )
                     if replayed is None:
-                        return rate_limited(wait)
-                    return receipt_response(replayed)
+                        return ratelimit.refusal(intake_limit, taken.wait_seconds, limit_headers)
+                    return receipt_response(replayed, limit_headers)
             submitted = repository.submit_job(
                 engine_provider(), caller.id, request, idempotency_key or None
             )
         except IdempotencyKeyReused:
-            # Shaped like every other 422 (FastAPI's validation error), naming the header.
-            raise HTTPException(
+            raise ProblemError(
                 422,
-                [
-                    {
-                        "type": "idempotency_key_reused",
-                        "loc": ["header", "Idempotency-Key"],
-                        "msg": "Idempotency-Key was already used with a different request "
-                        "body; use a new key for a new job",
-                        "input": idempotency_key,
-                    }
+                "Idempotency-Key was already used with a different request body; use a new "
+                "key for a new job",
+                type_=problems.IDEMPOTENCY_KEY_REUSED,
+                title="Idempotency-Key reused with another body",
+                errors=[
+                    FieldError(
+                        detail="already used with a different request body",
+                        parameter="Idempotency-Key",
+                        in_="header",
+                    )
                 ],
             ) from None
-        return receipt_response(submitted)
+        return receipt_response(submitted, limit_headers)
 
-    def receipt_response(submitted: repository.Submitted) -> JSONResponse:
+    def receipt_response(
+        submitted: repository.Submitted, limit_headers: dict[str, str]
+    ) -> JSONResponse:
         receipt = Receipt(
             id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
         )
-        headers = {"Location": receipt.links.self}
+        headers = {"Location": receipt.links.self, **limit_headers}
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
-
-    def rate_limited(wait_seconds: float) -> JSONResponse:
-        retry_after = max(1, math.ceil(wait_seconds))
-        answer = RateLimited(
-            detail=f"intake rate limit reached: a tenant may submit "
-            f"{intake_limit.rps:g} jobs/s, {intake_limit.burst} at once "
-            f"(PIN_SCRAPING_INTAKE_RPS, PIN_SCRAPING_INTAKE_BURST); nothing was stored, "
-            f"retry after {retry_after} s",
-            limit="intake",
-            rate_per_second=intake_limit.rps,
-            burst=intake_limit.burst,
-            retry_after_seconds=retry_after,
-        )
-        return JSONResponse(
-            answer.model_dump(mode="json"),
-            status_code=429,
-            headers={"Retry-After": str(retry_after)},
-        )
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
     def read_job(job_id: JobId, caller: Caller) -> Response:
@@ -656,7 +652,7 @@ def create_app(
             **NOT_FOUND,
             **CONFLICT,
             410: {
-                "model": Error,
+                "model": Problem,
                 "description": "The result was deleted by retention "
                 "(PIN_RESULT_RETENTION_DAYS after the job finished)",
             },
@@ -724,6 +720,13 @@ def create_app(
             rows = webhooks.list_deliveries(conn, job_id)
         return DeliveryList(items=[DeliveryView(**r) for r in rows])
 
+    from pin_orchestration.scraping.batch_routes import batch_router
+
+    # Before the job routes: /jobs/batch is not a job id.
+    app.include_router(
+        batch_router(tenant, engine_provider, intake_limit),
+        responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE},
+    )
     app.include_router(router)
 
     if settings.metrics_token is not None:
@@ -733,9 +736,10 @@ def create_app(
 
     app.include_router(health_router(engine_provider))
     _mount_local_results(app, store)
+    problems.install(app)
     _answer_405_with_every_allowed_method(app)
-    _answer_422_with_only_safe_echoes(app)
-    app.add_middleware(RequestSizeLimits)
+    _answer_too_deep_json_with_422(app)
+    app.add_middleware(RequestSizeLimits, body_bytes_by_path={"/jobs/batch": MAX_BATCH_BODY_BYTES})
     return app
 
 
@@ -783,7 +787,6 @@ def _serve_metrics_to_operators(
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
     """Starlette's 405 lists only the methods of the first route whose path matched; a path
     served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6)."""
-    from fastapi.exception_handlers import http_exception_handler
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
     from starlette.responses import Response
@@ -797,62 +800,32 @@ def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
                 if match != Match.NONE:
                     allowed |= set(getattr(route, "methods", None) or ())
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
-        return await http_exception_handler(request, exc)
+        return await problems.http_problem(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]
 
 
-def _printable(value: Any) -> Any:
-    """A string as UTF-8 can carry it (lone surrogates written as \\udXXX escapes)."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
-
-
-def _safe_validation_error(error: dict[str, Any]) -> dict[str, Any]:
-    """A validation error as the 422 may show it: a URL's input is not echoed (it may hold
-    credentials), nor an input JSON cannot carry (lone surrogates, NaN, Infinity)."""
-    safe = {**error, "loc": [_printable(p) for p in error.get("loc", ())]}
-    safe["msg"] = _printable(error.get("msg", ""))
-    safe.pop("ctx", None)
-    if "input" in safe:
-        named = [p for p in safe["loc"] if isinstance(p, str)]
-        if named and named[-1] in ("url", "callback_url"):
-            del safe["input"]
-        else:
-            try:
-                json.dumps(safe["input"], allow_nan=False, ensure_ascii=False, default=str).encode(
-                    "utf-8"
-                )
-            except (ValueError, TypeError, RecursionError):
-                del safe["input"]
-    return safe
-
-
-def _answer_422_with_only_safe_echoes(app: FastAPI) -> None:
-    """FastAPI's 422 echoes the input, and fails (a 500) on input JSON cannot carry; and the
-    400 of a body nested past the JSON parser's depth becomes the 422 it is."""
-    from fastapi.encoders import jsonable_encoder
-    from fastapi.exceptions import RequestValidationError
+def _answer_too_deep_json_with_422(app: FastAPI) -> None:
+    """The 400 of a body nested past the JSON parser's depth becomes the 422 it is. (After
+    problems.install: the handler it wraps answers every other HTTP error as a problem.)"""
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
 
-    async def invalid(_: Request, exc: RequestValidationError) -> Response:
-        errors = [_safe_validation_error(dict(e)) for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
-
-    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     http_errors = app.exception_handlers[StarletteHTTPException]
 
     async def unparsable(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
-            error = {
-                "type": "json_too_deep",
-                "loc": ["body"],
-                "msg": f"the JSON body is nested too deeply (params: at most "
-                f"{MAX_PARAMS_DEPTH} levels)",
-            }
-            return JSONResponse(status_code=422, content={"detail": [error]})
+            detail = (
+                f"the JSON body is nested too deeply (params: at most {MAX_PARAMS_DEPTH} levels)"
+            )
+            return problems.problem_response(
+                422,
+                detail,
+                type_=problems.VALIDATION,
+                title="The request is invalid",
+                instance=request.url.path,
+                errors=[FieldError(pointer="", detail=detail)],
+            )
         return await http_errors(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, unparsable)  # type: ignore[arg-type]

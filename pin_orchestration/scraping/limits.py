@@ -21,8 +21,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pin_orchestration.scraping.problems import MEDIA_TYPE, problem_body
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024
+# POST /jobs/batch: up to 1,000 jobs of ~2 KiB each on average.
+MAX_BATCH_BODY_BYTES = 2 * 1024 * 1024
 
 
 class _BodyTooLarge(Exception):
@@ -39,10 +43,13 @@ class RequestSizeLimits:
         *,
         max_body_bytes: int = MAX_BODY_BYTES,
         max_header_bytes: int = MAX_HEADER_BYTES,
+        body_bytes_by_path: dict[str, int] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
+        # Paths allowed another body limit than max_body_bytes (the batch intake).
+        self.body_bytes_by_path = body_bytes_by_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,9 +64,10 @@ class RequestSizeLimits:
                 f"{self.max_header_bytes} bytes of headers are accepted",
             )
             return
+        max_body_bytes = self.body_bytes_by_path.get(scope["path"], self.max_body_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            await _answer(send, 413, self._too_large(f"declared {declared} bytes"))
+        if declared is not None and declared > max_body_bytes:
+            await _answer(send, 413, _too_large(f"declared {declared} bytes", max_body_bytes))
             return
 
         received = 0
@@ -71,7 +79,7 @@ class RequestSizeLimits:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
+                if received > max_body_bytes:
                     too_large = True
                     raise _BodyTooLarge
             return message
@@ -90,13 +98,16 @@ class RequestSizeLimits:
             if not too_large:
                 raise
         if too_large and not started:
-            await _answer(send, 413, self._too_large(f"more than {self.max_body_bytes} bytes"))
+            await _answer(
+                send, 413, _too_large(f"more than {max_body_bytes} bytes", max_body_bytes)
+            )
 
-    def _too_large(self, what: str) -> str:
-        return (
-            f"the request body is {what}; at most {self.max_body_bytes} bytes are accepted "
-            "(params at most 16384 bytes as JSON)"
-        )
+
+def _too_large(what: str, max_body_bytes: int) -> str:
+    return (
+        f"the request body is {what}; at most {max_body_bytes} bytes are accepted "
+        "(params at most 16384 bytes as JSON)"
+    )
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -110,9 +121,9 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _answer(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+    body = json.dumps(problem_body(status, detail)).encode()
     headers: list[tuple[bytes, bytes]] = [
-        (b"content-type", b"application/json"),
+        (b"content-type", MEDIA_TYPE.encode()),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]

@@ -31,6 +31,45 @@ SELECT id, name FROM scraping.tenants WHERE name = :name
 SELECT scraping.submit_job(
     :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url, :idempotency_key)
 
+-- name: forget_expired_idempotency_keys
+-- submit_job's forgetting of a key past its 24 h, for the keys of a batch (POST /jobs/batch).
+UPDATE scraping.jobs
+SET idempotency_key = NULL
+WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
+  AND created_at < now() - make_interval(secs => :ttl_seconds)
+
+-- name: insert_jobs
+-- submit_job for a batch, in one statement: the same columns, the same fingerprint
+-- (scraping.request_sha256) and the same conflict rule (a key already taken, by an earlier
+-- request or an earlier job of the batch, yields no row; the caller reads the winner); the
+-- fair tag and domain queue come from the same triggers. Rows in the batch's order.
+INSERT INTO scraping.jobs (
+    id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
+    request_sha256
+)
+SELECT j.id, :tenant_id, j.url, j.domain, j.params, j.priority, j.callback_url,
+       j.idempotency_key, scraping.request_sha256(j.url, j.params, j.priority, j.callback_url)
+FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
+    ord integer, id uuid, url text, domain text, params jsonb, priority text,
+    callback_url text, idempotency_key text
+)
+ORDER BY j.ord
+ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, status
+
+-- name: jobs_by_idempotency_keys
+-- For each job of a batch that was not inserted: the job holding its key, and whether
+-- that job was made from the same request body.
+SELECT r.ord, j.id, j.status,
+       j.request_sha256 = scraping.request_sha256(r.url, r.params, r.priority, r.callback_url)
+           AS same_body
+FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
+    ord integer, url text, params jsonb, priority text, callback_url text,
+    idempotency_key text
+)
+JOIN scraping.jobs j ON j.tenant_id = :tenant_id AND j.idempotency_key = r.idempotency_key
+WHERE r.ord = ANY(CAST(:ords AS integer[]))
+
 -- name: submitted_job
 -- The job submit_job answered with; replayed when this transaction did not insert it.
 SELECT id, status, xmin <> pg_current_xact_id()::xid AS replayed
@@ -333,7 +372,8 @@ RETURNING id
 
 -- name: take_intake_token
 -- The per-tenant intake limit (migration 0010): refill the tenant's bucket by the time
--- elapsed since its last refill (capped at the burst) and take one token if there is one,
+-- elapsed since its last refill (capped at the burst) and take :jobs tokens (one per job
+-- submitted: a batch of 400 takes 400) if there are that many,
 -- in one statement whose row lock serialises the API processes. Time is PostgreSQL's
 -- clock, the same for every process. A refused request writes nothing (the DO UPDATE's
 -- WHERE is false): `taken` is then NULL and `level` is the bucket read from the
@@ -341,21 +381,21 @@ RETURNING id
 WITH now AS (SELECT clock_timestamp() AS t),
 taken AS (
     INSERT INTO scraping.intake_buckets AS b (tenant_id, tokens, refilled_at)
-    SELECT :tenant_id, CAST(:burst AS double precision) - 1, now.t FROM now
+    SELECT :tenant_id, CAST(:burst AS double precision) - :jobs, now.t FROM now
     ON CONFLICT (tenant_id) DO UPDATE
     SET tokens = LEAST(
             CAST(:burst AS double precision),
             b.tokens + CAST(:rps AS double precision) * GREATEST(
                 0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
             )
-        ) - 1,
+        ) - :jobs,
         refilled_at = GREATEST(b.refilled_at, EXCLUDED.refilled_at)
     WHERE LEAST(
             CAST(:burst AS double precision),
             b.tokens + CAST(:rps AS double precision) * GREATEST(
                 0, extract(epoch FROM EXCLUDED.refilled_at - b.refilled_at)::double precision
             )
-        ) >= 1
+        ) >= :jobs
     RETURNING b.tokens
 )
 SELECT

@@ -299,6 +299,70 @@ def submit_job(
     return Submitted(row.id, row.status, replayed=row.replayed)
 
 
+def submit_jobs(
+    engine: Engine,
+    tenant_id: uuid.UUID,
+    requests: Sequence[tuple[JobRequest, str | None]],
+    *,
+    atomic: bool,
+) -> list[Submitted | IdempotencyKeyReused]:
+    """Accept a batch in one transaction, each job as submit_job accepts one (the same
+    columns, the same Idempotency-Key rules), in three statements whatever its size: one
+    statement per job costs ~0.6 ms, 400 of them far more than the batch's 100 ms. A
+    reused key is that job's answer (the others are stored), or with `atomic` raised after
+    rolling every job back."""
+    rows = [
+        {
+            "ord": n,
+            "id": str(uuid7()),
+            "url": request.url,
+            "domain": request.domain,
+            "params": request.params,
+            "priority": request.priority,
+            "callback_url": request.callback_url,
+            "idempotency_key": idempotency_key,
+        }
+        for n, (request, idempotency_key) in enumerate(requests)
+    ]
+    keys = sorted({r["idempotency_key"] for r in rows if r["idempotency_key"] is not None})
+    with engine.begin() as conn:
+        if keys:
+            conn.execute(
+                _q("forget_expired_idempotency_keys"),
+                {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
+            )
+        inserted = {
+            str(r.id): r.status
+            for r in conn.execute(
+                _q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)}
+            )
+        }
+        missing = [r["ord"] for r in rows if r["id"] not in inserted]
+        existing = {}
+        if missing:
+            existing = {
+                r.ord: r
+                for r in conn.execute(
+                    _q("jobs_by_idempotency_keys"),
+                    {"tenant_id": tenant_id, "jobs": json.dumps(rows), "ords": missing},
+                )
+            }
+        answers: list[Submitted | IdempotencyKeyReused] = []
+        for row in rows:
+            if row["id"] in inserted:
+                answers.append(Submitted(uuid.UUID(row["id"]), inserted[row["id"]], False))
+                continue
+            # Not inserted: its key is taken, by an earlier request or an earlier job here.
+            winner = existing[row["ord"]]
+            if not winner.same_body:
+                if atomic:
+                    raise IdempotencyKeyReused(row["idempotency_key"])
+                answers.append(IdempotencyKeyReused(row["idempotency_key"]))
+            else:
+                answers.append(Submitted(winner.id, winner.status, replayed=True))
+    return answers
+
+
 @dataclass(frozen=True)
 class IntakeLimit:
     """The per-tenant intake rate limit of POST /jobs (PIN_SCRAPING_INTAKE_RPS / _BURST)."""
@@ -311,21 +375,29 @@ class IntakeLimit:
         return self.rps > 0
 
 
-def take_intake_token(engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit) -> float:
-    """Take one intake token from the tenant's bucket, shared by every API process (one
-    statement). 0.0: taken, go on; otherwise the seconds until a token is back."""
+@dataclass(frozen=True)
+class IntakeTaken:
+    wait_seconds: float  # 0.0: taken, go on; otherwise the seconds until there are enough
+    remaining: float  # the tokens left in the bucket (after the take, or beside a refusal)
+
+
+def take_intake_token(
+    engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int = 1
+) -> IntakeTaken:
+    """Take one intake token per job from the tenant's bucket, shared by every API process
+    (one statement); all of them or none."""
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         row = conn.execute(
             _q("take_intake_token"),
-            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst},
+            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst, "jobs": jobs},
         ).one()
     if row.taken is not None:
-        return 0.0
+        return IntakeTaken(0.0, max(row.taken, 0.0))
     # The level read beside a refusal: a concurrent take may have moved it since, so the
     # wait is a floor; a client told too short a wait is simply refused again.
     level = row.level if row.level is not None else 0.0
-    return max((1.0 - level) / limit.rps, 0.001)
+    return IntakeTaken(max((jobs - level) / limit.rps, 0.001), max(level, 0.0))
 
 
 def replayed_job(

@@ -74,6 +74,8 @@ class ScrapingSettings:
     metrics_cache_seconds: float = 15.0
     # A finished job's copy in the read cache lives this long (bounded by the retention).
     cache_terminal_ttl_seconds: float = 3600.0
+    # After `pin tenant webhook-secret --rotate`, the replaced secret signs too this long.
+    webhook_secret_overlap_seconds: float = 86400.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ScrapingSettings:
@@ -200,6 +202,12 @@ class ScrapingSettings:
                 d.webhook_backoff_cap_seconds,
                 "seconds > 0 (fractions allowed)",
             ),
+            webhook_secret_overlap_seconds=read(
+                "PIN_WEBHOOK_SECRET_OVERLAP_SECONDS",
+                _non_negative_float,
+                d.webhook_secret_overlap_seconds,
+                "seconds >= 0 (0: the replaced secret stops signing at once)",
+            ),
             intake_rps=read(
                 "PIN_SCRAPING_INTAKE_RPS",
                 _intake_rps,
@@ -266,6 +274,13 @@ def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a finite number > 0")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a finite number >= 0")
     return value
 
 

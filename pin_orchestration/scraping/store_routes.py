@@ -10,13 +10,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import FileResponse
-from pydantic import BaseModel
 
+from pin_orchestration.scraping.problems import Problem
 from pin_orchestration.scraping.store import RESULTS_PREFIX, LocalResultStore
-
-
-class ResultLinkError(BaseModel):
-    detail: str
 
 
 def local_results_router(store: LocalResultStore) -> APIRouter:
@@ -30,11 +26,15 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
         responses={
             200: {
                 "description": "The stored bytes, with the content type the target sent",
-                # Whatever type the target sent.
-                "content": {"*/*": {}},
+                # Whatever type the target sent (*/*), typed as bytes; generators that
+                # know no wildcard (openapi-python-client) read the octet-stream entry.
+                "content": {
+                    media_type: {"schema": {"type": "string", "format": "binary"}}
+                    for media_type in ("application/octet-stream", "*/*")
+                },
             },
-            403: {"model": ResultLinkError, "description": "Bad signature, or link expired"},
-            404: {"model": ResultLinkError, "description": "No result stored under this key"},
+            403: {"model": Problem, "description": "Bad signature, or link expired"},
+            404: {"model": Problem, "description": "No result stored under this key"},
         },
     )
     def download_result(

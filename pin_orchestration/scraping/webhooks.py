@@ -11,20 +11,16 @@ after a backoff with full jitter until `max_attempts`, when it is given up (reco
 closed). A refused or malformed callback address is given up at once: no packet is ever
 sent to it.
 
-Signature (docs/integration.md, "Verifying a webhook"): `X-Pin-Timestamp` = Unix
-seconds, `X-Pin-Signature` = `sha256=` + hex HMAC-SHA256 of `<timestamp>.<raw body>`
-keyed with the tenant's webhook secret (its ASCII text, as `pin tenant webhook-secret`
-shows it).
+Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
+webhook"), with the tenant's secret and, for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS after a
+rotation, with the secret it replaced as well.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import random
-import secrets
 import threading
 import time
 import uuid
@@ -38,14 +34,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.options import option
+from pin_orchestration.scraping import signing
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
 from pin_orchestration.sql import load_queries
 
-SIGNATURE_HEADER = "X-Pin-Signature"
-TIMESTAMP_HEADER = "X-Pin-Timestamp"
-ATTEMPT_HEADER = "X-Pin-Delivery-Attempt"
-SIGNATURE_PREFIX = "sha256="
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
 _MAX_DETAIL_CHARS = 300
@@ -71,6 +64,8 @@ class WebhookPolicy:
     backoff_cap_seconds: float = 3600.0
     # Timeout of one delivery (connect, read and the whole call).
     timeout_seconds: float = 10.0
+    # After a rotation, deliveries carry the replaced secret's signature this long too.
+    secret_overlap_seconds: float = 86400.0
 
     def validate(self) -> None:
         problems = [
@@ -83,6 +78,10 @@ class WebhookPolicy:
             )
             if not getattr(self, name) > 0
         ]
+        if not self.secret_overlap_seconds >= 0:
+            problems.append(
+                f"secret_overlap_seconds must be >= 0 (got {self.secret_overlap_seconds})"
+            )
         if problems:
             raise WebhookConfigError("invalid webhook delivery policy: " + "; ".join(problems))
 
@@ -146,26 +145,7 @@ def webhook_body(job_id: uuid.UUID, status: str, finished_at: datetime) -> bytes
     ).encode()
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    mac = hmac.new(secret.encode("ascii"), timestamp.encode("ascii") + b"." + body, hashlib.sha256)
-    return SIGNATURE_PREFIX + mac.hexdigest()
-
-
-def signed_headers(secret: str, body: bytes, *, now: float, attempt: int) -> dict[str, str]:
-    timestamp = str(int(now))
-    return {
-        "Content-Type": "application/json",
-        TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, body),
-        ATTEMPT_HEADER: str(attempt),
-    }
-
-
 # --- tenants' secrets --------------------------------------------------------------------
-
-
-def new_webhook_secret() -> str:
-    return "whsec_" + secrets.token_hex(32)
 
 
 def tenant_webhook_secret(engine: Engine, name: str, *, rotate: bool = False) -> dict[str, Any]:
@@ -175,7 +155,7 @@ def tenant_webhook_secret(engine: Engine, name: str, *, rotate: bool = False) ->
         if rotate:
             row = conn.execute(
                 _q("rotate_tenant_webhook_secret"),
-                {"name": name, "webhook_secret": new_webhook_secret()},
+                {"name": name, "webhook_secret": signing.new_secret()},
             ).one_or_none()
         else:
             row = conn.execute(_q("tenant_webhook_secret"), {"name": name}).one_or_none()
@@ -221,7 +201,7 @@ class _Claimed:
     status: str
     finished_at: datetime
     number: int
-    secret: str
+    secrets: tuple[str, ...]  # the current one first; the replaced one during an overlap
 
 
 @dataclass(frozen=True)
@@ -268,6 +248,7 @@ def run_deliveries(
                     policy.lease_seconds,
                     options.per_tenant,
                     busy,
+                    policy.secret_overlap_seconds,
                 )
                 report.claimed += len(claimed)
                 for job in claimed:
@@ -300,7 +281,12 @@ def run_deliveries(
 
 
 def _claim(
-    engine: Engine, limit: int, lease_seconds: float, per_tenant: int, busy: Counter[uuid.UUID]
+    engine: Engine,
+    limit: int,
+    lease_seconds: float,
+    per_tenant: int,
+    busy: Counter[uuid.UUID],
+    secret_overlap_seconds: float,
 ) -> list[_Claimed]:
     with engine.begin() as conn:
         rows = conn.execute(
@@ -311,6 +297,7 @@ def _claim(
                 "per_tenant": per_tenant,
                 "busy_tenants": [str(t) for t in busy],
                 "busy_counts": list(busy.values()),
+                "secret_overlap_seconds": secret_overlap_seconds,
             },
         ).all()
     return [
@@ -321,7 +308,7 @@ def _claim(
             r.status,
             r.finished_at,
             r.webhook_attempts,
-            r.webhook_secret,
+            tuple(s for s in (r.webhook_secret, r.webhook_secret_previous) if s is not None),
         )
         for r in rows
     ]
@@ -335,7 +322,8 @@ def _deliver(
     clock: Callable[[], float],
 ) -> _Attempt:
     body = webhook_body(job.id, job.status, job.finished_at)
-    headers = signed_headers(job.secret, body, now=clock(), attempt=job.number)
+    msg_id = signing.event_id(job.id, job.status, job.finished_at)
+    headers = signing.signed_headers(job.secrets, msg_id, body, now=clock())
     started = time.monotonic()
     http_status: int | None = None
     error_class: str | None = None

@@ -18,7 +18,8 @@ WHERE callback_url IS NOT NULL AND finish_published_at IS NULL
 -- between tenants: each tenant's oldest due deliveries up to its free share
 -- (:per_tenant minus what this loop has in flight for it), taken in turns across tenants,
 -- so one tenant whose receiver hangs holds at most its share of the slots. A loop killed
--- mid-call leaves the delivery due again once the lease ends.
+-- mid-call leaves the delivery due again once the lease ends. The secret a rotation
+-- replaced signs too while the rotation is younger than :secret_overlap_seconds.
 WITH candidates AS (
     SELECT d.id, d.due_at,
            row_number() OVER (PARTITION BY t.id ORDER BY d.due_at, d.id) AS turn,
@@ -54,7 +55,9 @@ SET webhook_attempts = j.webhook_attempts + 1,
 FROM picked, scraping.tenants t
 WHERE j.id = picked.id AND t.id = j.tenant_id
 RETURNING j.id, j.tenant_id, j.callback_url, j.status, j.finished_at, j.webhook_attempts,
-          t.webhook_secret
+          t.webhook_secret,
+          CASE WHEN t.webhook_secret_rotated_at > now() - make_interval(secs => :secret_overlap_seconds)
+               THEN t.webhook_secret_previous END AS webhook_secret_previous
 
 -- name: record_webhook_attempt
 -- The attempt's outcome, written only while the claim is still this attempt's (a job
@@ -85,12 +88,15 @@ WHERE job_id = :job_id
 ORDER BY id
 
 -- name: tenant_webhook_secret
-SELECT id, name, webhook_secret, webhook_secret_rotated_at
+SELECT id, name, webhook_secret, webhook_secret_rotated_at, webhook_secret_previous
 FROM scraping.tenants
 WHERE name = :name
 
 -- name: rotate_tenant_webhook_secret
+-- The replaced secret is kept for the overlap (claim_webhooks); a second rotation within
+-- it retires the first secret at once.
 UPDATE scraping.tenants
-SET webhook_secret = :webhook_secret, webhook_secret_rotated_at = now()
+SET webhook_secret = :webhook_secret, webhook_secret_previous = webhook_secret,
+    webhook_secret_rotated_at = now()
 WHERE name = :name
-RETURNING id, name, webhook_secret, webhook_secret_rotated_at
+RETURNING id, name, webhook_secret, webhook_secret_rotated_at, webhook_secret_previous

@@ -1,12 +1,15 @@
 """docs/integration.md: its sql and python blocks run as written (the SQL as a raiser role
-with EXECUTE only), its signature check agrees with an independent signer, and its table
-lists cover every table the migrations create."""
+with EXECUTE only), its webhook verification (the standardwebhooks library) agrees with an
+independent Standard Webhooks signer, and its table lists cover every table the
+migrations create."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -110,10 +113,12 @@ def doc_python() -> dict[str, Any]:
     return namespace
 
 
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    """The sender's signature, written here independently of the doc."""
-    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
-    return f"sha256={mac.hexdigest()}"
+def sign(secret: str, msg_id: str, timestamp: str, body: bytes) -> str:
+    """A Standard Webhooks signature, written here independently of the doc and the
+    service (the spec's "v1," + base64 HMAC-SHA256 of "<id>.<timestamp>.<body>")."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1," + base64.b64encode(mac.digest()).decode()
 
 
 def test_dedupe_snippet_applies_each_version_once(doc_python: dict[str, Any]) -> None:
@@ -128,41 +133,68 @@ def test_dedupe_snippet_applies_each_version_once(doc_python: dict[str, Any]) ->
     assert view[entity] == {"n": 4, "version": 4}
 
 
-NOW = 1_767_225_600
-SECRET = b"per-tenant-secret"
-BODY = b'{"jobId":"0190a3c1-7c2e-7d41-9a55-2f0e6b1c9d05","status":"Succeeded"}\n'
+SECRET = "whsec_" + base64.b64encode(b"per-tenant-secret-of-32-bytes!!!").decode()
+OTHER = "whsec_" + base64.b64encode(b"another-tenant-secret-32-bytes!!").decode()
+BODY = b'{"id":"0190a3c1-7c2e-7d41-9a55-2f0e6b1c9d05","status":"succeeded"}'
+MSG = "msg_0190a3c17c2e7d419a552f0e6b1c9d05"
+
+
+def headers(msg_id: str | None, timestamp: int | None, signature: str | None) -> dict[str, str]:
+    named = {"webhook-id": msg_id, "webhook-timestamp": timestamp, "webhook-signature": signature}
+    return {name: str(value) for name, value in named.items() if value is not None}
 
 
 @pytest.mark.parametrize(
-    ("secret", "body", "timestamp", "signature", "accepted"),
+    ("secret", "body", "age", "signed_as", "accepted"),
     [
-        (SECRET, BODY, str(NOW), sign(SECRET, str(NOW), BODY), True),
-        (SECRET, BODY, str(NOW - 299), sign(SECRET, str(NOW - 299), BODY), True),
-        (SECRET, BODY, str(NOW + 299), sign(SECRET, str(NOW + 299), BODY), True),
-        (SECRET, BODY, str(NOW - 301), sign(SECRET, str(NOW - 301), BODY), False),  # stale
-        (SECRET, BODY, str(NOW + 301), sign(SECRET, str(NOW + 301), BODY), False),  # future
-        (SECRET, BODY + b" ", str(NOW), sign(SECRET, str(NOW), BODY), False),  # body changed
-        (b"other-tenant", BODY, str(NOW), sign(SECRET, str(NOW), BODY), False),  # wrong secret
+        (SECRET, BODY, 0, (SECRET, MSG, 0, BODY), True),
+        (SECRET, BODY, 290, (SECRET, MSG, 290, BODY), True),
+        (SECRET, BODY, -290, (SECRET, MSG, -290, BODY), True),
+        (SECRET, BODY, 600, (SECRET, MSG, 600, BODY), False),  # stale
+        (SECRET, BODY, -600, (SECRET, MSG, -600, BODY), False),  # from the future
+        (SECRET, BODY + b" ", 0, (SECRET, MSG, 0, BODY), False),  # body changed
+        (OTHER, BODY, 0, (SECRET, MSG, 0, BODY), False),  # another tenant's secret
         # A captured delivery replayed with a fresh timestamp: the old signature fails.
-        (SECRET, BODY, str(NOW), sign(SECRET, str(NOW - 3600), BODY), False),
-        (SECRET, BODY, str(NOW), sign(SECRET, str(NOW), BODY).replace("sha256=", ""), False),
-        (SECRET, BODY, str(NOW), sign(SECRET, str(NOW), BODY).upper(), False),
-        (SECRET, BODY, None, sign(SECRET, str(NOW), BODY), False),
-        (SECRET, BODY, str(NOW), None, False),
-        (SECRET, BODY, "1767225600.0", sign(SECRET, "1767225600.0", BODY), False),
-        (SECRET, BODY, "١٧٦٧٢٢٥٦٠٠", sign(SECRET, "1767225600", BODY), False),  # non-ASCII digits
+        (SECRET, BODY, 0, (SECRET, MSG, 3600, BODY), False),
+        # Another event's id on this body: the id is signed too.
+        (SECRET, BODY, 0, (SECRET, "msg_other", 0, BODY), False),
     ],
 )
-def test_signature_snippet_accepts_exactly_fresh_deliveries_signed_with_the_secret(
+def test_the_docs_verification_accepts_exactly_fresh_deliveries_signed_with_the_secret(
     doc_python: dict[str, Any],
-    secret: bytes,
+    secret: str,
     body: bytes,
-    timestamp: str | None,
-    signature: str | None,
+    age: int,
+    signed_as: tuple[str, str, int, bytes],
     accepted: bool,
 ) -> None:
-    verify = doc_python["verify_pin_signature"]
-    assert verify(secret, body, timestamp, signature, now=NOW) is accepted
+    now = int(time.time())
+    signing_secret, msg_id, signed_age, signed_body = signed_as
+    signature = sign(signing_secret, msg_id, str(now - signed_age), signed_body)
+    event = doc_python["verified_event"](secret, body, headers(MSG, now - age, signature))
+    assert (event is not None) is accepted
+
+
+def test_during_a_rotation_either_secret_verifies_and_a_retired_one_does_not(
+    doc_python: dict[str, Any],
+) -> None:
+    verified_event = doc_python["verified_event"]
+    now = int(time.time())
+    both = " ".join(sign(s, MSG, str(now), BODY) for s in (SECRET, OTHER))
+    assert verified_event(SECRET, BODY, headers(MSG, now, both)) is not None
+    assert verified_event(OTHER, BODY, headers(MSG, now, both)) is not None
+    only_new = sign(SECRET, MSG, str(now), BODY)
+    assert verified_event(OTHER, BODY, headers(MSG, now, only_new)) is None
+
+
+@pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])
+def test_a_delivery_without_a_signing_header_is_refused(
+    doc_python: dict[str, Any], missing: str
+) -> None:
+    now = int(time.time())
+    sent = headers(MSG, now, sign(SECRET, MSG, str(now), BODY))
+    del sent[missing]
+    assert doc_python["verified_event"](SECRET, BODY, sent) is None
 
 
 def test_every_table_is_listed_as_shared_or_private(db_engine: Engine) -> None:

@@ -76,6 +76,31 @@ def test_intake_past_the_burst_is_429_with_retry_after_naming_the_limit(
         assert statuses[0] == 202 and 429 in statuses, statuses
 
 
+def test_intake_answers_carry_the_ratelimit_header_fields_beside_retry_after(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """IETF httpapi RateLimit fields: the policy (q jobs at once, refilled over w s) and
+    what is left (r jobs now, whole again in t s). 0.01 jobs/s: the bucket refills by a
+    token per 100 s, so a slow machine does not move r within the test."""
+    import re
+
+    _, shop = make_tenant("shop")
+    with limited_client(db_engine, local_store, rps=0.01, burst=3) as client:
+        answers = [
+            client.post("/jobs", json={"url": f"https://e.com/{i}"}, headers=auth(shop))
+            for i in range(4)
+        ]
+    assert [a.status_code for a in answers] == [202, 202, 202, 429]
+    fields = re.compile(r'^"intake";r=(\d+);t=(\d+)$')
+    for answer, left in zip(answers, (2, 1, 0, 0), strict=True):
+        assert answer.headers["RateLimit-Policy"] == '"intake";q=3;w=300'
+        remaining, full_in = fields.match(answer.headers["RateLimit"]).groups()
+        assert int(remaining) == left, answer.headers["RateLimit"]
+        # Whole again once 3 - r tokens are back, 100 s each (minus what refilled).
+        assert (3 - left) * 100 - 5 <= int(full_in) <= (3 - left) * 100, answer.headers
+    assert answers[3].headers["Retry-After"] == "100"
+
+
 def test_zero_rps_switches_the_limit_off(
     db_engine: Engine, local_store: LocalResultStore, make_tenant
 ) -> None:
@@ -85,7 +110,9 @@ def test_zero_rps_switches_the_limit_off(
             client.post("/jobs", json={"url": f"https://e.com/{i}"}, headers=auth(shop)).status_code
             for i in range(10)
         }
+        unlimited = client.post("/jobs", json={"url": "https://e.com/u"}, headers=auth(shop))
     assert statuses == {202}
+    assert "RateLimit" not in unlimited.headers and "RateLimit-Policy" not in unlimited.headers
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM scraping.intake_buckets")).scalar() == 0
 
@@ -115,7 +142,7 @@ def test_an_idempotent_repeat_is_answered_while_the_bucket_is_empty(
             headers={**auth(shop), "Idempotency-Key": "k1"},
         )
         assert changed.status_code == 422
-        assert changed.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+        assert changed.json()["errors"][0]["parameter"] == "Idempotency-Key"
     assert job_count(db_engine) == 1
 
 
@@ -234,7 +261,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
         for data in (under, iter([under[:30_000], under[30_000:]])):
             answer = requests.post(f"{api.url}/jobs", data=data, headers=headers, timeout=10)
             assert answer.status_code == 422, answer.text
-            assert answer.json()["detail"][0]["loc"] == ["body", "params"]
+            assert answer.json()["errors"][0]["pointer"] == "/params"
 
         # headers: one big one, or many small ones, over the limit in all
         for extra in (
@@ -365,6 +392,7 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
     )
     from tests.scraping.conftest import _with_allowed
     from tests.scraping.test_webhooks import Receiver
+    from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
     caplog.set_level(logging.DEBUG)
     secrets: list[str] = []
@@ -399,6 +427,7 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
                     rng=random.Random(1),
                 )
             assert len(receiver.received) == 2
+            assert_every_delivery_verifies(db_engine, receiver.received)
             _, new_key = rotate_tenant_key(db_engine, "shop")
             secrets.append(new_key)
             wrong = "pin_" + "w" * 43
@@ -530,7 +559,9 @@ def test_hostile_urls_and_params_come_back_byte_for_byte(
             body = {"url": url, "params": params, "callback_url": f"https://cb.example/{path}"}
             answer = client.post("/jobs", json=body, headers=auth(key))
             if answer.status_code == 422:  # only when the URL parser refuses the path
-                assert answer.json()["detail"][0]["loc"][-1] in ("url", "callback_url"), answer.text
+                assert answer.json()["errors"][0]["pointer"] in ("/url", "/callback_url"), (
+                    answer.text
+                )
                 return
             assert answer.status_code == 202, answer.text
             job_id = answer.json()["id"]

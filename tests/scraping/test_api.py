@@ -93,7 +93,11 @@ def test_bad_input_is_422_naming_the_field(
     _, key = make_tenant("shop")
     answer = client.post("/jobs", json=body, headers=auth(key))
     assert answer.status_code == 422, answer.text
-    assert any(field in map(str, error["loc"]) for error in answer.json()["detail"]), answer.text
+    problem = answer.json()
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert problem["status"] == 422 and problem["type"].endswith("validation-error")
+    # The JSON Pointer names the field (its first segment: "/params", or "/colour").
+    assert any(e["pointer"].split("/")[1] == field for e in problem["errors"]), answer.text
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar() == 0
 
@@ -139,8 +143,8 @@ def test_idempotency_key_returns_the_same_job_and_rejects_another_body(
         headers={**auth(shop), "Idempotency-Key": "order-17"},
     )
     assert changed.status_code == 422
-    [error] = changed.json()["detail"]
-    assert error["loc"] == ["header", "Idempotency-Key"]
+    [error] = changed.json()["errors"]
+    assert (error["parameter"], error["in"]) == ("Idempotency-Key", "header")
     # keys are per tenant
     theirs = submit(client, other, body, **{"Idempotency-Key": "order-17"})
     assert theirs["id"] != first["id"]

@@ -1,5 +1,6 @@
 """The API fuzzed from its own OpenAPI schema (schemathesis): whatever the generated
-request, no 5xx, and every answer is one the schema documents (status, headers, body).
+request, no 5xx, every answer is one the schema documents (status, headers, body), and
+every error is an RFC 9457 problem document whose 422s point at the fields.
 
 The app is built at import (schemathesis parametrizes from its schema at collection);
 each test binds it to that test's fresh database. (`schemathesis.pytest.from_fixture`
@@ -22,6 +23,27 @@ from sqlalchemy import Engine
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth
+
+
+@schemathesis.check
+def problem_details(ctx, response, case):  # type: ignore[no-untyped-def]
+    """Every error answer is application/problem+json with type, title, status and detail
+    (status the answer's own); a 422 lists the wrong fields, each pointing at one."""
+    if response.status_code < 400:
+        return None
+    [content_type] = response.headers.get("content-type", ["(none)"])
+    assert content_type == "application/problem+json", f"an error as {content_type}"
+    problem = response.json()
+    for member, kind in (("type", str), ("title", str), ("status", int), ("detail", str)):
+        assert isinstance(problem.get(member), kind), f"problem without a {kind.__name__} {member}"
+    assert problem["status"] == response.status_code, "the problem's status is not the answer's"
+    if response.status_code == 422:
+        assert problem.get("errors"), "a 422 without errors"
+        for error in problem["errors"]:
+            assert isinstance(error.get("detail"), str), f"an error entry without detail: {error}"
+            assert "pointer" in error or "parameter" in error, f"{error} points at no field"
+    return None
+
 
 _bound: list[Engine] = []
 _store_dir = Path(tempfile.mkdtemp(prefix="pin-fuzz-store-"))

@@ -32,6 +32,7 @@ from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
 from pin_orchestration.standins.scraping_target import DemoSite
 from tests.scraping.conftest import UNLIMITED
+from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
 
 @pytest.fixture
@@ -238,6 +239,7 @@ def test_webhooks_sensor_launches_one_delivery_run_that_drains_them_all(
         )
         assert run.success
         assert {uuid.UUID(e["id"]) for e in receiver.events()} == jobs
+        assert_every_delivery_verifies(db_engine, receiver.received)
     finally:
         receiver.close()
     assert isinstance(

@@ -53,6 +53,8 @@ def test_durations_accept_fractions_and_cidrs_a_list() -> None:
         ("PIN_WEBHOOK_MAX_ATTEMPTS", "-3"),
         ("PIN_WEBHOOK_BACKOFF_BASE_SECONDS", "inf"),
         ("PIN_WEBHOOK_BACKOFF_CAP_SECONDS", "0"),
+        ("PIN_WEBHOOK_SECRET_OVERLAP_SECONDS", "-1"),
+        ("PIN_WEBHOOK_SECRET_OVERLAP_SECONDS", "a day"),
     ],
 )
 def test_a_bad_value_names_the_variable(name: str, value: str) -> None:

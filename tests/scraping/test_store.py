@@ -568,7 +568,12 @@ def test_local_router_documents_its_responses(local_store: LocalResultStore) -> 
     responses = app.openapi()["paths"]["/results/{path}"]["get"]["responses"]
     assert {"200", "403", "404"} <= set(responses)
     assert responses["403"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/ResultLinkError"
+        "$ref": "#/components/schemas/Problem"
+    }
+    # Bytes of any type, typed so generated clients hand them over.
+    assert responses["200"]["content"]["application/octet-stream"]["schema"] == {
+        "type": "string",
+        "format": "binary",
     }
 
 

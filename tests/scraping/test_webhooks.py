@@ -1,7 +1,8 @@
-"""Completion webhooks (SCR-11) against a real loopback receiver and real PostgreSQL: signed
-as docs/integration.md says, delivered at least once through the DB, retried with backoff
-up to the cap, recorded and readable at /jobs/{id}/deliveries, never sent to a refused
-address."""
+"""Completion webhooks (SCR-11) against a real loopback receiver and real PostgreSQL:
+signed as Standard Webhooks (every delivery a `receiver` gets is verified at teardown by
+the `standardwebhooks` and `svix` libraries), delivered at least once through the DB,
+retried with backoff up to the cap, recorded and readable at /jobs/{id}/deliveries, never
+sent to a refused address."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pin_orchestration.scraping.repository import (
     requeue_failed_jobs,
     submit_job,
 )
+from pin_orchestration.scraping.signing import secret_key
 from pin_orchestration.scraping.webhooks import (
     DeliveryOptions,
     DeliveryReport,
@@ -35,9 +37,9 @@ from pin_orchestration.scraping.webhooks import (
     tenant_webhook_secret,
 )
 from pin_orchestration.standins.webhook_receiver import Receiver
-from tests.contracts.test_integration_doc import blocks
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
 from tests.scraping.servers import TargetServer
+from tests.scraping.webhook_checks import assert_every_delivery_verifies, refusals, verifies
 
 # Tests make every retry due at once (webhook_next_attempt_at moved back) instead of
 # waiting out the backoff: a controllable clock on the rows.
@@ -47,10 +49,11 @@ POLICY = WebhookPolicy(
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver(db_engine: Engine) -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
+    assert_every_delivery_verifies(db_engine, r.received)
 
 
 Deliver = Callable[..., DeliveryReport]
@@ -58,11 +61,21 @@ Deliver = Callable[..., DeliveryReport]
 
 @pytest.fixture
 def deliver(db_engine: Engine) -> Deliver:
-    def run(*, allowed: str = "127.0.0.1/32", policy: WebhookPolicy = POLICY) -> DeliveryReport:
+    def run(
+        *,
+        allowed: str = "127.0.0.1/32",
+        policy: WebhookPolicy = POLICY,
+        clock: Callable[[], float] = time.time,
+    ) -> DeliveryReport:
         settings = _with_allowed(TEST_SETTINGS, allowed)
         with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
             return run_deliveries(
-                db_engine, fetcher, policy, DeliveryOptions(batch_size=10), rng=random.Random(3)
+                db_engine,
+                fetcher,
+                policy,
+                DeliveryOptions(batch_size=10),
+                rng=random.Random(3),
+                clock=clock,
             )
 
     return run
@@ -117,16 +130,16 @@ def test_a_finished_job_is_announced_once_signed_with_the_tenants_secret(
         "status": "cancelled",
         "finished_at": row.finished_at.isoformat(),
     }
-    # The doc's own verification function, run as written, accepts it with the secret
-    # `pin tenant webhook-secret` shows — and not with another tenant's.
-    namespace: dict[str, Any] = {}
-    exec(blocks("python")[1], namespace)  # noqa: S102 - our own doc
-    verify = namespace["verify_pin_signature"]
-    secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"].encode()
-    timestamp, signature = received.headers["X-Pin-Timestamp"], received.headers["X-Pin-Signature"]
-    assert verify(secret, received.body, timestamp, signature)
+    # The maintained libraries accept it with the secret `pin tenant webhook-secret` shows
+    # (whsec_<base64>) — and not with another tenant's, nor with a changed body.
+    secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    assert secret.startswith("whsec_") and verifies(secret, received)
+    assert len(secret_key(secret)) == 32  # whsec_ + base64 of 32 random bytes (0015)
     other = tenant_webhook_secret(db_engine, make_tenant("other")[0].name)["webhook_secret"]
-    assert not verify(other.encode(), received.body, timestamp, signature)
+    assert not verifies(other, received)
+    changed = received.body.replace(b"cancelled", b"succeeded")
+    assert refusals(secret, changed, received.headers) == ["standardwebhooks", "svix"]
+    assert received.headers["webhook-id"].startswith("msg_")
     assert received.headers["Content-Type"] == "application/json"
     assert row.finish_published_at is not None
 
@@ -136,7 +149,7 @@ def test_a_finished_job_is_announced_once_signed_with_the_tenants_secret(
     assert len(receiver.received) == 1
 
 
-def test_rotating_the_secret_signs_the_next_deliveries_with_the_new_one(
+def test_a_rotation_signs_with_both_secrets_for_the_overlap_then_with_the_new_one(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
     receiver: Receiver,
@@ -148,12 +161,59 @@ def test_rotating_the_secret_signs_the_next_deliveries_with_the_new_one(
     assert new != old and new.startswith("whsec_")
     finished_job(db_engine, tenant, receiver.url())
     deliver()
+    [during] = receiver.received
+    assert len(during.headers["webhook-signature"].split(" ")) == 2
+    assert verifies(new, during) and verifies(old, during)
+
+    # The overlap (POLICY: the default day) is over: the old secret is rotated out.
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.tenants SET webhook_secret_rotated_at = now() - "
+                "make_interval(secs => :overlap + 1) WHERE id = :id"
+            ),
+            {"overlap": POLICY.secret_overlap_seconds, "id": tenant.id},
+        )
+    finished_job(db_engine, tenant, receiver.url())
+    deliver()
+    after = receiver.received[1]
+    assert len(after.headers["webhook-signature"].split(" ")) == 1
+    assert verifies(new, after)
+    assert refusals(old, after.body, after.headers) == ["standardwebhooks", "svix"]
+
+
+def test_no_overlap_signs_with_the_new_secret_only(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    tenant, _ = make_tenant("acme")
+    old = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    new = tenant_webhook_secret(db_engine, "acme", rotate=True)["webhook_secret"]
+    finished_job(db_engine, tenant, receiver.url())
+    deliver(policy=dataclasses.replace(POLICY, secret_overlap_seconds=0))
     [received] = receiver.received
-    namespace: dict[str, Any] = {}
-    exec(blocks("python")[1], namespace)  # noqa: S102 - our own doc
-    verify = namespace["verify_pin_signature"]
-    args = (received.body, received.headers["X-Pin-Timestamp"], received.headers["X-Pin-Signature"])
-    assert verify(new.encode(), *args) and not verify(old.encode(), *args)
+    assert verifies(new, received) and not verifies(old, received)
+
+
+def test_a_delivery_signed_too_long_ago_is_refused_by_the_libraries(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    deliver: Deliver,
+) -> None:
+    """A delivery captured and replayed later: its signed timestamp is 10 minutes old."""
+    tenant, _ = make_tenant("acme")
+    late = Receiver()  # not the fixture's: this delivery must fail verification
+    try:
+        finished_job(db_engine, tenant, late.url())
+        deliver(clock=lambda: time.time() - 600)
+        [received] = late.received
+    finally:
+        late.close()
+    secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
+    assert refusals(secret, received.body, received.headers) == ["standardwebhooks", "svix"]
+    assert int(received.headers["webhook-timestamp"]) <= time.time() - 600
 
 
 def test_a_receiver_down_for_a_while_gets_every_event_once_back(
@@ -205,7 +265,8 @@ def test_retries_stop_at_the_cap_and_the_failure_is_visible_at_deliveries(
         make_retries_due(db_engine)
 
     assert len(receiver.received) == POLICY.max_attempts
-    assert [int(r.headers["X-Pin-Delivery-Attempt"]) for r in receiver.received] == [1, 2, 3, 4]
+    # One event: every retry carries its id (the receiver's de-duplication key).
+    assert len({r.headers["webhook-id"] for r in receiver.received}) == 1
     assert job_row(db_engine, job_id).finish_published_at is not None
 
     answer = client.get(f"/jobs/{job_id}/deliveries", headers=auth(key))
@@ -321,6 +382,8 @@ def test_a_requeued_job_announces_its_next_finish(
     assert cancel_job(db_engine, tenant.id, job_id) == ("cancelled", True)
     deliver()
     assert [e["status"] for e in receiver.events()] == ["failed", "cancelled"]
+    # Two finishes are two events: two ids.
+    assert len({r.headers["webhook-id"] for r in receiver.received}) == 2
 
 
 def test_openapi_documents_the_webhook_as_a_callback_and_the_deliveries_route(
@@ -331,7 +394,7 @@ def test_openapi_documents_the_webhook_as_a_callback_and_the_deliveries_route(
     [(_, expression)] = [(name, c) for name, c in callbacks.items()]
     operation = expression["{$request.body#/callback_url}"]["post"]
     headers = {p["name"] for p in operation["parameters"] if p["in"] == "header"}
-    assert {"X-Pin-Timestamp", "X-Pin-Signature", "X-Pin-Delivery-Attempt"} <= headers
+    assert headers == {"webhook-id", "webhook-timestamp", "webhook-signature"}
     body_ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     event = spec["components"]["schemas"][body_ref.rsplit("/", 1)[1]]
     assert set(event["properties"]) == {"id", "status", "finished_at"}

@@ -1,0 +1,43 @@
+"""scraping: Standard Webhooks secrets and their rotation overlap (issue 18).
+
+- scraping.tenants.webhook_secret_previous: the secret a rotation replaced. Deliveries are
+  signed with it too (a second signature in `webhook-signature`) while
+  webhook_secret_rotated_at is less than PIN_WEBHOOK_SECRET_OVERLAP_SECONDS ago, so a
+  receiver that still holds the old secret keeps verifying until it has the new one.
+- New tenants' secrets are `whsec_` + base64 of 32 random bytes (two random UUIDs' bytes,
+  244 random bits, with no extension needed). The secrets made by 0009 (`whsec_` + 64 hex
+  digits) are valid base64 too, so they stay as they are: receivers' keys do not change.
+
+Revision ID: 0014
+Revises: 0013
+"""
+
+from alembic import op
+
+revision = "0014"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute(
+        """
+        ALTER TABLE scraping.tenants
+            ADD COLUMN webhook_secret_previous text,
+            ALTER COLUMN webhook_secret SET DEFAULT
+                'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                                   'base64')
+        """
+    )
+
+
+def downgrade() -> None:
+    op.execute(
+        """
+        ALTER TABLE scraping.tenants
+            DROP COLUMN webhook_secret_previous,
+            ALTER COLUMN webhook_secret SET DEFAULT
+                'whsec_' || replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
+        """
+    )

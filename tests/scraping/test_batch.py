@@ -1,0 +1,144 @@
+"""POST /jobs/batch: up to 1,000 jobs in one transaction through the intake path of POST
+/jobs; each job's receipt or problem in order; a refused job is refused alone unless the
+batch is atomic; the intake limit counts jobs, not requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.store import LocalResultStore
+from tests.scraping.conftest import TEST_SETTINGS, auth
+
+
+def stored(engine: Engine) -> dict[uuid.UUID, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT id, url, priority, idempotency_key, tenant_id FROM scraping.jobs")
+        ).all()
+    return {r.id: r for r in rows}
+
+
+def limited(engine: Engine, store: LocalResultStore, *, rps: float, burst: int) -> TestClient:
+    settings = dataclasses.replace(TEST_SETTINGS, intake_rps=rps, intake_burst=burst)
+    return TestClient(create_app(lambda: engine, store, settings))
+
+
+def test_each_job_gets_its_receipt_or_its_problem_in_order(
+    client: TestClient, make_tenant, db_engine: Engine
+) -> None:
+    tenant, key = make_tenant("crawler")
+    jobs = [
+        {"url": "https://example.com/a", "priority": "high"},
+        {"url": "ftp://example.com/b"},
+        {"url": "https://example.com/c", "idempotency_key": "c-1"},
+        {"url": "https://example.com/d", "colour": "red"},
+        {"url": "https://example.com/e", "params": {"q": 1}},
+    ]
+    answer = client.post("/jobs/batch", json={"jobs": jobs}, headers=auth(key))
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert (body["accepted"], body["refused"]) == (3, 2)
+    assert [i["index"] for i in body["items"]] == [0, 1, 2, 3, 4]
+    assert [i["status"] for i in body["items"]] == [202, 422, 202, 422, 202]
+    refused_url, refused_extra = body["items"][1]["problem"], body["items"][3]["problem"]
+    assert [e["pointer"] for e in refused_url["errors"]] == ["/jobs/1/url"]
+    assert [e["pointer"] for e in refused_extra["errors"]] == ["/jobs/3/colour"]
+    assert refused_url["status"] == 422 and refused_url["type"].endswith("validation-error")
+    rows = stored(db_engine)
+    receipts = [i["receipt"] for i in body["items"] if i["status"] == 202]
+    assert {uuid.UUID(r["id"]) for r in receipts} == set(rows)
+    assert all(
+        r["status"] == "queued" and r["links"]["self"] == f"/jobs/{r['id']}" for r in receipts
+    )
+    by_url = {r.url: r for r in rows.values()}
+    assert by_url["https://example.com/a"].priority == "high"
+    assert by_url["https://example.com/c"].idempotency_key == "c-1"
+    assert {r.tenant_id for r in rows.values()} == {tenant.id}
+    # Each is an ordinary job of the tenant's.
+    first = uuid.UUID(receipts[0]["id"])
+    assert client.get(f"/jobs/{first}", headers=auth(key)).json()["url"] == "https://example.com/a"
+
+
+def test_an_atomic_batch_with_a_refused_job_stores_nothing(
+    client: TestClient, make_tenant, db_engine: Engine
+) -> None:
+    _, key = make_tenant("crawler")
+    jobs = [{"url": "https://example.com/a"}, {"url": "https://example.com/b"}, {"url": "x"}]
+    answer = client.post("/jobs/batch", json={"jobs": jobs, "atomic": True}, headers=auth(key))
+    assert answer.status_code == 422, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert [e["pointer"] for e in answer.json()["errors"]] == ["/jobs/2/url"]
+    assert stored(db_engine) == {}
+
+
+def test_idempotency_keys_per_job_replay_and_a_reused_key_is_refused_alone(
+    client: TestClient, make_tenant, db_engine: Engine
+) -> None:
+    _, key = make_tenant("crawler")
+    jobs = [{"url": f"https://example.com/{n}", "idempotency_key": f"k{n}"} for n in range(3)]
+    first = client.post("/jobs/batch", json={"jobs": jobs}, headers=auth(key)).json()
+    again = client.post("/jobs/batch", json={"jobs": jobs}, headers=auth(key)).json()
+    ids = [i["receipt"]["id"] for i in first["items"]]
+    assert [i["receipt"]["id"] for i in again["items"]] == ids  # the same jobs
+    assert len(stored(db_engine)) == 3
+
+    changed = [*jobs[:2], {**jobs[2], "priority": "low"}, {"url": "https://example.com/new"}]
+    answer = client.post("/jobs/batch", json={"jobs": changed}, headers=auth(key)).json()
+    assert [i["status"] for i in answer["items"]] == [202, 202, 422, 202]
+    [error] = answer["items"][2]["problem"]["errors"]
+    assert error["pointer"] == "/jobs/2/idempotency_key"
+    assert len(stored(db_engine)) == 4
+
+    # Atomic: the reused key rolls back the jobs inserted before it in the transaction.
+    atomic = [{"url": "https://example.com/x"}, {"url": "https://example.com/y"}, changed[2]]
+    refused = client.post("/jobs/batch", json={"jobs": atomic, "atomic": True}, headers=auth(key))
+    assert refused.status_code == 422, refused.text
+    assert [e["pointer"] for e in refused.json()["errors"]] == ["/jobs/2/idempotency_key"]
+    assert len(stored(db_engine)) == 4
+
+
+def test_the_intake_limit_counts_jobs_not_requests(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    _, key = make_tenant("crawler")
+    # 0.01 jobs/s: one token back per 100 s, so nothing refills within the test.
+    with limited(db_engine, local_store, rps=0.01, burst=5) as client:
+        four = [{"url": f"https://example.com/{n}"} for n in range(4)]
+        answer = client.post("/jobs/batch", json={"jobs": four}, headers=auth(key))
+        assert answer.status_code == 202, answer.text
+        assert answer.headers["RateLimit"].startswith('"intake";r=1;')
+        assert answer.headers["RateLimit-Policy"] == '"intake";q=5;w=500'
+        two = client.post("/jobs/batch", json={"jobs": four[:2]}, headers=auth(key))
+        assert two.status_code == 429, two.text
+        assert two.headers["Retry-After"] == "100" and two.json()["limit"] == "intake"
+        assert len(stored(db_engine)) == 4  # the refused batch stored nothing
+        # The token left is a single job's.
+        one = client.post("/jobs", json={"url": "https://example.com/one"}, headers=auth(key))
+        assert one.status_code == 202
+        too_many = [{"url": f"https://example.com/m{n}"} for n in range(6)]
+        over = client.post("/jobs/batch", json={"jobs": too_many}, headers=auth(key))
+        assert over.status_code == 422 and "PIN_SCRAPING_INTAKE_BURST" in over.json()["detail"]
+
+
+def test_a_thousand_jobs_fit_and_a_thousand_and_one_do_not(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    _, key = make_tenant("crawler")
+    with limited(db_engine, local_store, rps=0, burst=1) as client:
+        query = "x" * 40
+        jobs = [{"url": f"https://example.com/page/{n:04d}?q={query}"} for n in range(1001)]
+        over = client.post("/jobs/batch", json={"jobs": jobs}, headers=auth(key))
+        assert over.status_code == 422
+        assert [e["pointer"] for e in over.json()["errors"]] == ["/jobs"]
+        # Over POST /jobs' 64 KiB body limit, within the batch's.
+        answer = client.post("/jobs/batch", json={"jobs": jobs[:1000]}, headers=auth(key))
+        assert answer.status_code == 202, answer.text[:500]
+        assert answer.json()["accepted"] == 1000
+        assert len(answer.request.content) > 64 * 1024
+    assert len(stored(db_engine)) == 1000
