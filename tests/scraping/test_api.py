@@ -116,10 +116,10 @@ def test_a_url_that_is_not_http_is_refused_in_words_naming_the_field(
     _, key = make_tenant("shop")
     answer = client.post("/jobs", json=body, headers=auth(key))
     assert answer.status_code == 422, answer.text
-    (error,) = answer.json()["detail"]
-    assert error["loc"] == ["body", field]
-    assert f"{field} must be an http:// or https:// URL" in error["msg"]
-    assert "pattern" not in error["msg"] and "[Hh]" not in answer.text
+    (error,) = answer.json()["errors"]
+    assert error["pointer"] == f"/{field}"
+    assert f"{field} must be an http:// or https:// URL" in error["detail"]
+    assert "pattern" not in error["detail"] and "[Hh]" not in answer.text
     # The schema still tells clients (and the fuzzer) the shape of a URL.
     schema = client.get("/openapi.json").json()["components"]["schemas"]["JobCreate"]
     assert schema["properties"]["url"]["pattern"] == URL_PATTERN
