@@ -3,21 +3,26 @@
 The API looks in Redis first; on a miss it reads PostgreSQL and stores the answer. Writers
 (intake, workers, the sweeper, the runbook) never touch the cache: a trigger on
 scraping.jobs NOTIFYs `scraping_job_finished` when a job enters or leaves a terminal status
-(migration 0008), and `InvalidationListener`, a thread of the API process, drops the key.
+(migration 0008), and `InvalidationListener`, a thread of the API process, invalidates
+the key.
 
-- Key `job:{tenant}:{id}`: a tenant's lookup can only ever find its own jobs.
+- Key `job:{epoch}:{tenant}:{id}`: a tenant's lookup can only ever find its own jobs;
+  the epoch is this process's (below).
 - TTL: SHORT_TTL_SECONDS while the job is not terminal; once terminal,
   `PIN_CACHE_TERMINAL_TTL_SECONDS` (an hour: the cache holds about an hour of finished
   jobs, not a month), and never past its results' retention (`PIN_RESULT_RETENTION_DAYS`
   from the job's acceptance) — but only while the listener is connected, since a
   long-lived copy is safe only if its invalidation cannot be missed.
-- Invalidation writes a short-lived tombstone instead of deleting, and fills use SET NX:
-  a reader that read the row just before the job finished and stores it just after the
-  event cannot overwrite the tombstone with the stale status (the cache-aside race the
-  seed leaves to the short TTL).
-- Missed events: each time the listener (re)connects it drops every `job:*` key before it
-  trusts long TTLs again; an invalidation that could not be written (Redis unreachable)
-  turns the cache off for reads until such a flush succeeds.
+- Versions: a value is the row's `updated_at` (microseconds) and the body. Invalidation
+  writes a short-lived tombstone of the event's `updated_at` (migration 0016); a fill is a
+  compare-and-set that never replaces a newer version, so a reader that read the row
+  before the event and stores it after cannot bring the old status back, while the row as
+  the event left it is cached at once. A fill whose read took longer than half a
+  tombstone's life is dropped: the tombstone it should have met may have expired.
+- Missed events: each time the listener (re)connects, and when an invalidation could not
+  be written (Redis unreachable), this process starts a new epoch. Its earlier copies are
+  never read again and expire by TTL; other API processes' keys are untouched, so a
+  rolling restart empties no one else's cache. Each process fills its own copies.
 - Redis down never fails a request: short socket timeouts, no retries, and after an error
   the cache is skipped for BREAKER_SECONDS, so a dead Redis costs one timeout per second,
   not one per request.

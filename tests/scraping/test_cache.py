@@ -5,6 +5,7 @@ never fails a request."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -23,6 +24,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.cache import SHORT_TTL_SECONDS, JobCache, job_key
+from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth, free_loopback_port
 
@@ -502,3 +504,39 @@ def test_a_fill_never_replaces_a_newer_state_and_a_fresh_one_replaces_a_tombston
     finished = v3 + timedelta(microseconds=1)
     assert fill(b'{"status":"failed"}', finished, cache.get(tenant_id, job_id))
     assert cache.get(tenant_id, job_id).body == b'{"status":"failed"}'
+
+
+def test_a_status_change_by_a_transaction_begun_earlier_still_advances_updated_at(
+    make_tenant, db_engine: Engine
+) -> None:
+    """A writer's now() is its transaction's start: one that began before another write
+    committed (say it waited for that write's row lock) would set an older updated_at, and
+    its event would look older than the copy it invalidates. Separate connections; the
+    order of their statements is the gate."""
+    tenant, _ = make_tenant("shop")
+    request = JobRequest(url="http://127.0.0.1:9/x", params={})
+    job_id = repository.submit_job(db_engine, tenant.id, request, None).id
+    with db_engine.connect() as late, db_engine.connect() as listener:
+        listener.execute(text("LISTEN scraping_job_finished"))
+        listener.commit()
+        late.execute(text("SELECT now()"))  # its transaction (and its now()) starts here
+        with db_engine.begin() as conn:  # committed after `late` began
+            first = conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = 'failed', finished_at = now(), "
+                    "updated_at = now() WHERE id = :id RETURNING updated_at"
+                ),
+                {"id": job_id},
+            ).scalar_one()
+        later = late.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'queued', finished_at = NULL, "
+                "updated_at = now() WHERE id = :id RETURNING updated_at"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+        late.commit()
+        raw = listener.connection.driver_connection  # type: ignore[union-attr]
+        events = [json.loads(n.payload) for n in raw.notifies(timeout=5, stop_after=2)]
+    assert later > first
+    assert [datetime.fromisoformat(e["updated_at"]) for e in events] == [first, later]

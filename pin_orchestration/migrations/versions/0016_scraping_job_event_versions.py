@@ -67,7 +67,6 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION scraping.advance_job_updated_at()")
     op.execute(
         _notify_function(
-            "json_build_object('job_id', NEW.id, 'tenant_id', NEW.tenant_id, "
-            "'status', NEW.status)"
+            "json_build_object('job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status)"
         )
     )
