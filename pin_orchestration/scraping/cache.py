@@ -14,11 +14,12 @@ the key.
   from the job's acceptance) — but only while the listener is connected, since a
   long-lived copy is safe only if its invalidation cannot be missed.
 - Versions: a value is the row's `updated_at` (microseconds) and the body. Invalidation
-  writes a short-lived tombstone of the event's `updated_at` (migration 0016); a fill is a
+  writes a tombstone of the event's `updated_at` (migration 0016); a fill is a
   compare-and-set that never replaces a newer version, so a reader that read the row
   before the event and stores it after cannot bring the old status back, while the row as
-  the event left it is cached at once. A fill whose read took longer than half a
-  tombstone's life is dropped: the tombstone it should have met may have expired.
+  the event left it is cached at once. The tombstone lives as long as a terminal copy; a
+  fill whose read took longer than half that is dropped: the tombstone it should have met
+  may have expired.
 - Missed events: each time the listener (re)connects, and when an invalidation could not
   be written (Redis unreachable), this process starts a new epoch. Its earlier copies are
   never read again and expire by TTL; other API processes' keys are untouched, so a
@@ -133,6 +134,10 @@ class JobCache:
         self.retention_seconds = retention_seconds
         self.terminal_ttl_seconds = terminal_ttl_seconds
         self.short_ttl_seconds = short_ttl_seconds
+        # A tombstone blocks only fills older than its event, so it may live as long as the
+        # copies it guards against: a stalled reader then has that long before it is
+        # refused (see `put`).
+        self.tombstone_ttl_seconds = max(short_ttl_seconds, terminal_ttl_seconds)
         self._breaker_seconds = breaker_seconds
         self._lock = threading.Lock()
         self._skip_until = 0.0
@@ -203,11 +208,11 @@ class JobCache:
 
         Refused too when the epoch changed since (events may have been missed in between),
         or when the read took longer than half a tombstone's life: an event applied after
-        the row was read leaves a tombstone that lives SHORT_TTL_SECONDS, and a fill that
-        comes later could find it expired and store the state the event replaced."""
+        the row was read leaves a tombstone that lives `tombstone_ttl_seconds`, and a fill
+        that comes later could find it expired and store the state the event replaced."""
         if read.epoch is None or read.epoch != self.epoch:
             return False
-        if time.monotonic() - read.looked_at > self.short_ttl_seconds / 2:
+        if time.monotonic() - read.looked_at > self.tombstone_ttl_seconds / 2:
             return False
         ttl = self.short_ttl_seconds
         if terminal and read.long_ttl_allowed:
@@ -243,7 +248,7 @@ class JobCache:
                 self._redis.set(
                     job_key(epoch, tenant_id, job_id),
                     b"%d\n" % version_of(updated_at),
-                    px=int(self.short_ttl_seconds * 1000),
+                    px=int(self.tombstone_ttl_seconds * 1000),
                 )
             except redis.RedisError as exc:
                 # This copy may now be stale for as long as its TTL: stop serving every

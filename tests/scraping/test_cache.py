@@ -442,7 +442,7 @@ def test_a_reader_stalled_across_a_requeue_does_not_store_the_stale_failed_copy(
     tenant, key = make_tenant("shop")
     with live(cached_app()) as client:
         cache = cache_of(client.app)
-        cache.short_ttl_seconds = 0.2  # the tombstone's life, shortened to keep this cheap
+        cache.tombstone_ttl_seconds = 0.2  # its hour, shortened to keep this cheap
         job_id = submit(client, key)
         finish(db_engine, job_id, "failed")
         wait_for_invalidations(cache, 1)
