@@ -608,20 +608,21 @@ def create_app(
     def read_job(job_id: JobId, caller: Caller) -> Response:
         # The cached body is the exact JSON a miss answers with (SCR-14); lists and the
         # other endpoints always read PostgreSQL.
-        if job_cache is not None and (cached := job_cache.get(caller.id, job_id)) is not None:
-            return Response(cached, media_type="application/json")
+        cached = job_cache.get(caller.id, job_id) if job_cache is not None else None
+        if cached is not None and cached.body is not None:
+            return Response(cached.body, media_type="application/json")
         with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
         if row is None:
             raise HTTPException(404, "no such job")
         body = job_view(row).model_dump_json().encode()
-        if job_cache is not None:
+        if job_cache is not None and cached is not None:
             job_cache.put(
-                caller.id,
-                job_id,
+                cached,
                 body,
                 terminal=row["status"] in TERMINAL,
                 created_at=row["created_at"],
+                updated_at=row["updated_at"],
             )
         return Response(body, media_type="application/json")
 

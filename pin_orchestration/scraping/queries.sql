@@ -88,7 +88,8 @@ WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
 -- name: get_job
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
-       result_key, result_size, result_sha256, result_content_type, result_expired_at
+       result_key, result_size, result_sha256, result_content_type, result_expired_at,
+       updated_at
 FROM scraping.jobs
 WHERE id = :id AND tenant_id = :tenant_id
 

@@ -5,13 +5,14 @@ never fails a request."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import pytest
@@ -23,6 +24,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.cache import SHORT_TTL_SECONDS, JobCache, job_key
+from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth, free_loopback_port
 
@@ -51,14 +53,9 @@ def cache_of(app: object) -> JobCache:
 
 @contextmanager
 def live(app: FastAPI) -> Iterator[TestClient]:
-    """A client of the app once its listener has connected and flushed (long TTLs on)."""
+    """A client of the app once its listener has connected (long TTLs on)."""
     with TestClient(app) as client:
-        cache = cache_of(app)
-        assert cache.invalidation_live.wait(10), "listener never connected"
-        deadline = time.monotonic() + 10
-        while cache.flush_pending:
-            assert time.monotonic() < deadline, "listener never flushed the cache"
-            time.sleep(0.01)
+        assert cache_of(app).invalidation_live.wait(10), "listener never connected"
         yield client
 
 
@@ -107,9 +104,10 @@ def test_a_job_read_is_cached_under_its_tenant_and_lists_are_not(
         assert second.content == first.content  # served from the cache: attempts still 0
         assert second.json()["attempts"] == 0
         assert [(j["id"], j["attempts"]) for j in listed] == [(job_id, 3)]  # the list is fresh
-        assert redis_client.exists(job_key(tenant.id, uuid.UUID(job_id)))
-        assert [k.decode() for k in redis_client.scan_iter(f"job:{tenant.id}:*")] == [
-            job_key(tenant.id, uuid.UUID(job_id))
+        epoch = cache_of(client.app).epoch  # type: ignore[arg-type]
+        assert epoch is not None
+        assert [k.decode() for k in redis_client.scan_iter(f"job:*:{tenant.id}:*")] == [
+            job_key(epoch, tenant.id, uuid.UUID(job_id))
         ]
         stats = cache_of(client.app).stats()  # type: ignore[arg-type]
         assert (stats.hits, stats.misses) == (1, 1)
@@ -130,8 +128,10 @@ def test_a_tenant_never_reads_another_tenants_cached_job(
         for _ in range(2):
             answer = client.get(f"/jobs/{job_id}", headers=auth(crawler_key))
             assert answer.status_code == 404, answer.text
-        assert not redis_client.exists(job_key(crawler.id, uuid.UUID(job_id)))
-        assert redis_client.exists(job_key(shop.id, uuid.UUID(job_id)))
+        epoch = cache_of(client.app).epoch  # type: ignore[arg-type]
+        assert epoch is not None
+        assert not redis_client.exists(job_key(epoch, crawler.id, uuid.UUID(job_id)))
+        assert redis_client.exists(job_key(epoch, shop.id, uuid.UUID(job_id)))
         stats = cache_of(client.app).stats()  # type: ignore[arg-type]
         assert (stats.hits, stats.misses) == (1, 3)
 
@@ -174,12 +174,13 @@ def test_the_finish_event_invalidates_at_once(cached_app: AppFactory, make_tenan
         wait_for_invalidations(cache, 1)
         view = client.get(f"/jobs/{job_id}", headers=auth(key)).json()
         read_after = time.monotonic() - cancelled_at
+        # The row as the event left it replaced the event's tombstone: cached for long at
+        # once.
+        ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
 
     assert view["status"] == "cancelled"
     assert read_after < SHORT_TTL_SECONDS / 2  # the event, not the TTL, made it fresh
-    # For the short TTL after the event the key holds a tombstone no fill may replace.
-    ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
-    assert ttl is not None and ttl <= SHORT_TTL_SECONDS
+    assert ttl is not None and ttl > SHORT_TTL_SECONDS
     assert cache.stats().hits == 1
 
 
@@ -192,15 +193,13 @@ def test_a_terminal_job_stays_cached_for_the_terminal_ttl(
         job_id = submit(client, key)
         assert client.post(f"/jobs/{job_id}/cancel", headers=auth(key)).status_code == 200
         wait_for_invalidations(cache, 1)
-        # The tombstone's short TTL has passed.
-        cache._redis.delete(job_key(tenant.id, uuid.UUID(job_id)))
         first = client.get(f"/jobs/{job_id}", headers=auth(key))
         second = client.get(f"/jobs/{job_id}", headers=auth(key))
+        # PIN_CACHE_TERMINAL_TTL_SECONDS (an hour by default), not the results' 30 days: the
+        # cache's size stays bounded by an hour of finished jobs.
+        ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
     assert first.json()["status"] == "cancelled" and second.content == first.content
     assert cache.stats().hits == 1
-    # PIN_CACHE_TERMINAL_TTL_SECONDS (an hour by default), not the results' 30 days: the
-    # cache's size stays bounded by an hour of finished jobs.
-    ttl = cache.ttl_seconds(tenant.id, uuid.UUID(job_id))
     assert ttl is not None and 3590 < ttl <= 3600
 
 
@@ -214,9 +213,6 @@ def test_a_worker_finish_and_a_runbook_requeue_both_invalidate(
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
         work()
         wait_for_invalidations(cache, 1)
-        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
-        # The tombstone's short TTL has passed: the terminal copy is cached for long.
-        cache._redis.delete(job_key(tenant.id, uuid.UUID(job_id)))
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "failed"
         hits = cache.stats().hits
@@ -237,13 +233,16 @@ def test_a_fill_that_read_the_row_before_the_event_cannot_overwrite_it(
     cache = JobCache.from_url(redis_url, retention_seconds=86400)
     tenant_id, job_id = uuid.uuid4(), uuid.uuid4()
     now = datetime.now(UTC)
-    cache.invalidate(tenant_id, job_id)
-    assert not cache.put(tenant_id, job_id, b'{"status":"running"}', terminal=False, created_at=now)
-    assert cache.get(tenant_id, job_id) is None
+    read = cache.get(tenant_id, job_id)
+    cache.invalidate(tenant_id, job_id, updated_at=now + timedelta(microseconds=1))
+    body = b'{"status":"running"}'
+    assert not cache.put(read, body, terminal=False, created_at=now, updated_at=now)
+    assert cache.get(tenant_id, job_id).body is None
     # A fill with nothing in the way lands.
     other = uuid.uuid4()
-    assert cache.put(tenant_id, other, b'{"status":"running"}', terminal=False, created_at=now)
-    assert cache.get(tenant_id, other) == b'{"status":"running"}'
+    read = cache.get(tenant_id, other)
+    assert cache.put(read, body, terminal=False, created_at=now, updated_at=now)
+    assert cache.get(tenant_id, other).body == body
 
 
 def test_copies_left_from_before_the_listener_connected_are_not_served(
@@ -252,9 +251,12 @@ def test_copies_left_from_before_the_listener_connected_are_not_served(
     tenant, key = make_tenant("shop")
     with TestClient(cached_app(listen=False)) as client:
         job_id = submit(client, key)
+        earlier_epoch = cache_of(client.app).epoch  # type: ignore[arg-type]
+    assert earlier_epoch is not None
     # A copy some earlier process left, claiming a status the job never had.
     stale = b'{"status": "succeeded"}'
-    redis_client.set(job_key(tenant.id, uuid.UUID(job_id)), stale, ex=86400)
+    key_left = job_key(earlier_epoch, tenant.id, uuid.UUID(job_id))
+    redis_client.set(key_left, b"9" * 16 + b"\n" + stale, ex=86400)
     with live(cached_app()) as client:
         view = client.get(f"/jobs/{job_id}", headers=auth(key))
     assert view.json()["status"] == "queued" and view.content != stale
@@ -384,3 +386,157 @@ def test_redis_dying_mid_traffic_fails_no_request(
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["id"] == job_id
         stats = cache_of(client.app).stats()  # type: ignore[arg-type]
     assert stats.errors >= 1 and stats.hits == 2
+
+
+# --- epochs and versions (issue 16, item 9) ---------------------------------------------
+
+
+def test_another_api_process_starting_keeps_this_processes_copies(
+    cached_app: AppFactory, make_tenant
+) -> None:
+    """A rolling restart: API process B (re)connects its listener while A serves. B may have
+    missed events, A has not: A's copies stay hits."""
+    _, key = make_tenant("shop")
+    with live(cached_app()) as serving:
+        job_id = submit(serving, key)
+        assert serving.get(f"/jobs/{job_id}", headers=auth(key)).status_code == 200
+        with live(cached_app()):
+            pass
+        assert serving.get(f"/jobs/{job_id}", headers=auth(key)).status_code == 200
+        stats = cache_of(serving.app).stats()  # type: ignore[arg-type]
+    assert (stats.hits, stats.misses) == (1, 1)
+
+
+def test_a_listener_reconnect_serves_none_of_the_copies_made_before_it(
+    cached_app: AppFactory, make_tenant, db_engine: Engine
+) -> None:
+    _, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        cache = cache_of(client.app)
+        job_id = submit(client, key)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["attempts"] == 0
+        before = cache.epoch
+        # A change whose event the listener could have missed while it was cut off.
+        with db_engine.begin() as conn:
+            conn.execute(
+                text("UPDATE scraping.jobs SET attempts = 3 WHERE id = :id"), {"id": job_id}
+            )
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
+            )
+        deadline = time.monotonic() + 10
+        while cache.epoch in (before, None):
+            assert time.monotonic() < deadline, "listener never reconnected"
+            time.sleep(0.01)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["attempts"] == 3
+
+
+def test_a_reader_stalled_across_a_requeue_does_not_store_the_stale_failed_copy(
+    cached_app: AppFactory, make_tenant, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader reads `failed`, stalls; the runbook requeues, the event's tombstone comes
+    and expires; then the reader's fill arrives. It must not land (for an hour)."""
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        cache = cache_of(client.app)
+        cache.tombstone_ttl_seconds = 0.2  # its hour, shortened to keep this cheap
+        job_id = submit(client, key)
+        finish(db_engine, job_id, "failed")
+        wait_for_invalidations(cache, 1)
+
+        read_done, proceed = threading.Event(), threading.Event()
+        real_get_job = repository.get_job
+
+        def stalling_get_job(*args: object, **kwargs: object) -> object:
+            row = real_get_job(*args, **kwargs)  # type: ignore[arg-type]
+            if not proceed.is_set():
+                read_done.set()
+                assert proceed.wait(10)
+            return row
+
+        monkeypatch.setattr(repository, "get_job", stalling_get_job)
+        stalled: list[str] = []
+        reader = threading.Thread(
+            target=lambda: stalled.append(
+                client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"]
+            )
+        )
+        reader.start()
+        assert read_done.wait(10)
+        assert repository.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
+        wait_for_invalidations(cache, 2)
+        deadline = time.monotonic() + 10
+        while cache.ttl_seconds(tenant.id, uuid.UUID(job_id)) is not None:
+            assert time.monotonic() < deadline, "the tombstone never expired"
+            time.sleep(0.01)
+        proceed.set()
+        reader.join(10)
+        assert stalled == ["failed"]  # what it read is what it answers...
+        # ...but not what the next reader gets.
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
+
+
+def test_a_fill_never_replaces_a_newer_state_and_a_fresh_one_replaces_a_tombstone(
+    redis_url: str,
+) -> None:
+    cache = JobCache.from_url(redis_url, retention_seconds=86400)
+    tenant_id, job_id = uuid.uuid4(), uuid.uuid4()
+    now = datetime.now(UTC)
+    v1, v2, v3 = (now + timedelta(microseconds=n) for n in (1, 2, 3))
+
+    def fill(body: bytes, updated_at: datetime, read: object) -> bool:
+        return cache.put(read, body, terminal=False, created_at=now, updated_at=updated_at)  # type: ignore[arg-type]
+
+    stale_read, fresh_read = cache.get(tenant_id, job_id), cache.get(tenant_id, job_id)
+    assert stale_read.body is None and fresh_read.body is None
+    assert fill(b'{"status":"queued"}', v2, fresh_read)
+    assert not fill(b'{"status":"failed"}', v1, stale_read)  # read before, stored after
+    assert cache.get(tenant_id, job_id).body == b'{"status":"queued"}'
+    assert fill(b'{"status":"running"}', v3, cache.get(tenant_id, job_id))  # newer: replaces
+
+    cache.invalidate(tenant_id, job_id, updated_at=v3 + timedelta(microseconds=1))
+    assert cache.get(tenant_id, job_id).body is None
+    assert not fill(b'{"status":"running"}', v3, cache.get(tenant_id, job_id))
+    # The row as the event left it may be cached at once: no 2 s of misses per finish.
+    finished = v3 + timedelta(microseconds=1)
+    assert fill(b'{"status":"failed"}', finished, cache.get(tenant_id, job_id))
+    assert cache.get(tenant_id, job_id).body == b'{"status":"failed"}'
+
+
+def test_a_status_change_by_a_transaction_begun_earlier_still_advances_updated_at(
+    make_tenant, db_engine: Engine
+) -> None:
+    """A writer's now() is its transaction's start: one that began before another write
+    committed (say it waited for that write's row lock) would set an older updated_at, and
+    its event would look older than the copy it invalidates. Separate connections; the
+    order of their statements is the gate."""
+    tenant, _ = make_tenant("shop")
+    request = JobRequest(url="http://127.0.0.1:9/x", params={})
+    job_id = repository.submit_job(db_engine, tenant.id, request, None).id
+    with db_engine.connect() as late, db_engine.connect() as listener:
+        listener.execute(text("LISTEN scraping_job_finished"))
+        listener.commit()
+        late.execute(text("SELECT now()"))  # its transaction (and its now()) starts here
+        with db_engine.begin() as conn:  # committed after `late` began
+            first = conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = 'failed', finished_at = now(), "
+                    "updated_at = now() WHERE id = :id RETURNING updated_at"
+                ),
+                {"id": job_id},
+            ).scalar_one()
+        later = late.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'queued', finished_at = NULL, "
+                "updated_at = now() WHERE id = :id RETURNING updated_at"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+        late.commit()
+        raw = listener.connection.driver_connection  # type: ignore[union-attr]
+        events = [json.loads(n.payload) for n in raw.notifies(timeout=5, stop_after=2)]
+    assert later > first
+    assert [datetime.fromisoformat(e["updated_at"]) for e in events] == [first, later]
