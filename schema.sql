@@ -182,6 +182,19 @@ CREATE FUNCTION pin.uuid7() RETURNS uuid
         $$;
 
 --
+-- Name: advance_job_updated_at(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.advance_job_updated_at() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+        BEGIN
+            NEW.updated_at := OLD.updated_at + interval '1 microsecond';
+            RETURN NEW;
+        END
+        $$;
+
+--
 -- Name: check_job_url(text, text); Type: FUNCTION; Schema: scraping; Owner: -
 --
 
@@ -722,12 +735,7 @@ CREATE FUNCTION scraping.notify_job_finished() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
         BEGIN
-            PERFORM pg_notify(
-                'scraping_job_finished',
-                json_build_object(
-                    'job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status
-                )::text
-            );
+            PERFORM pg_notify('scraping_job_finished', json_build_object('job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status, 'updated_at', NEW.updated_at)::text);
             RETURN NULL;
         END
         $$;
@@ -1766,6 +1774,12 @@ CREATE TRIGGER jobs_fair_tag_requeue BEFORE UPDATE OF status ON scraping.jobs FO
 --
 
 CREATE TRIGGER jobs_notify_finished AFTER UPDATE OF status ON scraping.jobs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND ((new.status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text])) OR (old.status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text]))))) EXECUTE FUNCTION scraping.notify_job_finished();
+
+--
+-- Name: jobs jobs_updated_at_advances; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER jobs_updated_at_advances BEFORE UPDATE ON scraping.jobs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.updated_at <= old.updated_at))) EXECUTE FUNCTION scraping.advance_job_updated_at();
 
 --
 -- Name: comments comments_post_id_fkey; Type: FK CONSTRAINT; Schema: news; Owner: -

@@ -9,14 +9,14 @@ it so that a fill never overwrites a newer state.
   it must invalidate. The trigger runs only for those rare updates (its WHEN is false for
   the others), so the hot paths pay nothing.
 
-Revision ID: 0016
-Revises: 0012
+Revision ID: 0015
+Revises: 0014
 """
 
 from alembic import op
 
-revision = "0016"
-down_revision = "0012"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
