@@ -42,8 +42,12 @@ def jobs(engine: Engine) -> int:
 
 def assert_422_naming(answer: object, field: str) -> None:
     assert answer.status_code == 422, answer.text  # type: ignore[attr-defined]
-    detail = answer.json()["detail"]  # type: ignore[attr-defined]
-    assert any(field in ".".join(map(str, e["loc"])) or field in e["msg"] for e in detail), detail
+    problem = answer.json()  # type: ignore[attr-defined]
+    errors = problem["errors"]
+    assert problem["status"] == 422 and errors, problem
+    assert any(
+        e.get("pointer", "").startswith(f"/{field}") or field in e["detail"] for e in errors
+    ), errors
 
 
 OK_URL = '"url": "https://example.com/"'
