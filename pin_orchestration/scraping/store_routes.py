@@ -39,7 +39,10 @@ def local_results_router(store: LocalResultStore) -> APIRouter:
     )
     def download_result(
         path: Annotated[
-            str, Path(description="The rest of the result's key: {tenant}/{yyyy}/{mm}/{dd}/{job}")
+            str,
+            Path(
+                description="The key after results/: {tenant}/{yyyy}/{mm}/{dd}/{job}/{attempt}",
+            ),
         ],
         expires: Annotated[
             int | None, Query(description="Unix time the link stops working at")

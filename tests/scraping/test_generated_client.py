@@ -99,7 +99,7 @@ def test_a_generated_client_drives_the_whole_job_lifecycle(
     submit = generated("api.default.submit_jobs_post")
     read_job = generated("api.default.read_job_jobs_job_id_get")
     result_link = generated("api.default.result_link_jobs_job_id_result_get")
-    download = generated("api.results.download_result_results_key_get")
+    download = generated("api.results.download_result_results_path_get")
     cancel = generated("api.default.cancel_jobs_job_id_cancel_post")
     attempts = generated("api.default.attempts_jobs_job_id_attempts_get")
     batch = generated("api.default.submit_batch_jobs_batch_post")

@@ -65,8 +65,20 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER jobs_updated_at_advances ON scraping.jobs")
     op.execute("DROP FUNCTION scraping.advance_job_updated_at()")
+    # 0008's function to the letter: schema.sql compares function bodies as written.
     op.execute(
-        _notify_function(
-            "json_build_object('job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status)"
-        )
+        """
+        CREATE OR REPLACE FUNCTION scraping.notify_job_finished() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify(
+                'scraping_job_finished',
+                json_build_object(
+                    'job_id', NEW.id, 'tenant_id', NEW.tenant_id, 'status', NEW.status
+                )::text
+            );
+            RETURN NULL;
+        END
+        $$
+        """
     )
