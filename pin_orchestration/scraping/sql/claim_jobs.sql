@@ -166,8 +166,12 @@ BEGIN
                     v_now + make_interval(secs => (1 - v_tokens) / v_rps));
                 CONTINUE domains;
             END IF;
+            -- connections: its running jobs, this call's picks, and redirect hops of
+            -- other domains' jobs to it (scraping.take_redirect_slot)
             SELECT count(*) + (SELECT count(*) FROM unnest(picked_domain) AS p(d)
                                WHERE p.d = v_queue.domain)
+                   + (SELECT count(*) FROM scraping.redirect_slots s
+                      WHERE s.domain = v_queue.domain AND s.expires_at > v_now)
             INTO v_running FROM scraping.jobs j
             WHERE j.status = 'running' AND j.domain = v_queue.domain;
             IF v_running >= v_concurrency THEN
