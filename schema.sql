@@ -386,12 +386,7 @@ BEGIN
             END IF;
             v_rps := coalesce(v_domain.rps, p_default_rps);
             v_concurrency := coalesce(v_domain.concurrency, p_default_concurrency);
-            v_tokens := CASE
-                WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
-                ELSE least(greatest(1.0, v_rps),
-                           v_domain.tokens + v_rps * greatest(
-                               0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
-            END;
+            v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
             IF v_tokens < 1 THEN
                 PERFORM scraping.set_domain_queue_aside(
                     v_queue.domain, c_name[ci], 'room',
@@ -518,6 +513,37 @@ BEGIN
     JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
     ORDER BY p.o;
 END
+$$;
+
+--
+-- Name: domains; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.domains (
+    domain text NOT NULL,
+    rps double precision,
+    concurrency integer,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    blocked_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
+    CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
+);
+
+--
+-- Name: domain_tokens(scraping.domains, double precision, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domain_tokens(p_domain scraping.domains, p_rps double precision, p_now timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN p_domain.tokens IS NULL THEN greatest(1.0, p_rps)
+        ELSE least(greatest(1.0, p_rps),
+                   p_domain.tokens + p_rps * greatest(
+                       0.0, extract(epoch FROM p_now - p_domain.tokens_at)))
+    END
 $$;
 
 --
@@ -944,12 +970,7 @@ BEGIN
         RETURN extract(epoch FROM v_domain.blocked_until - v_now);
     END IF;
     v_rps := coalesce(v_domain.rps, p_default_rps);
-    v_tokens := CASE
-        WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
-        ELSE least(greatest(1.0, v_rps),
-                   v_domain.tokens + v_rps * greatest(
-                       0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
-    END;
+    v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
     IF v_tokens < 1 THEN
         RETURN (1 - v_tokens) / v_rps;
     END IF;
@@ -1269,22 +1290,6 @@ CREATE TABLE scraping.domain_queues (
     CONSTRAINT domain_queues_waiting_for_check CHECK ((waiting_for = ANY (ARRAY['room'::text, 'due'::text])))
 )
 WITH (fillfactor='70');
-
---
--- Name: domains; Type: TABLE; Schema: scraping; Owner: -
---
-
-CREATE TABLE scraping.domains (
-    domain text NOT NULL,
-    rps double precision,
-    concurrency integer,
-    tokens double precision,
-    tokens_at timestamp with time zone,
-    blocked_until timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
-    CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
-);
 
 --
 -- Name: intake_buckets; Type: TABLE; Schema: scraping; Owner: -

@@ -199,6 +199,19 @@ def _worker_thread(
     return threading.Thread(target=run, name=name)
 
 
+def _two_workers(
+    url: str, store: LocalResultStore, options: WorkerOptions
+) -> dict[str, WorkerReport]:
+    """Two worker runs at once, each on its own engine; their reports by name."""
+    reports: dict[str, WorkerReport] = {}
+    workers = [_worker_thread(url, store, options, f"w{i}", reports) for i in (1, 2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    return reports
+
+
 def _most_in_any_window(arrivals: list[float], rps: float, burst: float, slack: float) -> bool:
     """True when every stretch of arrivals fits the token bucket: n requests between the
     i-th and the j-th arrival need n <= burst + rps * (gap + slack). The slack covers the
@@ -236,12 +249,7 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
             domain_rps=2,
             domain_concurrency=4,
         )
-        reports: dict[str, WorkerReport] = {}
-        workers = [_worker_thread(db_url, local_store, options, f"w{i}", reports) for i in (1, 2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=60)
+        reports = _two_workers(db_url, local_store, options)
     finally:
         rated.stop()
         narrow.stop()
@@ -333,12 +341,7 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
             domain_rps=2,
             domain_concurrency=4,
         )
-        reports: dict[str, WorkerReport] = {}
-        workers = [_worker_thread(db_url, local_store, options, f"w{i}", reports) for i in (1, 2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=60)
+        reports = _two_workers(db_url, local_store, options)
     finally:
         origin.stop()
         hop.stop()

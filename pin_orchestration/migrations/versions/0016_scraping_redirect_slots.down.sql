@@ -288,3 +288,4 @@ $fn$;
 DROP FUNCTION scraping.take_redirect_slot(uuid, integer, text, double precision, double precision, integer);
 DROP FUNCTION scraping.release_redirect_slot(uuid, integer);
 DROP TABLE scraping.redirect_slots;
+DROP FUNCTION scraping.domain_tokens(scraping.domains, double precision, timestamptz);

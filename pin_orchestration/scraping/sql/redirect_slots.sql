@@ -43,12 +43,7 @@ BEGIN
         RETURN extract(epoch FROM v_domain.blocked_until - v_now);
     END IF;
     v_rps := coalesce(v_domain.rps, p_default_rps);
-    v_tokens := CASE
-        WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
-        ELSE least(greatest(1.0, v_rps),
-                   v_domain.tokens + v_rps * greatest(
-                       0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
-    END;
+    v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
     IF v_tokens < 1 THEN
         RETURN (1 - v_tokens) / v_rps;
     END IF;
