@@ -399,20 +399,19 @@ BEGIN
             END IF;
             v_rps := coalesce(v_domain.rps, p_default_rps);
             v_concurrency := coalesce(v_domain.concurrency, p_default_concurrency);
-            v_tokens := CASE
-                WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
-                ELSE least(greatest(1.0, v_rps),
-                           v_domain.tokens + v_rps * greatest(
-                               0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
-            END;
+            v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
             IF v_tokens < 1 THEN
                 PERFORM scraping.set_domain_queue_aside(
                     v_queue.domain, c_name[ci], 'room',
                     v_now + make_interval(secs => (1 - v_tokens) / v_rps));
                 CONTINUE domains;
             END IF;
+            -- connections: its running jobs, this call's picks, and redirect hops of
+            -- other domains' jobs to it (scraping.take_redirect_slot)
             SELECT count(*) + (SELECT count(*) FROM unnest(picked_domain) AS p(d)
                                WHERE p.d = v_queue.domain)
+                   + (SELECT count(*) FROM scraping.redirect_slots s
+                      WHERE s.domain = v_queue.domain AND s.expires_at > v_now)
             INTO v_running FROM scraping.jobs j
             WHERE j.status = 'running' AND j.domain = v_queue.domain;
             IF v_running >= v_concurrency THEN
@@ -527,6 +526,37 @@ BEGIN
     JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
     ORDER BY p.o;
 END
+$$;
+
+--
+-- Name: domains; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.domains (
+    domain text NOT NULL,
+    rps double precision,
+    concurrency integer,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    blocked_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
+    CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
+);
+
+--
+-- Name: domain_tokens(scraping.domains, double precision, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domain_tokens(p_domain scraping.domains, p_rps double precision, p_now timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN p_domain.tokens IS NULL THEN greatest(1.0, p_rps)
+        ELSE least(greatest(1.0, p_rps),
+                   p_domain.tokens + p_rps * greatest(
+                       0.0, extract(epoch FROM p_now - p_domain.tokens_at)))
+    END
 $$;
 
 --
@@ -787,6 +817,29 @@ CREATE FUNCTION scraping.punycode_digit(p_digit integer) RETURNS text
 $$;
 
 --
+-- Name: release_redirect_slot(uuid, integer); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.release_redirect_slot(p_job_id uuid, p_attempt integer) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_domain_name text;
+BEGIN
+    DELETE FROM scraping.redirect_slots s
+    WHERE s.job_id = p_job_id AND s.attempt = p_attempt
+    RETURNING s.domain INTO v_domain_name;
+    IF v_domain_name IS NOT NULL THEN
+        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
+        WHERE q.domain = v_domain_name AND NOT q.ready AND q.waiting_for = 'room'
+          AND q.wake_at > clock_timestamp()
+          AND NOT EXISTS (SELECT 1 FROM scraping.domains d
+                          WHERE d.domain = v_domain_name AND d.blocked_until > clock_timestamp());
+    END IF;
+END
+$$;
+
+--
 -- Name: request_sha256(text, jsonb, text, text); Type: FUNCTION; Schema: scraping; Owner: -
 --
 
@@ -891,6 +944,60 @@ BEGIN
             USING ERRCODE = '23505', HINT = 'use a new key for a new job';
     END IF;
     RETURN v_existing.id;
+END
+$$;
+
+--
+-- Name: take_redirect_slot(uuid, integer, text, double precision, double precision, integer); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.take_redirect_slot(p_job_id uuid, p_attempt integer, p_host text, p_hold_seconds double precision, p_default_rps double precision, p_default_concurrency integer) RETURNS double precision
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_domain_name text := scraping.idna_host(p_host);
+    v_domain scraping.domains;
+    v_now timestamptz;
+    v_rps double precision;
+    v_tokens double precision;
+    v_running integer;
+BEGIN
+    PERFORM scraping.release_redirect_slot(p_job_id, p_attempt);
+    IF EXISTS (SELECT 1 FROM scraping.jobs j
+               WHERE j.id = p_job_id AND j.domain = v_domain_name) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO scraping.domains (domain) VALUES (v_domain_name)
+    ON CONFLICT (domain) DO NOTHING;
+    SELECT d.* INTO v_domain FROM scraping.domains d
+    WHERE d.domain = v_domain_name
+    FOR UPDATE;
+    v_now := clock_timestamp();
+
+    IF v_domain.blocked_until > v_now THEN
+        RETURN extract(epoch FROM v_domain.blocked_until - v_now);
+    END IF;
+    v_rps := coalesce(v_domain.rps, p_default_rps);
+    v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
+    IF v_tokens < 1 THEN
+        RETURN (1 - v_tokens) / v_rps;
+    END IF;
+    SELECT (SELECT count(*) FROM scraping.jobs j
+            WHERE j.status = 'running' AND j.domain = v_domain_name)
+         + (SELECT count(*) FROM scraping.redirect_slots s
+            WHERE s.domain = v_domain_name AND s.expires_at > v_now)
+    INTO v_running;
+    IF v_running >= coalesce(v_domain.concurrency, p_default_concurrency) THEN
+        -- A job or hop finishing frees it; nothing tells a waiting hop, so it asks again.
+        RETURN 0.05;
+    END IF;
+
+    UPDATE scraping.domains d
+    SET tokens = v_tokens - 1, tokens_at = greatest(v_now, d.tokens_at)
+    WHERE d.domain = v_domain_name;
+    INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)
+    VALUES (p_job_id, p_attempt, v_domain_name, v_now + make_interval(secs => p_hold_seconds));
+    RETURN 0;
 END
 $$;
 
@@ -1193,22 +1300,6 @@ CREATE TABLE scraping.domain_queues (
 WITH (fillfactor='70');
 
 --
--- Name: domains; Type: TABLE; Schema: scraping; Owner: -
---
-
-CREATE TABLE scraping.domains (
-    domain text NOT NULL,
-    rps double precision,
-    concurrency integer,
-    tokens double precision,
-    tokens_at timestamp with time zone,
-    blocked_until timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
-    CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
-);
-
---
 -- Name: intake_buckets; Type: TABLE; Schema: scraping; Owner: -
 --
 
@@ -1250,6 +1341,17 @@ CREATE TABLE scraping.pick_classes (
     tenant_clock double precision DEFAULT 0 NOT NULL,
     CONSTRAINT pick_classes_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
     CONSTRAINT pick_classes_share_check CHECK (((share > 0) AND ((60 % share) = 0)))
+);
+
+--
+-- Name: redirect_slots; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.redirect_slots (
+    job_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    domain text NOT NULL,
+    expires_at timestamp with time zone NOT NULL
 );
 
 --
@@ -1489,6 +1591,13 @@ ALTER TABLE ONLY scraping.pick_classes
     ADD CONSTRAINT pick_classes_pkey PRIMARY KEY (priority);
 
 --
+-- Name: redirect_slots redirect_slots_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.redirect_slots
+    ADD CONSTRAINT redirect_slots_pkey PRIMARY KEY (job_id, attempt);
+
+--
 -- Name: tenant_vtimes tenant_vtimes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
 --
 
@@ -1714,6 +1823,12 @@ CREATE INDEX ix_jobs_tenant_status ON scraping.jobs USING btree (tenant_id, stat
 --
 
 CREATE INDEX ix_jobs_webhook_due ON scraping.jobs USING btree (COALESCE(webhook_next_attempt_at, finished_at), id) WHERE ((callback_url IS NOT NULL) AND (finish_published_at IS NULL) AND (status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text])));
+
+--
+-- Name: ix_redirect_slots_domain; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_redirect_slots_domain ON scraping.redirect_slots USING btree (domain, expires_at);
 
 --
 -- Name: ix_webhook_deliveries_job; Type: INDEX; Schema: scraping; Owner: -

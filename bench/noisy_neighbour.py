@@ -86,7 +86,7 @@ class SlowTarget:
 
 def reset(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE scraping.job_attempts, scraping.jobs"))
+        conn.execute(text("TRUNCATE scraping.job_attempts, scraping.jobs CASCADE"))
         conn.execute(text("DELETE FROM scraping.domains"))
         conn.execute(text("DELETE FROM scraping.tenant_vtimes"))
         conn.execute(

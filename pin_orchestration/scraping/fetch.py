@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -204,6 +204,17 @@ class AddressRefusedError(Exception):
         )
 
 
+class RedirectSlots(Protocol):
+    """A job's politeness for redirect hops to other hosts (the worker's, in PostgreSQL):
+    `take(host)` returns 0 when a request to `host` may be sent now (counted against that
+    host's limits), else the seconds to wait before asking again; `release()` gives back
+    what the last hop took, once the fetch has ended."""
+
+    def take(self, host: str) -> float: ...
+
+    def release(self) -> None: ...
+
+
 class Fetcher:
     """Fetches with one policy; thread-safe, meant to be shared by all of a worker's threads."""
 
@@ -228,15 +239,24 @@ class Fetcher:
         params: Mapping[str, Any] | None = None,
         *,
         should_stop: Callable[[], bool] | None = None,
+        redirect_slots: RedirectSlots | None = None,
     ) -> FetchResult:
         """GET `url` with `params` added to its query, following redirects up to the
-        policy's limit. Returns the final answer whatever its status; raises `FetchError`
-        when there is none (or `should_stop` turned true: `cancelled`)."""
+        policy's limit; each hop first waits for `redirect_slots` to give it a place on its
+        host (within the fetch's deadline: past it the fetch fails with `timeout`). Returns
+        the final answer whatever its status; raises `FetchError` when there is none (or
+        `should_stop` turned true: `cancelled`)."""
         query = _query_pairs(params)
         target = _checked_url(url, what="url")
-        return self._guarded(
-            lambda deadline, started: self._fetch(target, query, should_stop, deadline, started)
-        )
+        try:
+            return self._guarded(
+                lambda deadline, started: self._fetch(
+                    target, query, should_stop, redirect_slots, deadline, started
+                )
+            )
+        finally:
+            if redirect_slots is not None:
+                redirect_slots.release()
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str] | None = None) -> FetchResult:
         """POST `body` to `url` under the same address check, timeout, deadline and body
@@ -283,6 +303,7 @@ class Fetcher:
         url: str,
         query: list[tuple[str, str]],
         should_stop: Callable[[], bool] | None,
+        redirect_slots: RedirectSlots | None,
         deadline: _Deadline,
         started: float,
     ) -> FetchResult:
@@ -306,7 +327,29 @@ class Fetcher:
                     f"more than {self.policy.max_redirects} redirects (last to {location[:200]})",
                 )
             url = _checked_url(urljoin(response.url, location), what="redirect location")
+            if redirect_slots is not None:
+                self._wait_for_slot(redirect_slots, url, should_stop, started)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _wait_for_slot(
+        self,
+        redirect_slots: RedirectSlots,
+        url: str,
+        should_stop: Callable[[], bool] | None,
+        started: float,
+    ) -> None:
+        host = urlsplit(url).hostname or ""
+        ends = started + self.policy.timeout_seconds
+        while (wait := redirect_slots.take(host)) > 0:
+            if time.monotonic() + wait > ends:
+                raise FetchError(
+                    "timeout",
+                    f"redirect to {host[:200]}: no request slot of that host within the "
+                    f"{self.policy.timeout_seconds:g} s deadline (it is paused or at its limits)",
+                )
+            # Short naps: a slot freed by another worker is not announced.
+            time.sleep(min(wait, 0.05))
+            _raise_if_stopped(should_stop)
 
 
 def _read_answer(

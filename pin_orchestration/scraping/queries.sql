@@ -186,6 +186,15 @@ SELECT id, tenant_id, url, domain, priority, params, attempts,
 FROM scraping.claim_jobs(
     :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 
+-- name: take_redirect_slot
+-- A redirect hop's place on its host (0: go; else seconds to wait), see
+-- scraping/sql/redirect_slots.sql.
+SELECT scraping.take_redirect_slot(
+    :job_id, :attempt, :host, :hold_seconds, :default_rps, :default_concurrency) AS wait
+
+-- name: release_redirect_slot
+SELECT scraping.release_redirect_slot(:job_id, :attempt)
+
 -- name: renew_leases
 -- Extend this worker's leases; a job missing from the answer is no longer ours (swept or
 -- finished elsewhere). Cancel requests ride back on the same round trip.

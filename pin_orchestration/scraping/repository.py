@@ -548,6 +548,52 @@ def claim_due_jobs(
     ]
 
 
+class RedirectSlots:
+    """A claimed job's redirect hops against their own hosts' limits (fetch.RedirectSlots),
+    through scraping.take_redirect_slot / release_redirect_slot: each call is one short
+    transaction of its own."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: ClaimedJob,
+        *,
+        hold_seconds: float,
+        domain_defaults: DomainDefaults,
+    ) -> None:
+        self._engine = engine
+        self._job = job
+        self._hold_seconds = hold_seconds
+        self._defaults = domain_defaults
+        self._holds = False
+
+    def take(self, host: str) -> float:
+        with self._engine.begin() as conn:
+            wait = conn.execute(
+                _q("take_redirect_slot"),
+                {
+                    "job_id": self._job.id,
+                    "attempt": self._job.attempt,
+                    "host": host,
+                    "hold_seconds": self._hold_seconds,
+                    "default_rps": self._defaults.rps,
+                    "default_concurrency": self._defaults.concurrency,
+                },
+            ).scalar_one()
+        self._holds = True  # a hop to the job's own domain holds nothing: a no-op release
+        return float(wait)
+
+    def release(self) -> None:
+        if not self._holds:
+            return
+        with self._engine.begin() as conn:
+            conn.execute(
+                _q("release_redirect_slot"),
+                {"job_id": self._job.id, "attempt": self._job.attempt},
+            )
+        self._holds = False
+
+
 def renew_leases(
     engine: Engine, *, worker: str, job_ids: Iterable[uuid.UUID], lease_seconds: float
 ) -> dict[uuid.UUID, bool]:
@@ -579,8 +625,8 @@ class AttemptOutcome:
     result_size: int | None = None
     result_sha256: str | None = None
     result_content_type: str | None = None
-    # The job's domain, and when the target asked it to hold off (a 429, a Retry-After):
-    # every worker leaves the domain alone until then.
+    # The domain that answered (the job's, or a redirect hop's), and when it asked to be
+    # left alone (a 429, a Retry-After): every worker leaves that domain alone until then.
     domain: str | None = None
     domain_paused_until: datetime | None = None
 

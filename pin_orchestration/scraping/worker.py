@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from sqlalchemy import Engine
 
@@ -187,7 +188,13 @@ def run_worker(
 
     def process(flight: _Flight) -> None:
         try:
-            outcome = _attempt(flight, store, fetcher, retry_policy, rng, clock)
+            slots = repository.RedirectSlots(
+                engine,
+                flight.job,
+                hold_seconds=fetcher.policy.timeout_seconds,
+                domain_defaults=options.domain_defaults,
+            )
+            outcome = _attempt(flight, store, fetcher, slots, retry_policy, rng, clock)
         except Exception as exc:  # a bug must not strand the job in running
             log.exception("attempt of job %s failed unexpectedly", flight.job.id)
             outcome = _retry_now(
@@ -345,6 +352,7 @@ def _attempt(
     flight: _Flight,
     store: ResultStore,
     fetcher: Fetcher,
+    redirect_slots: repository.RedirectSlots,
     retry_policy: RetryPolicy,
     rng: random.Random,
     clock: Callable[[], datetime],
@@ -356,7 +364,9 @@ def _attempt(
         return int((time.monotonic() - begun) * 1000)
 
     try:
-        fetched = fetcher.fetch(job.url, job.params, should_stop=flight.should_stop)
+        fetched = fetcher.fetch(
+            job.url, job.params, should_stop=flight.should_stop, redirect_slots=redirect_slots
+        )
     except FetchError as exc:
         if exc.error_class == "cancelled":
             return _stopped(flight, elapsed_ms(), clock())
@@ -387,7 +397,11 @@ def _attempt(
                 retry_policy,
                 clock(),
             )
-            return _decided(job, decision, fetched.status_code, elapsed_ms(), paused_until)
+            # The host that answered is paused: after a redirect, the hop's, not the job's.
+            answered_by = urlsplit(fetched.final_url).hostname or job.domain
+            return _decided(
+                job, decision, fetched.status_code, elapsed_ms(), paused_until, answered_by
+            )
         if flight.lease_in_doubt():
             flight.stop("lease_lost")
         if flight.should_stop():
@@ -430,9 +444,10 @@ def _decided(
     http_status: int | None,
     duration_ms: int,
     domain_paused_until: datetime | None = None,
+    paused_domain: str | None = None,
 ) -> AttemptOutcome:
     return AttemptOutcome(
-        domain=job.domain,
+        domain=paused_domain or job.domain,
         domain_paused_until=domain_paused_until,
         job_id=job.id,
         attempt=job.attempt,

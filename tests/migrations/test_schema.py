@@ -32,7 +32,13 @@ def test_the_scraping_function_files_are_what_head_holds(empty_db_url: str) -> N
     at_head = dump_schema(empty_db_url)
     sql_dir = resources.files("pin_orchestration.scraping").joinpath("sql")
     with psycopg.connect(libpq_url(empty_db_url), autocommit=True) as conn:
-        for name in ("domain_queues.sql", "claim_jobs.sql", "submit_job.sql", "pause_domain.sql"):
+        for name in (
+            "domain_queues.sql",
+            "claim_jobs.sql",
+            "submit_job.sql",
+            "pause_domain.sql",
+            "redirect_slots.sql",
+        ):
             conn.execute(sql_dir.joinpath(name).read_text(encoding="utf-8"))
     assert dump_schema(empty_db_url) == at_head
 

@@ -5,6 +5,7 @@ the target. Bound to one loopback address, so several of them are several domain
 
     GET /slow?ms=300          200 after ms milliseconds
     GET /status/<code>?retry_after=S   that status, with Retry-After when given
+    GET /redirect?to=URL      302 to URL
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def _handler_for(target: RecordingTarget) -> type[BaseHTTPRequestHandler]:
                 status = 200
                 if parts.path.startswith("/slow"):
                     time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
+                elif parts.path.startswith("/redirect"):
+                    status = 302
+                    headers["Location"] = query["to"][0]
                 elif parts.path.startswith("/status/"):
                     status = int(parts.path.split("/")[2])
                     if "retry_after" in query:

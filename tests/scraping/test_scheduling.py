@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections import Counter
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from click.testing import CliRunner
@@ -198,6 +199,19 @@ def _worker_thread(
     return threading.Thread(target=run, name=name)
 
 
+def _two_workers(
+    url: str, store: LocalResultStore, options: WorkerOptions
+) -> dict[str, WorkerReport]:
+    """Two worker runs at once, each on its own engine; their reports by name."""
+    reports: dict[str, WorkerReport] = {}
+    workers = [_worker_thread(url, store, options, f"w{i}", reports) for i in (1, 2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    return reports
+
+
 def _most_in_any_window(arrivals: list[float], rps: float, burst: float, slack: float) -> bool:
     """True when every stretch of arrivals fits the token bucket: n requests between the
     i-th and the j-th arrival need n <= burst + rps * (gap + slack). The slack covers the
@@ -235,12 +249,7 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
             domain_rps=2,
             domain_concurrency=4,
         )
-        reports: dict[str, WorkerReport] = {}
-        workers = [_worker_thread(db_url, local_store, options, f"w{i}", reports) for i in (1, 2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=60)
+        reports = _two_workers(db_url, local_store, options)
     finally:
         rated.stop()
         narrow.stop()
@@ -304,6 +313,88 @@ def test_a_429_pauses_its_domain_for_every_worker(
     later = [s for s in target.served if s.path.startswith("/slow")]
     assert len(later) == 3
     assert min(s.arrived for s in later) >= paused_until.timestamp()
+
+
+def _redirect(origin: RecordingTarget, to: str) -> str:
+    return f"{origin.url}/redirect?{urlencode({'to': to})}"
+
+
+def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
+    db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
+) -> None:
+    tenant, _ = make_tenant("crawler")
+    origin = RecordingTarget("127.0.0.6")  # limits out of the way
+    hop = RecordingTarget("127.0.0.7")  # 4 rps, 2 at once: for its own jobs and for hops
+    try:
+        set_domain_limits(db_engine, "127.0.0.6", rps=1000, concurrency=100)
+        set_domain_limits(db_engine, "127.0.0.7", rps=4, concurrency=2)
+        for i in range(10):
+            enqueue(db_engine, tenant.id, _redirect(origin, f"{hop.url}/slow/r{i}?ms=300"))
+        for i in range(4):
+            enqueue(db_engine, tenant.id, f"{hop.url}/slow/d{i}", ms=300)
+        options = WorkerOptions(
+            slots=4,
+            lease_seconds=5,
+            idle_exit_seconds=1.0,
+            max_run_duration_seconds=60,
+            poll_seconds=0.05,
+            domain_rps=2,
+            domain_concurrency=4,
+        )
+        reports = _two_workers(db_url, local_store, options)
+    finally:
+        origin.stop()
+        hop.stop()
+    assert all(r.claimed > 0 for r in reports.values()) and len(reports) == 2
+    assert sum(r.succeeded for r in reports.values()) == 14
+    assert len(origin.served) == 10 and len(hop.served) == 14
+    # The hop host, as it saw it: never more than 2 at once, its rate held for hops and
+    # its own jobs together (without the hop slots, 8 slots' hops arrive at once).
+    assert hop.most_open <= 2
+    arrivals = hop.arrivals()
+    assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
+    assert arrivals[-1] - arrivals[0] >= (14 - 4) / 4 - 0.1
+    with db_engine.connect() as conn:  # every hop gave its slot back
+        assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
+
+
+def test_a_429_from_a_redirect_hop_pauses_the_hop_host_not_the_jobs_domain(
+    db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
+) -> None:
+    tenant, _ = make_tenant("crawler")
+    origin = RecordingTarget("127.0.0.6")
+    hop = RecordingTarget("127.0.0.7")
+    try:
+        enqueue(db_engine, tenant.id, _redirect(origin, f"{hop.url}/status/429?retry_after=30"))
+        options = WorkerOptions(
+            slots=2,
+            lease_seconds=5,
+            idle_exit_seconds=0.3,
+            max_run_duration_seconds=30,
+            poll_seconds=0.05,
+            domain_rps=100,
+            domain_concurrency=10,
+        )
+        reports: dict[str, WorkerReport] = {}
+        worker = _worker_thread(db_url, local_store, options, "w", reports)
+        worker.start()
+        worker.join(timeout=30)
+    finally:
+        origin.stop()
+        hop.stop()
+    assert reports["w"].retried == 1
+    answered_429 = hop.served[0].answered
+    with db_engine.connect() as conn:
+        paused = dict(
+            conn.execute(
+                text(
+                    "SELECT domain, blocked_until FROM scraping.domains "
+                    "WHERE domain IN ('127.0.0.6', '127.0.0.7')"
+                )
+            ).all()
+        )
+    assert paused["127.0.0.7"].timestamp() >= answered_429 + 25
+    assert paused.get("127.0.0.6") is None
 
 
 # --- the sensor's view --------------------------------------------------------------------

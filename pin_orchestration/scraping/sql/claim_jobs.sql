@@ -34,6 +34,20 @@
 -- id) WHERE queued; the token written back. At the end one UPDATE claims the batch (each
 -- job's lease stamped with its pick's clock_timestamp()) and one INSERT writes its
 -- attempt rows. Nothing here grows with tenants, domains, paused domains or queue depth.
+-- A domain's token bucket at p_now: one second's worth (at least 1) when full, refilled at
+-- p_rps since it was last spent. Also what a redirect hop spends (redirect_slots.sql).
+CREATE OR REPLACE FUNCTION scraping.domain_tokens(
+    p_domain scraping.domains, p_rps double precision, p_now timestamptz
+) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $fn$
+    SELECT CASE
+        WHEN p_domain.tokens IS NULL THEN greatest(1.0, p_rps)
+        ELSE least(greatest(1.0, p_rps),
+                   p_domain.tokens + p_rps * greatest(
+                       0.0, extract(epoch FROM p_now - p_domain.tokens_at)))
+    END
+$fn$;
+
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
     p_limit integer,
@@ -154,20 +168,19 @@ BEGIN
             END IF;
             v_rps := coalesce(v_domain.rps, p_default_rps);
             v_concurrency := coalesce(v_domain.concurrency, p_default_concurrency);
-            v_tokens := CASE
-                WHEN v_domain.tokens IS NULL THEN greatest(1.0, v_rps)
-                ELSE least(greatest(1.0, v_rps),
-                           v_domain.tokens + v_rps * greatest(
-                               0.0, extract(epoch FROM v_now - v_domain.tokens_at)))
-            END;
+            v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
             IF v_tokens < 1 THEN
                 PERFORM scraping.set_domain_queue_aside(
                     v_queue.domain, c_name[ci], 'room',
                     v_now + make_interval(secs => (1 - v_tokens) / v_rps));
                 CONTINUE domains;
             END IF;
+            -- connections: its running jobs, this call's picks, and redirect hops of
+            -- other domains' jobs to it (scraping.take_redirect_slot)
             SELECT count(*) + (SELECT count(*) FROM unnest(picked_domain) AS p(d)
                                WHERE p.d = v_queue.domain)
+                   + (SELECT count(*) FROM scraping.redirect_slots s
+                      WHERE s.domain = v_queue.domain AND s.expires_at > v_now)
             INTO v_running FROM scraping.jobs j
             WHERE j.status = 'running' AND j.domain = v_queue.domain;
             IF v_running >= v_concurrency THEN

@@ -1,0 +1,365 @@
+"""Fairness of the pick under a noisy tenant (issue 15): 10 tenants, one of them ("heavy")
+sending 90 % of the jobs, every tenant backlogged from the start; 4 worker processes
+claiming through `scraping.claim_jobs` against a loopback target that answers each GET
+after `--job-ms`. Three runs on the same workload: the fair pick at weights 1, the fair
+pick with one quiet tenant ("q1") at weight 2, and FIFO (bench/fifo_claim.sql, the claim
+before issue 9) at weights 1.
+
+    PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
+        .venv/bin/python bench/fairness.py [--seconds 20] [--quiet-jobs 45] [--job-ms 500]
+
+The quiet tenants' backlogs are sized to last most of a fair run (each gets ~1/10 of the
+starts) so their waits are complete there; under FIFO they mostly are not. The backlog is
+accepted in one transaction just before the workers (already running, idle) are told to
+go; a wait runs from that commit.
+
+Prints per run:
+  - Jain's fairness index of jobs started per tenant in each 10 s window while every
+    tenant is still backlogged, against the weighted ideal: x_i = started_i / weight_i,
+    J = (sum x)^2 / (n * sum x^2); 1.0 is each tenant getting exactly its weighted share,
+    1/n is one tenant getting everything (mean and worst window);
+  - each tenant's share of the starts in those windows next to its weighted ideal;
+  - each quiet tenant's p50 / p99 wait from accept to its first attempt. A job not started
+    when the run ends counts with its wait so far, and a percentile that falls on one is
+    printed as ">" that lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import math
+import multiprocessing
+import queue
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._db import fresh_bench_database  # noqa: E402
+from bench.fifo_claim import fifo_claim  # noqa: E402
+from bench.noisy_neighbour import SlowTarget, reset  # noqa: E402
+from pin_orchestration.db import create_db_engine  # noqa: E402
+from pin_orchestration.resources.scraping import (  # noqa: E402
+    fetch_policy_from,
+    retry_policy_from,
+)
+from pin_orchestration.scraping import repository  # noqa: E402
+from pin_orchestration.scraping.fetch import Fetcher  # noqa: E402
+from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
+from pin_orchestration.scraping.store import (  # noqa: E402
+    LocalResultStore,
+    load_or_create_signing_key,
+)
+from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
+from pin_orchestration.sql import load_queries  # noqa: E402
+from tests.leftover_processes import no_survivors  # noqa: E402
+
+TENANTS = 10
+HEAVY_SHARE = 0.9
+WORKER_PROCESSES = 4
+SLOTS_PER_WORKER = 4
+WINDOW_SECONDS = 10.0
+HOST = "127.0.0.1"
+QUERIES = load_queries("bench", "fairness.sql")
+
+
+def _store(home: Path) -> LocalResultStore:
+    return LocalResultStore(
+        home / "results",
+        public_base_url="http://127.0.0.1:8000",
+        signing_key=load_or_create_signing_key(home / "key"),
+    )
+
+
+def _worker_process(home: str, tasks: Any, done: Any) -> None:
+    """A worker process kept for every run (spawning one costs seconds on a loaded
+    machine, so the pool starts while the database is made): each task (database URL,
+    claim name, seconds) is one worker run; None ends it."""
+    settings = dataclasses.replace(
+        ScrapingSettings(),
+        slots=SLOTS_PER_WORKER,
+        fetch_timeout_seconds=60,
+        allowed_cidrs=(ipaddress.ip_network(f"{HOST}/32"),),
+    )
+    fetcher = Fetcher(fetch_policy_from(settings))
+    try:
+        done.put("ready")
+        while (task := tasks.get()) is not None:
+            db_url, claim_name, seconds = task
+            engine = create_db_engine(db_url)
+            try:
+                _one_worker_run(engine, home, fetcher, settings, claim_name, seconds)
+            finally:
+                engine.dispose()
+            done.put(claim_name)
+    finally:
+        fetcher.close()
+
+
+def _one_worker_run(
+    engine: Engine,
+    home: str,
+    fetcher: Fetcher,
+    settings: ScrapingSettings,
+    claim_name: str,
+    seconds: float,
+) -> None:
+    claim = fifo_claim if claim_name == "fifo" else repository.claim_due_jobs
+    run_worker(
+        engine,
+        _store(Path(home)),
+        fetcher,
+        retry_policy_from(settings),
+        WorkerOptions(
+            slots=SLOTS_PER_WORKER,
+            lease_seconds=60,
+            idle_exit_seconds=seconds,
+            max_run_duration_seconds=seconds,
+            poll_seconds=0.05,
+            # Politeness out of the way: one target host, this bench is about tenants.
+            domain_rps=10_000,
+            domain_concurrency=10_000,
+        ),
+        worker_id=f"fairness-{claim_name}-{uuid.uuid4().hex[:6]}",
+        rng=random.Random(1),
+        claim=claim,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFigures:
+    windows: list[float]  # Jain's index of each full window while all were backlogged
+    shares: dict[str, float]  # of the starts in those windows
+    ideal: dict[str, float]
+    waits: dict[str, tuple[str, str]]  # quiet tenant -> (p50, p99) as printed
+    started: int
+    backlogged_seconds: float
+
+
+def _percentile(waits: list[tuple[float, bool]], q: float) -> str:
+    """Nearest-rank percentile of (wait, censored) pairs; a censored one is a lower bound."""
+    ordered = sorted(waits)
+    value, censored = ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    return f"{'>' if censored else ''}{value:.1f} s"
+
+
+def jain(xs: list[float]) -> float:
+    total = sum(xs)
+    squares = sum(x * x for x in xs)
+    return total * total / (len(xs) * squares) if squares else 1.0
+
+
+class WorkerPool:
+    """WORKER_PROCESSES spawned processes, all started and ready before the first run."""
+
+    def __init__(self, home: Path) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.tasks, self.done = context.Queue(), context.Queue()
+        self.processes = [
+            context.Process(target=_worker_process, args=(str(home), self.tasks, self.done))
+            for _ in range(WORKER_PROCESSES)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def ready(self) -> None:
+        self._wait_all()
+
+    def run(self, db_url: str, claim_name: str, seconds: float) -> None:
+        for _ in self.processes:
+            self.tasks.put((db_url, claim_name, seconds))
+        self._wait_all()
+
+    def close(self) -> None:
+        for _ in self.processes:
+            self.tasks.put(None)
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+
+    def _wait_all(self) -> None:
+        for _ in self.processes:
+            while True:
+                try:
+                    self.done.get(timeout=5)
+                    break
+                except queue.Empty:
+                    if not all(p.is_alive() for p in self.processes):
+                        codes = [p.exitcode for p in self.processes]
+                        raise SystemExit(f"a worker process died: exit codes {codes}") from None
+
+
+def one_run(
+    engine: Engine,
+    db_url: str,
+    pool: WorkerPool,
+    target: SlowTarget,
+    claim_name: str,
+    weights: dict[str, float],
+    counts: dict[str, int],
+    seconds: float,
+) -> RunFigures:
+    reset(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM scraping.tenants"))
+    tenants = {name: repository.create_tenant(engine, name)[0] for name in counts}
+    for name, weight in weights.items():
+        if weight != 1:
+            repository.set_tenant_weight(engine, name, weight)
+    names = list(counts)
+    # Accepted the moment the (already running) workers are told to go.
+    with engine.begin() as conn:
+        conn.execute(text("SELECT setseed(0.15)"))
+        conn.execute(
+            text(QUERIES["submit_backlog"]),
+            {
+                "tenant_ids": [str(tenants[n].id) for n in names],
+                "counts": [counts[n] for n in names],
+                "base_url": target.url,
+                "domain": HOST,
+            },
+        )
+    with engine.connect() as conn:
+        began = conn.execute(text(QUERIES["clock"])).scalar_one()
+    pool.run(db_url, claim_name, seconds)
+    with engine.connect() as conn:
+        ended = min(conn.execute(text(QUERIES["clock"])).scalar_one(), began + seconds)
+        rows = conn.execute(text(QUERIES["job_starts"])).all()
+    name_of = {t.id: name for name, t in tenants.items()}
+    starts: dict[str, list[float]] = {n: [] for n in names}
+    waits: dict[str, list[tuple[float, bool]]] = {n: [] for n in names}
+    for row in rows:
+        name = name_of[row.tenant_id]
+        # Accepted when the backlog's transaction committed: the jobs became visible then.
+        accepted = max(row.accepted, began)
+        if row.started is not None and row.started <= ended:
+            starts[name].append(row.started)
+            waits[name].append((row.started - accepted, False))
+        else:
+            waits[name].append((ended - accepted, True))
+    # Backlogged until its last job started (or the end, with jobs still waiting).
+    backlog_end = min(
+        ended if len(starts[n]) < counts[n] else max(starts[n], default=began) for n in names
+    )
+    windows: list[float] = []
+    in_windows = dict.fromkeys(names, 0)
+    k = 0
+    while began + (k + 1) * WINDOW_SECONDS <= backlog_end:
+        low, high = began + k * WINDOW_SECONDS, began + (k + 1) * WINDOW_SECONDS
+        per = {n: sum(low <= s < high for s in starts[n]) for n in names}
+        windows.append(jain([per[n] / weights[n] for n in names]))
+        for n in names:
+            in_windows[n] += per[n]
+        k += 1
+    total = sum(in_windows.values())
+    return RunFigures(
+        windows=windows,
+        shares={n: in_windows[n] / total if total else 0.0 for n in names},
+        ideal={n: weights[n] / sum(weights.values()) for n in names},
+        waits={
+            n: (_percentile(waits[n], 0.5), _percentile(waits[n], 0.99))
+            for n in names
+            if n != "heavy"
+        },
+        started=sum(len(s) for s in starts.values()),
+        backlogged_seconds=backlog_end - began,
+    )
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # figures as they come, even into a file
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each run")
+    parser.add_argument("--quiet-jobs", type=int, default=45, help="backlog of each quiet tenant")
+    parser.add_argument("--job-ms", type=int, default=500, help="the target's answer time")
+    args = parser.parse_args()
+    for option in ("seconds", "quiet_jobs", "job_ms"):
+        if getattr(args, option) <= 0:
+            parser.error(f"--{option.replace('_', '-')} must be positive")
+
+    quiet = [f"q{i}" for i in range(1, TENANTS)]
+    heavy_jobs = round(args.quiet_jobs * len(quiet) * HEAVY_SHARE / (1 - HEAVY_SHARE))
+    tenants = ["heavy", *quiet]
+    runs = {
+        "fair, weights 1": ("fair", {}),
+        "fair, q1 at weight 2": ("fair", {"q1": 2.0}),
+        "fifo, weights 1": ("fifo", {}),
+    }
+    home = Path(tempfile.mkdtemp(prefix="fairness-"))
+    _store(home)  # the signing key, made once before the workers read it
+    pool = WorkerPool(home)
+    try:
+        _runs(pool, args, heavy_jobs, tenants, runs)
+    finally:
+        pool.close()
+
+
+def _runs(
+    pool: WorkerPool,
+    args: argparse.Namespace,
+    heavy_jobs: int,
+    tenants: list[str],
+    runs: dict[str, tuple[str, dict[str, float]]],
+) -> None:
+    db_url = fresh_bench_database("pin_bench_fairness")
+    engine = create_db_engine(db_url)
+    target = SlowTarget(HOST, args.job_ms / 1000)
+    print(
+        f"{TENANTS} tenants: heavy {heavy_jobs} jobs ({HEAVY_SHARE:.0%}), 9 quiet x "
+        f"{args.quiet_jobs}; {WORKER_PROCESSES} worker processes x {SLOTS_PER_WORKER} slots, "
+        f"{args.job_ms} ms per job, {args.seconds:g} s per run, windows of {WINDOW_SECONDS:g} s"
+    )
+    try:
+        pool.ready()
+        for label, (claim_name, overrides) in runs.items():
+            weights = {n: overrides.get(n, 1.0) for n in tenants}
+            # A quiet tenant's backlog in proportion to its weight: all last as long.
+            counts = {
+                n: heavy_jobs if n == "heavy" else round(args.quiet_jobs * weights[n])
+                for n in tenants
+            }
+            started = time.monotonic()
+            figures = one_run(
+                engine, db_url, pool, target, claim_name, weights, counts, args.seconds
+            )
+            print(
+                f"\n== {label}: {figures.started} jobs started, all backlogged for "
+                f"{figures.backlogged_seconds:.1f} s (run took {time.monotonic() - started:.0f} s)"
+            )
+            if figures.windows:
+                print(
+                    f"   Jain's index (weighted), {len(figures.windows)} windows: mean "
+                    f"{sum(figures.windows) / len(figures.windows):.3f}, worst "
+                    f"{min(figures.windows):.3f} (ideal 1.000)"
+                )
+            else:
+                print("   no full window while all were backlogged (raise --quiet-jobs)")
+            print(
+                f"   {'tenant':<7} {'weight':>6} {'share':>7} {'ideal':>7} {'wait p50':>10} "
+                f"{'wait p99':>10}"
+            )
+            for name in counts:
+                p50, p99 = figures.waits.get(name, ("", ""))
+                print(
+                    f"   {name:<7} {weights[name]:>6g} {figures.shares[name]:>7.1%} "
+                    f"{figures.ideal[name]:>7.1%} {p50:>10} {p99:>10}"
+                )
+    finally:
+        target.stop()
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    with no_survivors("bench/fairness.py"):
+        main()
