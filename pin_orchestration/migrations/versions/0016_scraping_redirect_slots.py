@@ -7,7 +7,7 @@ The SQL is frozen in 0016_scraping_redirect_slots.sql / .down.sql beside this fi
 live function definitions are pin_orchestration/scraping/sql/*.sql.
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 """
 
 from pathlib import Path
@@ -15,7 +15,7 @@ from pathlib import Path
 from alembic import op
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
