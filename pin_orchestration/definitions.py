@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import Definitions, colored_console_logger, definitions
+from dagster import Definitions, colored_console_logger, definitions, in_process_executor
 
 from pin_orchestration.assets.alert_checks import no_failed_runs_check
 from pin_orchestration.assets.analyst import (
@@ -157,6 +157,10 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
             sensors=[record_failed_runs, pin_analyst_automation],
             jobs=[pin_alert_checks_job, pin_release_lock],
             schedules=[pin_alert_checks_every_5_minutes],
+            # Also the implicit asset job's, which UI backfills and automation launch: one
+            # Python start per run like the named jobs, not one more per step (on a busy
+            # host each start is seconds the run queue waits on).
+            executor=in_process_executor,
             loggers={
                 "console": colored_console_logger.configured({"log_level": settings.run_log_level})
             },

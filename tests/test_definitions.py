@@ -6,6 +6,8 @@ backfills and alert routing: it has to show up here, in review.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pin_orchestration.definitions import build_definitions
 
 
@@ -94,3 +96,23 @@ def test_loading_the_module_reads_no_environment(monkeypatch) -> None:
         assert "PIN_NEWS_FULL_SWEEP_CRON" in str(exc)
     else:
         raise AssertionError("a bad cron must be refused when the location is built")
+
+
+def test_backfills_and_automation_runs_cost_one_process_and_yield_to_operators() -> None:
+    """UI backfills and automation launch runs of the implicit asset job: in-process like
+    the named jobs (one Python start per run, not one more per step), and the analysts'
+    derived runs queue behind an operator's backfill, a few at a time (dagster.yaml)."""
+    import yaml
+    from dagster import in_process_executor
+
+    from pin_orchestration.assets.analyst import pin_analyst_automation
+
+    repo = build_definitions().get_repository_def()
+    implicit = next(j for j in repo.get_all_jobs() if j.name.startswith("__ASSET_JOB"))
+    assert implicit.executor_def is in_process_executor
+
+    assert int(pin_analyst_automation.run_tags["dagster/priority"]) < 0
+    limits = yaml.safe_load((Path(__file__).parent.parent / "dagster.yaml").read_text())[
+        "concurrency"
+    ]["runs"]["tag_concurrency_limits"]
+    assert {"key": "dagster/sensor_name", "value": "pin_analyst_automation", "limit": 2} in limits

@@ -83,5 +83,8 @@ pin_analyst_automation = AutomationConditionSensorDefinition(
     ),
     default_status=DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
+    # Derived tables can wait: an operator's backfill or Launchpad run (priority 0) leaves
+    # the queue first; dagster.yaml runs at most two of these at a time.
+    run_tags={"dagster/priority": "-1"},
     description="Materializes the analysts' derived assets after their upstream partitions",
 )
