@@ -21,6 +21,12 @@ def test_claim_without_its_row_lock_breaks_one_call_at_a_time(tmp_path: Path) ->
         "LIMIT :batch_size\nFOR UPDATE SKIP LOCKED\n",
         "LIMIT :batch_size\n",
     )
-    result = run_suite(root, "detach-parallel-runners")
+    # Two claimers reading the same due rows is a race the scenario lines up (a start line)
+    # but cannot force on a loaded machine: up to three runs, the first that catches it
+    # counts. A healthy build never violates the invariant, however often it runs.
+    for _ in range(3):
+        result = run_suite(root, "detach-parallel-runners")
+        if result.returncode == 1 and "detach.one_call_at_a_time" in result.stderr:
+            break
     assert result.returncode == 1, result.stdout + result.stderr
     assert "detach.one_call_at_a_time" in result.stderr
