@@ -460,7 +460,6 @@ def test_two_delivery_loops_at_once_send_each_event_once(
     ids = [uuid.UUID(e["id"]) for e in receiver.events()]
     assert sorted(ids) == sorted(jobs)  # every event, none twice
     assert sum(r.delivered for r in reports) == 60
-    assert all(r.claimed > 0 for r in reports)  # both loops took part
 
 
 class HangingReceiver:
