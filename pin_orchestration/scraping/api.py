@@ -787,7 +787,9 @@ def _serve_metrics_to_operators(
 
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
     """Starlette's 405 lists only the methods of the first route whose path matched; a path
-    served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6)."""
+    served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6).
+    A 405 an endpoint raised itself (a full match: GET /jobs/batch) keeps its own Allow."""
+    from fastapi.routing import iter_route_contexts
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
     from starlette.responses import Response
@@ -796,11 +798,16 @@ def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
     async def handler(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
             allowed: set[str] = set()
-            for route in app.router.routes:
+            served = False
+            # Every route, those of included routers too (FastAPI ≥ 0.165 keeps them
+            # behind one entry per router in app.router.routes).
+            for route in iter_route_contexts(app.router.routes):
                 match, _ = route.matches(request.scope)
-                if match != Match.NONE:
-                    allowed |= set(getattr(route, "methods", None) or ())
-            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+                served |= match == Match.FULL
+                if match == Match.PARTIAL:
+                    allowed |= set(route.methods or ())
+            if not served:
+                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
         return await problems.http_problem(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]
