@@ -100,27 +100,34 @@ def _lifespan(
 
 def _answer_405_with_every_allowed_method(app: FastAPI) -> None:
     """Starlette's 405 lists only the methods of the first route whose path matched; a path
-    served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6).
-    A 405 an endpoint raised itself (a full match: GET /jobs/batch) keeps its own Allow."""
+    served by several routes (GET and POST /jobs) must list them all (RFC 9110 §15.5.6):
+    the routes of the first path template that matched (/jobs/batch, not /jobs/{job_id}),
+    the documented ones where there are (not the route that refuses GET /jobs/batch). A
+    405 an endpoint raised itself (a full match: GET /jobs/batch) keeps its own Allow."""
     from fastapi.routing import iter_route_contexts
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.requests import Request
-    from starlette.responses import Response
     from starlette.routing import Match
 
+    def allowed_methods(request: Request) -> str | None:
+        # Every route, those of included routers too (FastAPI ≥ 0.165 keeps them behind
+        # one entry per router in app.router.routes), in the order they are tried.
+        matched = []
+        for route in iter_route_contexts(app.router.routes):
+            match, _ = route.matches(request.scope)
+            if match == Match.FULL:
+                return None
+            if match == Match.PARTIAL:
+                matched.append(route)
+        if not matched:
+            return None
+        same_path = [route for route in matched if route.path == matched[0].path]
+        documented = [route for route in same_path if route.include_in_schema] or same_path
+        return ", ".join(sorted({m for route in documented for m in route.methods or ()}))
+
     async def handler(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 405:
-            allowed: set[str] = set()
-            served = False
-            # Every route, those of included routers too (FastAPI ≥ 0.165 keeps them
-            # behind one entry per router in app.router.routes).
-            for route in iter_route_contexts(app.router.routes):
-                match, _ = route.matches(request.scope)
-                served |= match == Match.FULL
-                if match == Match.PARTIAL:
-                    allowed |= set(route.methods or ())
-            if not served:
-                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        if exc.status_code == 405 and (allowed := allowed_methods(request)) is not None:
+            exc.headers = {**(exc.headers or {}), "Allow": allowed}
         return await problems.http_problem(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, handler)  # type: ignore[arg-type]

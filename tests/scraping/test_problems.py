@@ -51,6 +51,9 @@ def test_errors_outside_the_routes_are_problems(client: TestClient, make_tenant)
         ("POST", "/jobs/00000000-0000-0000-0000-000000000000/attempts", "GET"),
         ("GET", "/jobs/batch", "POST"),
         ("DELETE", "/jobs/batch", "POST"),
+        # Matched by no route in full: the path's own routes, not /jobs/{job_id}'s.
+        ("OPTIONS", "/jobs/batch", "POST"),
+        ("OPTIONS", "/jobs", "GET, POST"),
         ("POST", "/healthz", "GET"),
         ("POST", "/results/anything", "GET"),
     ],
