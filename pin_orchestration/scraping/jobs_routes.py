@@ -130,12 +130,8 @@ RATE_LIMITED = {
 
 def jobs_router(deps: ApiDeps) -> APIRouter:
     Caller = deps.caller
-    engine_provider, reading, store, settings = (
-        deps.engine_provider,
-        deps.reading,
-        deps.store,
-        deps.settings,
-    )
+    engine_provider, reading = deps.engine_provider, deps.reading
+    store, settings = deps.store, deps.settings
     intake_limit, job_cache = deps.intake_limit, deps.job_cache
     JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
     router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
