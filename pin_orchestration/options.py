@@ -37,7 +37,7 @@ def option(default: Any, help: str = "") -> Any:  # noqa: A002 — click's word 
 
 @dataclass(frozen=True)
 class Check:
-    """A bound a setting's parsed value must hold, as errors and docs say it ("> 0")."""
+    """A bound a setting's parsed value must hold, and how an error says it ("> 0")."""
 
     says: str
     holds: Callable[[Any], bool]
@@ -107,6 +107,8 @@ def setting(
     errors say the default as `shown` (markdown) when the value alone does not tell it.
     `help` is the meaning (docs/configuration.md, Launchpad, `--help`); `group` its
     heading there. `redact` says a secret's bad value without showing it."""
+    if default is dataclasses.MISSING and not shown:
+        raise TypeError(f"{env}: a setting with a default_factory says its default as shown=")
     names = (env,) if isinstance(env, str) else tuple(env)
     variable = Variable(names, parse, check, unit, accepts, shown, group, redact)
     return dataclasses.field(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,9 +168,12 @@ def read_settings(settings_cls: type[S], environ: Mapping[str, str] | None = Non
 
 
 def _parsed(variable: Variable, hint: Any, name: str, raw: str, default: str) -> Any:
+    parse = variable.parse or _TYPE_PARSERS.get(plain_type(hint))
+    if parse is None:  # a declaration's mistake, not the operator's
+        raise TypeError(f"{name}: no parser for {hint!r}; declare one with setting(parse=…)")
     reason = ""
     try:
-        value = variable.parse(raw) if variable.parse else _by_type(plain_type(hint), raw)
+        value = parse(raw)
         valid = variable.check is None or variable.check.holds(value)
     except (ValueError, TypeError) as exc:
         # A declared parser says why; the type's own message would only repeat the value.
@@ -185,19 +188,19 @@ def _parsed(variable: Variable, hint: Any, name: str, raw: str, default: str) ->
     )
 
 
-def _by_type(kind: Any, raw: str) -> Any:
-    if kind is int:
-        return int(raw)
-    if kind is float:
-        value = float(raw)
-        if not math.isfinite(value):
-            raise ValueError("not a finite number")
-        return value
-    if kind is Path:
-        return Path(raw).expanduser().resolve()
-    if kind is str:
-        return raw
-    raise TypeError(f"no parser for {kind!r}: declare one with setting(parse=…)")
+def _finite(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
+_TYPE_PARSERS: dict[Any, Callable[[str], Any]] = {
+    int: int,
+    float: _finite,
+    str: str,
+    Path: lambda raw: Path(raw).expanduser().resolve(),
+}
 
 
 # --- docs/configuration.md ---------------------------------------------------------------
