@@ -36,7 +36,7 @@ HEADERS_TOO_LARGE = {
 }
 
 # How long an API key stays known to an API process after a lookup: a rotated key keeps
-# working at most this long (documented in README, `pin tenant rotate-key`).
+# working at most this long (documented in docs/jobs/scraping.md, `pin tenant rotate-key`).
 API_KEY_CACHE_SECONDS = 10.0
 
 

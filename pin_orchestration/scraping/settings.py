@@ -126,7 +126,7 @@ class ScrapingSettings:
         unit="bytes",
         group=WORKER,
     )
-    # Politeness per target host, shared by every worker (README explains the defaults).
+    # Politeness per target host, shared by every worker (docs/jobs/scraping.md explains the defaults).
     domain_rps: float = setting(
         2.0,
         env="PIN_SCRAPING_DOMAIN_RPS",
@@ -223,7 +223,7 @@ class ScrapingSettings:
     )
     # A token bucket in PostgreSQL shared by every API process. The defaults are the seed's
     # whole peak intake (28 jobs/s) for one tenant, and a burst that lets the seed's
-    # crawler post its 400 jobs at once (README, "Abuse limits").
+    # crawler post its 400 jobs at once (docs/jobs/scraping.md, "Abuse limits").
     intake_rps: float = setting(
         28.0,
         env="PIN_SCRAPING_INTAKE_RPS",
