@@ -17,7 +17,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 
@@ -46,7 +46,7 @@ def tenant_id(make_tenant) -> uuid.UUID:
 
 
 def test_200_is_stored_then_succeeded(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/page/home", lang="en")
     report = work()
@@ -67,18 +67,18 @@ def test_200_is_stored_then_succeeded(
 
 @pytest.mark.parametrize("status,error_class", [(404, "http_404"), (401, "http_401")])
 def test_permanent_answers_fail_at_once(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, status: int, error_class: str
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, status: int, error_class: str
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/{status}")
     work()
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, error_class)
     assert row.last_error and row.result_key is None
-    assert site.requests[f"/status/{status}"] == 1
+    assert site.count(f"/status/{status}") == 1
 
 
 def test_429_waits_for_retry_after(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/429", retry_after=120)
     before = datetime.now(UTC)
@@ -92,7 +92,7 @@ def test_429_waits_for_retry_after(
 
 
 def test_503_twice_then_200_succeeds_on_the_third_attempt(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/flaky/x", fail=2)
     work(idle_exit_seconds=2.5)  # Retry-After: 1 between attempts
@@ -106,7 +106,7 @@ def test_503_twice_then_200_succeeds_on_the_third_attempt(
 
 
 def test_a_target_slower_than_the_timeout_is_retried_then_failed(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     import dataclasses
 
@@ -119,7 +119,7 @@ def test_a_target_slower_than_the_timeout_is_retried_then_failed(
 
 
 def test_a_body_over_the_limit_fails_and_stores_nothing(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     too_big = TEST_SETTINGS.max_result_bytes + 1
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/big", ms=0, bytes=too_big)
@@ -163,7 +163,7 @@ class CountingServer:
 
 
 def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     private = CountingServer()
     try:
@@ -174,13 +174,13 @@ def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
             row = job_row(db_engine, job_id)
             assert (row.status, row.last_error_class) == ("failed", "refused_address")
         assert private.connections == 0
-        assert site.requests["/redirect"] == 1
+        assert site.count("/redirect") == 1
     finally:
         private.stop()
 
 
 def test_the_result_object_exists_before_the_job_reads_succeeded(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     """A store that looks at the job while it writes: the job must still be running then,
     and a reader polling all along never sees succeeded without the object."""
@@ -218,7 +218,7 @@ def test_the_result_object_exists_before_the_job_reads_succeeded(
 
 
 def test_a_running_job_is_cancelled_at_the_workers_next_check(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     import dataclasses
 
@@ -320,7 +320,7 @@ def test_two_workers_on_separate_connections_never_claim_the_same_job(
 
 
 def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, s3_store
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, s3_store
 ) -> None:
     import requests
 
