@@ -8,7 +8,6 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -129,43 +128,10 @@ def test_a_body_over_the_limit_fails_and_stores_nothing(
     assert not list(local_store.root.rglob(str(job_id)))
 
 
-class CountingServer:
-    """A server on 127.0.0.2 that counts every connection it accepts."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def setup(self) -> None:
-                outer.connections += 1
-                super().setup()
-
-            def do_GET(self) -> None:  # noqa: N802
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.2:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
-    private = CountingServer()
+    private = ScrapingTarget("127.0.0.2").start()  # counts every connection it accepts
     try:
         direct = enqueue(db_engine, tenant_id, f"{private.url}/secret")
         redirected = enqueue(db_engine, tenant_id, f"{site.url}/redirect", to=f"{private.url}/x")
@@ -173,7 +139,7 @@ def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
         for job_id in (direct, redirected):
             row = job_row(db_engine, job_id)
             assert (row.status, row.last_error_class) == ("failed", "refused_address")
-        assert private.connections == 0
+        assert private.accepted_connections == 0
         assert site.count("/redirect") == 1
     finally:
         private.stop()
