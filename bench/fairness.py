@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
-from bench.noisy_neighbour import SlowTarget, reset  # noqa: E402
+from bench.noisy_neighbour import reset  # noqa: E402
 from pin_orchestration.db import create_db_engine  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
@@ -61,6 +61,7 @@ from pin_orchestration.scraping.store import (  # noqa: E402
 )
 from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
 from pin_orchestration.sql import load_queries  # noqa: E402
+from pin_orchestration.standins.scraping_target import ScrapingTarget  # noqa: E402
 from tests.leftover_processes import no_survivors  # noqa: E402
 
 TENANTS = 10
@@ -204,11 +205,12 @@ def one_run(
     engine: Engine,
     db_url: str,
     pool: WorkerPool,
-    target: SlowTarget,
+    target: ScrapingTarget,
     claim_name: str,
     weights: dict[str, float],
     counts: dict[str, int],
     seconds: float,
+    job_ms: int,
 ) -> RunFigures:
     reset(engine)
     with engine.begin() as conn:
@@ -226,7 +228,9 @@ def one_run(
             {
                 "tenant_ids": [str(tenants[n].id) for n in names],
                 "counts": [counts[n] for n in names],
-                "base_url": target.url,
+                # The target's slow pages: every GET answered after job_ms, 1 KB of body.
+                "base_url": f"{target.url}/slow",
+                "query": f"?ms={job_ms}&bytes=1024",
                 "domain": HOST,
             },
         )
@@ -314,7 +318,7 @@ def _runs(
 ) -> None:
     db_url = fresh_bench_database("pin_bench_fairness")
     engine = create_db_engine(db_url)
-    target = SlowTarget(HOST, args.job_ms / 1000)
+    target = ScrapingTarget(HOST).start()
     print(
         f"{TENANTS} tenants: heavy {heavy_jobs} jobs ({HEAVY_SHARE:.0%}), 9 quiet x "
         f"{args.quiet_jobs}; {WORKER_PROCESSES} worker processes x {SLOTS_PER_WORKER} slots, "
@@ -331,7 +335,7 @@ def _runs(
             }
             started = time.monotonic()
             figures = one_run(
-                engine, db_url, pool, target, claim_name, weights, counts, args.seconds
+                engine, db_url, pool, target, claim_name, weights, counts, args.seconds, args.job_ms
             )
             print(
                 f"\n== {label}: {figures.started} jobs started, all backlogged for "

@@ -3,9 +3,10 @@
 -- name: submit_backlog
 -- The whole backlog accepted at once, in a shuffled order: :counts[i] jobs of tenant
 -- :tenant_ids[i], accept times one microsecond apart in that order (so FIFO serves them
--- in the order they came, and the fair tags are given in that order too).
+-- in the order they came, and the fair tags are given in that order too); job n's URL is
+-- :base_url/n:query.
 INSERT INTO scraping.jobs (id, tenant_id, url, domain, created_at, next_attempt_at)
-SELECT gen_random_uuid(), s.tenant_id, :base_url || '/' || s.n, :domain,
+SELECT gen_random_uuid(), s.tenant_id, :base_url || '/' || s.n || :query, :domain,
        now() - interval '1 second' + s.seq * interval '1 microsecond',
        now() - interval '1 second' + s.seq * interval '1 microsecond'
 FROM (

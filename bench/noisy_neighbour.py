@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from sqlalchemy import Engine, text
@@ -50,38 +49,12 @@ from pin_orchestration.scraping.store import (  # noqa: E402
     load_or_create_signing_key,
 )
 from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
+from pin_orchestration.standins.scraping_target import ScrapingTarget  # noqa: E402
 
 HOSTS = {"crawler": "127.0.0.2", "shop": "127.0.0.3", "analyst": "127.0.0.4"}
 SLOTS = 8
 STREAM_EVERY_SECONDS = 2.0
 STREAM_JOBS = 20
-
-
-class SlowTarget:
-    """Answers every GET after `seconds`, 1 KB of body."""
-
-    def __init__(self, host: str, seconds: float) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802
-                time.sleep(seconds)
-                self.send_response(200)
-                self.send_header("Content-Length", "1024")
-                self.end_headers()
-                self.wfile.write(b"x" * 1024)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://{host}:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def reset(engine: Engine) -> None:
@@ -97,13 +70,16 @@ def reset(engine: Engine) -> None:
 def one_run(
     engine: Engine,
     tenants: dict[str, repository.Tenant],
-    targets: dict[str, SlowTarget],
+    targets: dict[str, ScrapingTarget],
     store: LocalResultStore,
     claim,
     priorities: dict[str, str],
     burst: int,
+    job_seconds: float,
 ) -> dict[str, tuple[float, float]]:
     reset(engine)
+    # The target's slow page: every GET answered after job_seconds, 1 KB of body.
+    slow = {"ms": round(job_seconds * 1000), "bytes": 1024}
     settings = dataclasses.replace(
         ScrapingSettings(),
         slots=SLOTS,
@@ -113,7 +89,7 @@ def one_run(
 
     def submit(name: str, n: int) -> None:
         request = JobRequest(
-            url=f"{targets[name].url}/{name}/{n}", params={}, priority=priorities[name]
+            url=f"{targets[name].url}/slow/{name}/{n}", params=slow, priority=priorities[name]
         )
         repository.submit_job(engine, tenants[name].id, request, None)
 
@@ -175,7 +151,7 @@ def main() -> None:
 
     engine = create_db_engine(fresh_bench_database("pin_bench_noisy_neighbour"))
     tenants = {name: repository.create_tenant(engine, name)[0] for name in HOSTS}
-    targets = {name: SlowTarget(host, args.job_seconds) for name, host in HOSTS.items()}
+    targets = {name: ScrapingTarget(host).start() for name, host in HOSTS.items()}
     home = Path(tempfile.mkdtemp(prefix="noisy-neighbour-"))
     store = LocalResultStore(
         home / "results",
@@ -199,7 +175,9 @@ def main() -> None:
         for scenario, priorities in scenarios.items():
             for claim_name, claim in (("fifo", fifo_claim), ("fair", repository.claim_due_jobs)):
                 began = time.monotonic()
-                figures = one_run(engine, tenants, targets, store, claim, priorities, args.burst)
+                figures = one_run(
+                    engine, tenants, targets, store, claim, priorities, args.burst, args.job_seconds
+                )
                 for tenant in ("shop", "analyst", "crawler"):
                     first, last = figures[tenant]
                     print(

@@ -103,7 +103,7 @@ def start_scraping_services(
     """The scraping API (`pin api`); with the demo, the demo target site, the demo tenant
     (its key is printed) and a few jobs."""
     from pin_orchestration.demo import ensure_demo_tenant, submit_demo_jobs
-    from pin_orchestration.standins.scraping_target import DEFAULT_PORT, DemoSite
+    from pin_orchestration.standins.scraping_target import DEFAULT_PORT, ScrapingTarget
 
     api_host, api_port = env["PIN_API_HOST"], env["PIN_API_PORT"]
     env.setdefault("PIN_API_PUBLIC_URL", f"http://{api_host}:{api_port}")
@@ -133,9 +133,9 @@ def start_scraping_services(
     if not seed_demo:
         return [stop_api]
     try:
-        site = DemoSite(port=DEFAULT_PORT).start()
+        site = ScrapingTarget(port=DEFAULT_PORT).start()
     except OSError:  # the port is taken (another stack): any free port will do for the demo
-        site = DemoSite().start()
+        site = ScrapingTarget().start()
     engine = create_db_engine(env["PIN_DATABASE_URL"])
     tenant, key = ensure_demo_tenant(engine, settings.home)
     submit_demo_jobs(engine, tenant.id, site.url)

@@ -1,11 +1,37 @@
-"""`pin faults`: the fault-injection suite (docs/reliability.md)."""
+"""`pin faults`: the fault-injection suite (docs/reliability.md).
+
+The suite is not part of the package: it lives in `faults/` at the root of the source
+checkout, beside `bench/`, and is imported only when a `pin faults` command runs."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import click
+
+import pin_orchestration
+
+# The source checkout this package runs from (an installed wheel has no faults/ beside it).
+CHECKOUT = Path(pin_orchestration.__file__).resolve().parent.parent
+
+NO_SUITE = (
+    "The fault suite ships with the source checkout, not with the package: clone the "
+    "repository and run `pin faults run` from it (no faults/ in {checkout})."
+)
+
+
+def _use_suite() -> None:
+    """Make `faults` importable from the checkout, here and in the suite's children (they
+    run `python -m faults.scenarios.…`); exit with one line saying how to get it when this
+    package runs from no checkout."""
+    if not (CHECKOUT / "faults" / "__init__.py").is_file():
+        raise click.ClickException(NO_SUITE.format(checkout=CHECKOUT))
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [path, str(CHECKOUT)]))
 
 
 @click.group()
@@ -16,7 +42,8 @@ def faults() -> None:
 @faults.command("list")
 def list_scenarios() -> None:
     """The scenarios, one a line: name, job, fault."""
-    from pin_orchestration.faults.runner import load_scenarios
+    _use_suite()
+    from faults.runner import load_scenarios
 
     for item in load_scenarios():
         mode = "full only" if item.full_only else "quick and full"
@@ -39,7 +66,8 @@ def run(quick: bool, only: tuple[str, ...], seed: int, write_to: Path | None) ->
 
     # Each scenario's database is migrated from a template once; the steps are noise here.
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from pin_orchestration.faults.runner import (
+    _use_suite()
+    from faults.runner import (
         load_scenarios,
         render_table,
         run_scenarios,

@@ -12,15 +12,17 @@ from pathlib import Path
 import pin_orchestration
 
 PACKAGE = Path(pin_orchestration.__file__).parent
+# The fault suite lives beside the package in the checkout (not in the package).
+SUITE = PACKAGE.parent / "faults"
 
 
 def broken_copy(tmp_path: Path, relative_file: str, guard: str, broken: str) -> Path:
-    """A copy of the package in tmp_path with `guard` replaced by `broken` in one file;
-    returns the directory to put first on PYTHONPATH."""
+    """A copy of the checkout's package and fault suite in tmp_path with `guard` replaced
+    by `broken` in one file of the package; returns the directory to put first on
+    PYTHONPATH."""
     root = tmp_path / "broken-build"
-    shutil.copytree(
-        PACKAGE, root / "pin_orchestration", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for source in (PACKAGE, SUITE):
+        shutil.copytree(source, root / source.name, ignore=shutil.ignore_patterns("__pycache__"))
     target = root / "pin_orchestration" / relative_file
     source = target.read_text()
     assert source.count(guard) == 1, f"the guard is no longer in {relative_file}: {guard!r}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pin_orchestration.faults.runner import load_scenarios
+from faults.runner import load_scenarios
 from tests.faults.broken_build import run_suite
 
 # What the suite may take on a loaded CI machine; pytest's own limit (pyproject's 300 s,

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.faults.scenarios.detach import skew_wall_clock
+from faults.scenarios.detach import skew_wall_clock
 from tests.news_snapshot_detach.test_snapshot_detach import Selections, enqueue, row, run
 
 

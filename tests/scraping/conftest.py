@@ -27,7 +27,7 @@ from pin_orchestration.scraping.store import (
     load_or_create_signing_key,
     s3_client,
 )
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 
 # Starlette opens result files with anyio.open_file, which anyio imports lazily on first
 # use — inside a worker thread, where pytest's assertion rewriter then parses the module
@@ -86,8 +86,8 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def site() -> Iterator[DemoSite]:
-    demo = DemoSite().start()
+def site() -> Iterator[ScrapingTarget]:
+    demo = ScrapingTarget().start()
     yield demo
     demo.stop()
 

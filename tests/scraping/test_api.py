@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping.job_models import URL_PATTERN
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import Worker, auth
 
 ENDPOINTS = [
@@ -30,13 +30,13 @@ def submit(client: TestClient, key: str, body: dict, **headers: str) -> dict:
 
 
 def test_submit_answers_202_with_a_receipt_and_never_touches_the_target(
-    client: TestClient, make_tenant, site: DemoSite
+    client: TestClient, make_tenant, site: ScrapingTarget
 ) -> None:
     _, key = make_tenant("shop")
     receipt = submit(client, key, {"url": f"{site.url}/page/a", "params": {"q": "x"}})
     assert receipt["status"] == "queued"
     assert receipt["links"]["self"] == f"/jobs/{receipt['id']}"
-    assert sum(site.requests.values()) == 0
+    assert len(site.requests) == 0
 
     job = client.get(receipt["links"]["self"], headers=auth(key)).json()
     assert job["status"] == "queued"
@@ -224,7 +224,7 @@ def test_cancel_a_queued_job_at_once_and_a_terminal_one_is_409(
 
 
 def test_result_is_409_until_succeeded_then_a_signed_url_with_the_exact_bytes(
-    client: TestClient, make_tenant, site: DemoSite, work: Worker
+    client: TestClient, make_tenant, site: ScrapingTarget, work: Worker
 ) -> None:
     _, key = make_tenant("shop")
     job = submit(client, key, {"url": f"{site.url}/slow/r", "params": {"ms": 0, "bytes": 3000}})
@@ -247,7 +247,7 @@ def test_result_is_409_until_succeeded_then_a_signed_url_with_the_exact_bytes(
 
 
 def test_attempts_tell_three_timeouts_then_a_401(
-    client: TestClient, make_tenant, site: DemoSite, work: Worker
+    client: TestClient, make_tenant, site: ScrapingTarget, work: Worker
 ) -> None:
     _, key = make_tenant("shop")
     job = submit(

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.db import dagster_storage_url
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.leftover_processes import stop_process_tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
     db_url: str,
     db_engine: Engine,
     make_tenant,
-    site: DemoSite,
+    site: ScrapingTarget,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -30,7 +30,7 @@ from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import UNLIMITED
 from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
@@ -128,7 +128,7 @@ def test_sensor_launches_no_run_for_due_jobs_that_no_worker_could_claim(
 def test_a_worker_run_drains_jobs_and_materializes_the_day(
     instance, resources, db_engine: Engine, make_tenant, scraping_env
 ) -> None:
-    site = DemoSite().start()
+    site = ScrapingTarget().start()
     try:
         tenant, _ = make_tenant("shop")
         ok = [submit(db_engine, tenant.id, f"{site.url}/page/{i}") for i in range(5)]

@@ -28,22 +28,27 @@ from pin_orchestration.scraping.fetch import (
     is_address_allowed,
     parse_allowed_cidrs,
 )
-from tests.scraping.servers import TargetServer, TlsFiles, body_bytes, make_tls_files
+from pin_orchestration.standins.scraping_target import (
+    ScrapingTarget,
+    TlsFiles,
+    body_bytes,
+    make_tls_files,
+)
 
 LOOPBACK_ONE = parse_allowed_cidrs("127.0.0.1/32")
 
 
 @pytest.fixture
-def target() -> Iterator[TargetServer]:
-    with TargetServer("127.0.0.1") as server:
+def target() -> Iterator[ScrapingTarget]:
+    with ScrapingTarget("127.0.0.1") as server:
         yield server
 
 
 @pytest.fixture
-def refused_target(target: TargetServer) -> Iterator[TargetServer]:
+def refused_target(target: ScrapingTarget) -> Iterator[ScrapingTarget]:
     """A counting server on 127.0.0.2, outside the allow-list, on the same port as
     `target` where that port is free there (the rebinding test needs one port)."""
-    with TargetServer("127.0.0.2", target.port) as server:
+    with ScrapingTarget("127.0.0.2", target.port) as server:
         yield server
 
 
@@ -65,7 +70,7 @@ def fetch_error(fetcher: Fetcher, url: str, **kwargs: Any) -> FetchError:
     return caught.value
 
 
-def assert_nothing_reached(server: TargetServer) -> None:
+def assert_nothing_reached(server: ScrapingTarget) -> None:
     """No connection reached `server` before now.
 
     A probe connects after the fetch; the listen queue hands connections out in order, so
@@ -73,7 +78,7 @@ def assert_nothing_reached(server: TargetServer) -> None:
     """
     probe = requests.Session()
     probe.trust_env = False
-    assert probe.get(server.url("/bytes?n=1"), timeout=5).status_code == 200
+    assert probe.get(f"{server.url}/bytes?n=1", timeout=5).status_code == 200
     probe.close()
     assert server.accepted_connections == 1, "a refused fetch reached the target"
     assert server.requests == ["/bytes?n=1"]
@@ -82,9 +87,9 @@ def assert_nothing_reached(server: TargetServer) -> None:
 # --- answers ----------------------------------------------------------------------------
 
 
-def test_body_size_hash_and_content_type(fetcher: Fetcher, target: TargetServer) -> None:
+def test_body_size_hash_and_content_type(fetcher: Fetcher, target: ScrapingTarget) -> None:
     n = 3 * 1024 * 1024 + 17  # beyond the 1 MiB kept in memory
-    with fetcher.fetch(target.url(f"/bytes?n={n}&type=image/png")) as result:
+    with fetcher.fetch(f"{target.url}/bytes?n={n}&type=image/png") as result:
         assert result.status_code == 200
         assert result.content_type == "image/png"
         assert result.headers["CONTENT-TYPE"] == "image/png"
@@ -92,75 +97,75 @@ def test_body_size_hash_and_content_type(fetcher: Fetcher, target: TargetServer)
         expected = body_bytes(n)
         assert result.sha256 == hashlib.sha256(expected).hexdigest()
         assert result.body.read() == expected
-        assert result.final_url == target.url(f"/bytes?n={n}&type=image/png")
+        assert result.final_url == f"{target.url}/bytes?n={n}&type=image/png"
         assert result.elapsed_ms >= 0
 
 
-def test_small_body_stays_in_memory(fetcher: Fetcher, target: TargetServer) -> None:
-    with fetcher.fetch(target.url("/bytes?n=10")) as result:
+def test_small_body_stays_in_memory(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    with fetcher.fetch(f"{target.url}/bytes?n=10") as result:
         assert result.body.read() == body_bytes(10)
         assert not result.body._rolled  # type: ignore[attr-defined]
 
 
-def test_params_go_into_the_query_string(fetcher: Fetcher, target: TargetServer) -> None:
+def test_params_go_into_the_query_string(fetcher: Fetcher, target: ScrapingTarget) -> None:
     params = {"q": "a b&c", "page": 2, "ratio": 0.5, "exact": True, "tag": ["x", "y"], "no": None}
-    with fetcher.fetch(target.url("/echo?fixed=1"), params) as result:
+    with fetcher.fetch(f"{target.url}/echo?fixed=1", params) as result:
         assert result.body.read() == (
             b"/echo?fixed=1&q=a+b%26c&page=2&ratio=0.5&exact=true&tag=x&tag=y&no="
         )
 
 
-def test_nested_params_are_refused_naming_the_key(fetcher: Fetcher, target: TargetServer) -> None:
-    error = fetch_error(fetcher, target.url("/echo"), params={"filter": {"a": 1}})
+def test_nested_params_are_refused_naming_the_key(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    error = fetch_error(fetcher, f"{target.url}/echo", params={"filter": {"a": 1}})
     assert error.error_class == "invalid_url"
     assert "params.filter" in error.detail
     assert target.requests == []
 
 
 @pytest.mark.parametrize("status", [404, 401, 500])
-def test_error_statuses_are_answers(fetcher: Fetcher, target: TargetServer, status: int) -> None:
-    with fetcher.fetch(target.url(f"/status/{status}")) as result:
+def test_error_statuses_are_answers(fetcher: Fetcher, target: ScrapingTarget, status: int) -> None:
+    with fetcher.fetch(f"{target.url}/status/{status}") as result:
         assert result.status_code == status
-        assert result.body.read() == b"status"
+        assert result.body.read() == f"status {status}\n".encode()
 
 
-def test_429_keeps_retry_after(fetcher: Fetcher, target: TargetServer) -> None:
-    with fetcher.fetch(target.url("/status/429?retry_after=7")) as result:
+def test_429_keeps_retry_after(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    with fetcher.fetch(f"{target.url}/status/429?retry_after=7") as result:
         assert result.status_code == 429
         assert result.headers["retry-after"] == "7"
 
 
-def test_503_twice_then_200(fetcher: Fetcher, target: TargetServer) -> None:
+def test_503_twice_then_200(fetcher: Fetcher, target: ScrapingTarget) -> None:
     statuses = []
     for _ in range(3):
-        with fetcher.fetch(target.url("/flaky/job-1")) as result:
+        with fetcher.fetch(f"{target.url}/flaky/job-1") as result:
             statuses.append(result.status_code)
     assert statuses == [503, 503, 200]
 
 
-def test_gzip_is_decoded_and_a_bomb_is_cut(target: TargetServer) -> None:
+def test_gzip_is_decoded_and_a_bomb_is_cut(target: ScrapingTarget) -> None:
     with make_fetcher(max_body_bytes=100_000) as fetcher:
-        with fetcher.fetch(target.url("/gzip?n=50000")) as result:
+        with fetcher.fetch(f"{target.url}/gzip?n=50000") as result:
             assert result.size == 50_000
             assert result.body.read() == bytes(50_000)
         # 10 MB of zeros compress to ~10 KB: the limit holds on the decoded bytes.
         assert len(gzip.compress(bytes(10_000_000))) < 100_000
-        error = fetch_error(fetcher, target.url("/gzip?n=10000000"))
+        error = fetch_error(fetcher, f"{target.url}/gzip?n=10000000")
         assert error.error_class == "body_too_large"
 
 
-def test_connections_are_reused(fetcher: Fetcher, target: TargetServer) -> None:
+def test_connections_are_reused(fetcher: Fetcher, target: ScrapingTarget) -> None:
     for _ in range(5):
-        fetcher.fetch(target.url("/bytes?n=100")).close()
+        fetcher.fetch(f"{target.url}/bytes?n=100").close()
     assert target.accepted_connections == 1
     assert len(target.requests) == 5
 
 
 def test_a_cookie_set_for_one_job_is_not_sent_with_the_next(
-    fetcher: Fetcher, target: TargetServer
+    fetcher: Fetcher, target: ScrapingTarget
 ) -> None:
-    fetcher.fetch(target.url("/cookie")).close()
-    with fetcher.fetch(target.url("/headers")) as result:
+    fetcher.fetch(f"{target.url}/cookie").close()
+    with fetcher.fetch(f"{target.url}/headers") as result:
         sent = result.body.read().decode()
     assert "tenant-a" not in sent
     assert "pin-scraper/0.1" in sent
@@ -170,18 +175,18 @@ def test_a_cookie_set_for_one_job_is_not_sent_with_the_next(
 
 
 @pytest.mark.parametrize("framing", ["length", "close", "chunked"])
-def test_body_over_the_limit(target: TargetServer, framing: str) -> None:
+def test_body_over_the_limit(target: ScrapingTarget, framing: str) -> None:
     with make_fetcher(max_body_bytes=100_000) as fetcher:
-        with fetcher.fetch(target.url(f"/big?n=100000&framing={framing}")) as result:
+        with fetcher.fetch(f"{target.url}/big?n=100000&framing={framing}") as result:
             assert result.size == 100_000
-        error = fetch_error(fetcher, target.url(f"/big?n=100001&framing={framing}"))
+        error = fetch_error(fetcher, f"{target.url}/big?n=100001&framing={framing}")
         assert error.error_class == "body_too_large"
         assert "100000" in error.detail
 
 
-def test_declared_length_over_the_limit_is_refused_before_the_body(target: TargetServer) -> None:
+def test_declared_length_over_the_limit_is_refused_before_the_body(target: ScrapingTarget) -> None:
     with make_fetcher(max_body_bytes=1000) as fetcher:
-        error = fetch_error(fetcher, target.url("/trickle?n=5000&interval=0.5"))
+        error = fetch_error(fetcher, f"{target.url}/trickle?n=5000&interval=0.5")
     assert error.error_class == "body_too_large"
     assert "Content-Length 5000" in error.detail
 
@@ -189,10 +194,10 @@ def test_declared_length_over_the_limit_is_refused_before_the_body(target: Targe
 # --- deadlines and cancellation ---------------------------------------------------------
 
 
-def test_no_answer_within_the_timeout(target: TargetServer) -> None:
+def test_no_answer_within_the_timeout(target: ScrapingTarget) -> None:
     with make_fetcher(timeout_seconds=0.5) as fetcher:
         started = time.monotonic()
-        error = fetch_error(fetcher, target.url("/hang?seconds=10"))
+        error = fetch_error(fetcher, f"{target.url}/slow?ms=10000")
     assert error.error_class == "timeout"
     assert time.monotonic() - started < 3
 
@@ -205,24 +210,24 @@ def test_no_answer_within_the_timeout(target: TargetServer) -> None:
         "where=head",
     ],
 )
-def test_a_trickling_target_cannot_outlive_the_deadline(target: TargetServer, query: str) -> None:
+def test_a_trickling_target_cannot_outlive_the_deadline(target: ScrapingTarget, query: str) -> None:
     # Each byte comes well within the read timeout; only the whole-fetch deadline stops it.
     with make_fetcher(timeout_seconds=1.0) as fetcher:
         started = time.monotonic()
-        error = fetch_error(fetcher, target.url(f"/trickle?n=200&interval=0.05&{query}"))
+        error = fetch_error(fetcher, f"{target.url}/trickle?n=200&interval=0.05&{query}")
         elapsed = time.monotonic() - started
     assert error.error_class == "timeout"
     assert 0.9 < elapsed < 3.0
 
 
-def test_cancellation_is_seen_while_the_body_trickles(target: TargetServer) -> None:
+def test_cancellation_is_seen_while_the_body_trickles(target: ScrapingTarget) -> None:
     stop = threading.Event()
     with make_fetcher(timeout_seconds=30.0) as fetcher:
         timer = threading.Timer(0.3, stop.set)
         timer.start()
         started = time.monotonic()
         error = fetch_error(
-            fetcher, target.url("/trickle?n=1000&interval=0.05"), should_stop=stop.is_set
+            fetcher, f"{target.url}/trickle?n=1000&interval=0.05", should_stop=stop.is_set
         )
         elapsed = time.monotonic() - started
         timer.join()
@@ -233,16 +238,16 @@ def test_cancellation_is_seen_while_the_body_trickles(target: TargetServer) -> N
 # --- protocol errors --------------------------------------------------------------------
 
 
-def test_malformed_answer_is_invalid_response(fetcher: Fetcher, target: TargetServer) -> None:
-    assert fetch_error(fetcher, target.url("/garbage")).error_class == "invalid_response"
+def test_malformed_answer_is_invalid_response(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    assert fetch_error(fetcher, f"{target.url}/garbage").error_class == "invalid_response"
 
 
-def test_body_cut_short_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
-    assert fetch_error(fetcher, target.url("/short?n=1000")).error_class == "connection_error"
+def test_body_cut_short_is_a_connection_error(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    assert fetch_error(fetcher, f"{target.url}/short?n=1000").error_class == "connection_error"
 
 
-def test_dropped_connection_is_a_connection_error(fetcher: Fetcher, target: TargetServer) -> None:
-    assert fetch_error(fetcher, target.url("/drop")).error_class == "connection_error"
+def test_dropped_connection_is_a_connection_error(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    assert fetch_error(fetcher, f"{target.url}/drop").error_class == "connection_error"
 
 
 def test_nothing_listening_is_a_connection_error(fetcher: Fetcher) -> None:
@@ -280,29 +285,29 @@ def test_invalid_urls(fetcher: Fetcher, url: str) -> None:
 # --- redirects --------------------------------------------------------------------------
 
 
-def test_redirects_are_followed(fetcher: Fetcher, target: TargetServer) -> None:
-    with fetcher.fetch(target.url("/redirect-chain/5"), {"first": "hop"}) as result:
+def test_redirects_are_followed(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    with fetcher.fetch(f"{target.url}/redirect-chain/5", {"first": "hop"}) as result:
         assert result.status_code == 200
-        assert result.final_url == target.url("/bytes?n=3")
+        assert result.final_url == f"{target.url}/bytes?n=3"
         assert result.body.read() == body_bytes(3)
     # The job's params go with the first request only.
     assert target.requests[0] == "/redirect-chain/5?first=hop"
     assert target.requests[1] == "/redirect-chain/4"
 
 
-def test_too_many_redirects(fetcher: Fetcher, target: TargetServer) -> None:
-    error = fetch_error(fetcher, target.url("/redirect-chain/6"))
+def test_too_many_redirects(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    error = fetch_error(fetcher, f"{target.url}/redirect-chain/6")
     assert error.error_class == "too_many_redirects"
     assert len(target.requests) == 6
 
 
-def test_redirect_without_location_is_the_answer(fetcher: Fetcher, target: TargetServer) -> None:
-    with fetcher.fetch(target.url("/no-location")) as result:
+def test_redirect_without_location_is_the_answer(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    with fetcher.fetch(f"{target.url}/no-location") as result:
         assert result.status_code == 302
 
 
-def test_redirect_to_another_scheme_is_refused(fetcher: Fetcher, target: TargetServer) -> None:
-    error = fetch_error(fetcher, target.url("/redirect?to=file:///etc/passwd"))
+def test_redirect_to_another_scheme_is_refused(fetcher: Fetcher, target: ScrapingTarget) -> None:
+    error = fetch_error(fetcher, f"{target.url}/redirect?to=file:///etc/passwd")
     assert error.error_class == "invalid_url"
     assert "redirect location" in error.detail
 
@@ -311,26 +316,26 @@ def test_redirect_to_another_scheme_is_refused(fetcher: Fetcher, target: TargetS
 
 
 def test_address_outside_the_allow_list_gets_nothing(
-    fetcher: Fetcher, refused_target: TargetServer
+    fetcher: Fetcher, refused_target: ScrapingTarget
 ) -> None:
-    error = fetch_error(fetcher, refused_target.url("/bytes?n=1"))
+    error = fetch_error(fetcher, f"{refused_target.url}/bytes?n=1")
     assert error.error_class == "refused_address"
     assert "127.0.0.2" in error.detail
     assert_nothing_reached(refused_target)
 
 
 def test_redirect_to_a_refused_address_gets_nothing(
-    fetcher: Fetcher, target: TargetServer, refused_target: TargetServer
+    fetcher: Fetcher, target: ScrapingTarget, refused_target: ScrapingTarget
 ) -> None:
     for status in (302, 307):
-        to = refused_target.url("/bytes?n=1")
-        error = fetch_error(fetcher, target.url(f"/redirect?status={status}&to={to}"))
+        to = f"{refused_target.url}/bytes?n=1"
+        error = fetch_error(fetcher, f"{target.url}/redirect?status={status}&to={to}")
         assert error.error_class == "refused_address"
     assert len(target.requests) == 2
     assert_nothing_reached(refused_target)
 
 
-def test_empty_allow_list_refuses_loopback(target: TargetServer) -> None:
+def test_empty_allow_list_refuses_loopback(target: ScrapingTarget) -> None:
     with make_fetcher(allowed_cidrs=()) as fetcher:
         for host in ("127.0.0.1", "localhost"):
             error = fetch_error(fetcher, f"http://{host}:{target.port}/bytes?n=1")
@@ -339,7 +344,7 @@ def test_empty_allow_list_refuses_loopback(target: TargetServer) -> None:
 
 
 def test_a_name_is_judged_by_the_address_it_resolves_to(
-    fetcher: Fetcher, target: TargetServer
+    fetcher: Fetcher, target: ScrapingTarget
 ) -> None:
     with fetcher.fetch(f"http://localhost:{target.port}/headers") as result:
         assert result.status_code == 200
@@ -359,7 +364,7 @@ def test_a_name_is_judged_by_the_address_it_resolves_to(
     ],
 )
 def test_other_spellings_of_a_refused_address(
-    fetcher: Fetcher, refused_target: TargetServer, host: str
+    fetcher: Fetcher, refused_target: ScrapingTarget, host: str
 ) -> None:
     error = fetch_error(fetcher, f"http://{host}:{refused_target.port}/bytes?n=1")
     assert error.error_class == "refused_address"
@@ -368,7 +373,7 @@ def test_other_spellings_of_a_refused_address(
 
 @pytest.mark.parametrize("host", ["0", "0.0.0.0", "[::]", "[::1]"])
 def test_unspecified_and_ipv6_loopback_are_refused(
-    fetcher: Fetcher, target: TargetServer, host: str
+    fetcher: Fetcher, target: ScrapingTarget, host: str
 ) -> None:
     # Connecting to 0.0.0.0 reaches this machine's listeners: `target` among them.
     error = fetch_error(fetcher, f"http://{host}:{target.port}/bytes?n=1")
@@ -378,8 +383,8 @@ def test_unspecified_and_ipv6_loopback_are_refused(
 
 def test_dns_answer_changing_after_the_check_cannot_redirect_the_connect(
     fetcher: Fetcher,
-    target: TargetServer,
-    refused_target: TargetServer,
+    target: ScrapingTarget,
+    refused_target: ScrapingTarget,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rebinding: the name first resolves to an allowed address, then to a refused one.
@@ -401,7 +406,7 @@ def test_dns_answer_changing_after_the_check_cannot_redirect_the_connect(
 
 
 def test_a_refused_candidate_is_skipped_for_an_allowed_one(
-    fetcher: Fetcher, target: TargetServer, monkeypatch: pytest.MonkeyPatch
+    fetcher: Fetcher, target: ScrapingTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_getaddrinfo = socket.getaddrinfo
 
@@ -473,8 +478,8 @@ def tls_files(tmp_path: Path) -> TlsFiles:
 
 
 @pytest.fixture
-def tls_target(tls_files: TlsFiles) -> Iterator[TargetServer]:
-    with TargetServer("127.0.0.1", tls=tls_files) as server:
+def tls_target(tls_files: TlsFiles) -> Iterator[ScrapingTarget]:
+    with ScrapingTarget("127.0.0.1", tls=tls_files) as server:
         yield server
 
 
@@ -485,7 +490,7 @@ def trusting(fetcher: Fetcher, tls_files: TlsFiles) -> Fetcher:
 
 
 def test_https_through_the_guarded_connection(
-    fetcher: Fetcher, tls_target: TargetServer, tls_files: TlsFiles
+    fetcher: Fetcher, tls_target: ScrapingTarget, tls_files: TlsFiles
 ) -> None:
     trusting(fetcher, tls_files)
     with fetcher.fetch(f"https://localhost:{tls_target.port}/headers") as result:
@@ -496,7 +501,7 @@ def test_https_through_the_guarded_connection(
 
 
 def test_https_certificate_not_trusted_is_a_connection_error(
-    fetcher: Fetcher, tls_target: TargetServer
+    fetcher: Fetcher, tls_target: ScrapingTarget
 ) -> None:
     error = fetch_error(fetcher, f"https://localhost:{tls_target.port}/headers")
     assert error.error_class == "connection_error"
@@ -504,18 +509,18 @@ def test_https_certificate_not_trusted_is_a_connection_error(
 
 
 def test_https_trickle_is_cut_at_the_deadline(
-    tls_target: TargetServer, tls_files: TlsFiles
+    tls_target: ScrapingTarget, tls_files: TlsFiles
 ) -> None:
     with trusting(make_fetcher(timeout_seconds=1.0), tls_files) as fetcher:
         started = time.monotonic()
-        error = fetch_error(fetcher, tls_target.url("/trickle?n=200&interval=0.05"))
+        error = fetch_error(fetcher, f"{tls_target.url}/trickle?n=200&interval=0.05")
         elapsed = time.monotonic() - started
     assert error.error_class == "timeout"
     assert elapsed < 3.0
 
 
 def test_https_to_a_refused_address_gets_nothing(
-    fetcher: Fetcher, refused_target: TargetServer
+    fetcher: Fetcher, refused_target: ScrapingTarget
 ) -> None:
     error = fetch_error(fetcher, f"https://127.0.0.2:{refused_target.port}/")
     assert error.error_class == "refused_address"
@@ -525,7 +530,7 @@ def test_https_to_a_refused_address_gets_nothing(
 # --- concurrency ------------------------------------------------------------------------
 
 
-def test_600_concurrent_fetches_are_not_serialised(target: TargetServer) -> None:
+def test_600_concurrent_fetches_are_not_serialised(target: ScrapingTarget) -> None:
     latency = 0.5
     fetches = 600
     with make_fetcher(timeout_seconds=30.0) as fetcher:
@@ -533,7 +538,8 @@ def test_600_concurrent_fetches_are_not_serialised(target: TargetServer) -> None
 
         def one(_: int) -> tuple[int, int]:
             start.wait()
-            with fetcher.fetch(target.url(f"/slow?seconds={latency}&n=1000")) as result:
+            url = f"{target.url}/slow?ms={latency * 1000:.0f}&bytes=1000"
+            with fetcher.fetch(url) as result:
                 return result.status_code, result.size
 
         started = time.monotonic()
@@ -545,4 +551,4 @@ def test_600_concurrent_fetches_are_not_serialised(target: TargetServer) -> None
     # Serialised to a pool of 10 connections this would take 30 s; all at once, about one
     # latency plus thread start-up on a busy machine.
     assert wall < 0.05 * serial, f"{fetches} fetches took {wall:.1f} s"
-    assert target.peak_in_flight > 100, target.peak_in_flight
+    assert target.most_in_flight > 100, target.most_in_flight

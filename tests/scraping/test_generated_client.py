@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from pin_orchestration.scraping.repository import Tenant
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import free_loopback_port
 
 PACKAGE = "pin_generated_client"
@@ -91,7 +91,7 @@ def test_a_generated_client_drives_the_whole_job_lifecycle(
     generated: Callable[[str], ModuleType],
     served: str,
     make_tenant: Callable[[str], tuple[Tenant, str]],
-    site: DemoSite,
+    site: ScrapingTarget,
     work: Any,
 ) -> None:
     client_module = generated("client")

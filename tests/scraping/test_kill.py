@@ -17,7 +17,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, Worker, stored_objects
 
 
@@ -32,7 +32,7 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
     db_url: str,
     db_engine: Engine,
     make_tenant,
-    site: DemoSite,
+    site: ScrapingTarget,
     work: Worker,
     local_store: LocalResultStore,
     tmp_path: Path,

@@ -22,14 +22,14 @@ import pytest
 import requests
 from sqlalchemy import Engine, text
 
-from pin_orchestration.faults.postgres import database_url_via
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.postgres import database_url_via
+from faults.proxy import FaultProxy
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import TEST_SETTINGS, Worker, auth, stored_objects
-from tests.scraping.target import GatedTarget
 
 
 def job_row(engine: Engine, job_id: uuid.UUID | str) -> Any:
@@ -96,15 +96,16 @@ def wait_for(condition: Any, what: str, timeout: float = 30) -> None:
 
 
 @pytest.fixture
-def held() -> Iterator[GatedTarget]:
-    target = GatedTarget()
+def held() -> Iterator[ScrapingTarget]:
+    """A target for /held/ pages: their answers wait for `held.gate`."""
+    target = ScrapingTarget().start()
     yield target
     target.stop()
 
 
 @pytest.fixture
-def held_503() -> Iterator[GatedTarget]:
-    target = GatedTarget(status=503)
+def held_503() -> Iterator[ScrapingTarget]:
+    target = ScrapingTarget().start()
     yield target
     target.stop()
 
@@ -113,8 +114,8 @@ def test_a_cancel_asked_while_running_wins_over_a_retry_and_a_success(
     db_url: str,
     db_engine: Engine,
     make_tenant,
-    held: GatedTarget,
-    held_503: GatedTarget,
+    held: ScrapingTarget,
+    held_503: ScrapingTarget,
     local_store: LocalResultStore,
     tmp_path: Path,
 ) -> None:
@@ -132,7 +133,10 @@ def test_a_cancel_asked_while_running_wins_over_a_retry_and_a_success(
             assert answer.status_code == 202, answer.text
             return answer.json()["id"]
 
-        retried, fetched = submit(f"{held_503.url}/retry"), submit(f"{held.url}/ok")
+        retried, fetched = (
+            submit(f"{held_503.url}/held/retry?status=503"),
+            submit(f"{held.url}/held/ok"),
+        )
         worker = worker_process(db_url, tmp_path, tmp_path / "worker.log")
         try:
             held_503.wait_for_requests(1)
@@ -165,12 +169,12 @@ def test_a_cancel_asked_while_running_wins_over_a_retry_and_a_success(
             assert row.finished_at is not None
             read = requests.get(f"{api.url}/jobs/{job_id}", headers=auth(key), timeout=10)
             assert read.json()["status"] == "cancelled"
-        assert len(held_503.paths) == 1 and len(held.paths) == 1
+        assert len(held_503.requests) == 1 and len(held.requests) == 1
         assert attempt_outcomes(db_engine, retried) == ["retry"]
         assert stored_objects(local_store, uuid.UUID(fetched)) == []
 
         # A success written before the cancel stands.
-        done = submit(f"{held.url}/done")
+        done = submit(f"{held.url}/held/done")
         worker = worker_process(db_url, tmp_path, tmp_path / "worker2.log")
         assert worker.wait(timeout=60) == 0, (tmp_path / "worker2.log").read_text()
         answer = requests.post(f"{api.url}/jobs/{done}/cancel", headers=auth(key), timeout=10)
@@ -181,14 +185,18 @@ def test_a_cancel_asked_while_running_wins_over_a_retry_and_a_success(
 
 
 def test_a_late_workers_put_never_changes_the_object_a_job_reports(
-    db_engine: Engine, make_tenant, held: GatedTarget, work: Worker, local_store: LocalResultStore
+    db_engine: Engine,
+    make_tenant,
+    held: ScrapingTarget,
+    work: Worker,
+    local_store: LocalResultStore,
 ) -> None:
     """Worker A passes its lease check, then stalls in its put; its lease is swept, worker B
     (its own connections) fetches and stores again and succeeds. A's put then lands: the
     object B's finish recorded is unchanged, and A's own object is deleted."""
     tenant, _ = make_tenant("shop")
     job_id = repository.submit_job(
-        db_engine, tenant.id, JobRequest(url=f"{held.url}/page", params={}), None
+        db_engine, tenant.id, JobRequest(url=f"{held.url}/held/page", params={}), None
     ).id
     held.gate.set()
     in_put, resume = threading.Event(), threading.Event()
@@ -236,7 +244,7 @@ def test_a_worker_rides_out_its_database_going_away_and_fetches_nothing_twice(
     db_url: str,
     db_engine: Engine,
     make_tenant,
-    held: GatedTarget,
+    held: ScrapingTarget,
     local_store: LocalResultStore,
     tmp_path: Path,
 ) -> None:
@@ -247,7 +255,7 @@ def test_a_worker_rides_out_its_database_going_away_and_fetches_nothing_twice(
     tenant, _ = make_tenant("shop")
     ids = [
         repository.submit_job(
-            db_engine, tenant.id, JobRequest(url=f"{held.url}/p{i}", params={}), None
+            db_engine, tenant.id, JobRequest(url=f"{held.url}/held/p{i}", params={}), None
         ).id
         for i in range(4)
     ]
@@ -282,4 +290,4 @@ def test_a_worker_rides_out_its_database_going_away_and_fetches_nothing_twice(
         assert (row.status, row.attempts) == ("succeeded", 1), log_path.read_text()
         assert attempt_outcomes(db_engine, job_id) == ["succeeded"]
         assert stored_objects(local_store, job_id) == [row.result_key]
-    assert sorted(held.paths) == [f"/p{i}" for i in range(4)]
+    assert sorted(held.requests) == [f"/held/p{i}" for i in range(4)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pin_orchestration.scraping.repository import create_tenant
 from pin_orchestration.scraping.store import build_result_store
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import Worker
 
@@ -37,7 +37,7 @@ def bash(script: str, **variables: str) -> str:
 
 
 def test_the_try_it_block_submits_reads_and_downloads_as_written(
-    db_url: str, db_engine, tmp_path: Path, site: DemoSite, work: Worker
+    db_url: str, db_engine, tmp_path: Path, site: ScrapingTarget, work: Worker
 ) -> None:
     _, key = create_tenant(db_engine, "demo")
     home = tmp_path / "pin"

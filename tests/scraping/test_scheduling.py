@@ -31,8 +31,8 @@ from pin_orchestration.scraping.repository import (
 )
 from pin_orchestration.scraping.store import LocalResultStore
 from pin_orchestration.scraping.worker import WorkerOptions, WorkerReport, run_worker
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
-from tests.scraping.target import RecordingTarget
 
 
 def enqueue(
@@ -228,8 +228,8 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
     db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
 ) -> None:
     tenant, _ = make_tenant("crawler")
-    rated = RecordingTarget("127.0.0.3")  # 4 rps, 2 at once
-    narrow = RecordingTarget("127.0.0.5")  # 3 at once, rate out of the way
+    rated = ScrapingTarget("127.0.0.3").start()  # 4 rps, 2 at once
+    narrow = ScrapingTarget("127.0.0.5").start()  # 3 at once, rate out of the way
     try:
         set_domain_limits(db_engine, "127.0.0.3", rps=4, concurrency=2)
         set_domain_limits(db_engine, "127.0.0.5", rps=1000, concurrency=3)
@@ -257,8 +257,8 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
     assert sum(r.succeeded for r in reports.values()) == 28
     assert len(rated.served) == 16 and len(narrow.served) == 12
     # Never past the limits, as the targets saw it ...
-    assert rated.most_open <= 2
-    assert narrow.most_open == 3
+    assert rated.most_in_flight <= 2
+    assert narrow.most_in_flight == 3
     arrivals = rated.arrivals()
     # A quarter second of slack: under a loaded CI a claimed fetch can reach the target
     # that much after its token was spent, which bunches arrivals (a limiter that did not
@@ -272,8 +272,8 @@ def test_a_429_pauses_its_domain_for_every_worker(
     db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
 ) -> None:
     tenant, _ = make_tenant("crawler")
-    target = RecordingTarget("127.0.0.3")
-    elsewhere = RecordingTarget("127.0.0.4")
+    target = ScrapingTarget("127.0.0.3").start()
+    elsewhere = ScrapingTarget("127.0.0.4").start()
     try:
         enqueue(db_engine, tenant.id, f"{target.url}/status/429", retry_after=2)
         options = WorkerOptions(
@@ -298,8 +298,8 @@ def test_a_429_pauses_its_domain_for_every_worker(
 
         # Other jobs for the paused domain, and one elsewhere, taken by another worker.
         for i in range(3):
-            enqueue(db_engine, tenant.id, f"{target.url}/slow/{i}")
-        enqueue(db_engine, tenant.id, f"{elsewhere.url}/slow/e")
+            enqueue(db_engine, tenant.id, f"{target.url}/slow/{i}", ms=0)
+        enqueue(db_engine, tenant.id, f"{elsewhere.url}/slow/e", ms=0)
         options = dataclasses.replace(options, idle_exit_seconds=4.0)
         second = _worker_thread(db_url, local_store, options, "second", reports)
         second.start()
@@ -315,7 +315,7 @@ def test_a_429_pauses_its_domain_for_every_worker(
     assert min(s.arrived for s in later) >= paused_until.timestamp()
 
 
-def _redirect(origin: RecordingTarget, to: str) -> str:
+def _redirect(origin: ScrapingTarget, to: str) -> str:
     return f"{origin.url}/redirect?{urlencode({'to': to})}"
 
 
@@ -323,8 +323,8 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
     db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
 ) -> None:
     tenant, _ = make_tenant("crawler")
-    origin = RecordingTarget("127.0.0.6")  # limits out of the way
-    hop = RecordingTarget("127.0.0.7")  # 4 rps, 2 at once: for its own jobs and for hops
+    origin = ScrapingTarget("127.0.0.6").start()  # limits out of the way
+    hop = ScrapingTarget("127.0.0.7").start()  # 4 rps, 2 at once: for its own jobs and for hops
     try:
         set_domain_limits(db_engine, "127.0.0.6", rps=1000, concurrency=100)
         set_domain_limits(db_engine, "127.0.0.7", rps=4, concurrency=2)
@@ -350,7 +350,7 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
     assert len(origin.served) == 10 and len(hop.served) == 14
     # The hop host, as it saw it: never more than 2 at once, its rate held for hops and
     # its own jobs together (without the hop slots, 8 slots' hops arrive at once).
-    assert hop.most_open <= 2
+    assert hop.most_in_flight <= 2
     arrivals = hop.arrivals()
     assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
     assert arrivals[-1] - arrivals[0] >= (14 - 4) / 4 - 0.1
@@ -362,8 +362,8 @@ def test_a_429_from_a_redirect_hop_pauses_the_hop_host_not_the_jobs_domain(
     db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
 ) -> None:
     tenant, _ = make_tenant("crawler")
-    origin = RecordingTarget("127.0.0.6")
-    hop = RecordingTarget("127.0.0.7")
+    origin = ScrapingTarget("127.0.0.6").start()
+    hop = ScrapingTarget("127.0.0.7").start()
     try:
         enqueue(db_engine, tenant.id, _redirect(origin, f"{hop.url}/status/429?retry_after=30"))
         options = WorkerOptions(

@@ -585,7 +585,7 @@ def test_a_hung_s3_store_fails_the_put_instead_of_holding_the_slot(
     transient failure and frees the slot, instead of botocore's 60 s × 5 attempts."""
     from botocore.exceptions import ReadTimeoutError
 
-    from pin_orchestration.faults.proxy import FaultProxy
+    from faults.proxy import FaultProxy
     from pin_orchestration.scraping import store as store_module
 
     monkeypatch.setattr(store_module, "S3_READ_TIMEOUT_SECONDS", 0.3)

@@ -36,9 +36,9 @@ from pin_orchestration.scraping.webhooks import (
     run_deliveries,
     tenant_webhook_secret,
 )
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from pin_orchestration.standins.webhook_receiver import Receiver
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
-from tests.scraping.servers import TargetServer
 from tests.scraping.webhook_checks import assert_every_delivery_verifies, refusals, verifies
 
 # Tests make every retry due at once (webhook_next_attempt_at moved back) instead of
@@ -323,8 +323,8 @@ def test_a_callback_to_a_refused_address_is_never_contacted(
     client: TestClient,
 ) -> None:
     tenant, key = make_tenant("acme")
-    with TargetServer(host="127.0.0.2") as forbidden:
-        job_id = finished_job(db_engine, tenant, forbidden.url("/hook"))
+    with ScrapingTarget(host="127.0.0.2") as forbidden:
+        job_id = finished_job(db_engine, tenant, f"{forbidden.url}/hook")
         report = deliver(allowed="127.0.0.1/32")
         make_retries_due(db_engine)
         deliver(allowed="127.0.0.1/32")

@@ -8,7 +8,6 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.standins.scraping_target import DemoSite
+from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 
@@ -46,7 +45,7 @@ def tenant_id(make_tenant) -> uuid.UUID:
 
 
 def test_200_is_stored_then_succeeded(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/page/home", lang="en")
     report = work()
@@ -67,18 +66,18 @@ def test_200_is_stored_then_succeeded(
 
 @pytest.mark.parametrize("status,error_class", [(404, "http_404"), (401, "http_401")])
 def test_permanent_answers_fail_at_once(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, status: int, error_class: str
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, status: int, error_class: str
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/{status}")
     work()
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, error_class)
     assert row.last_error and row.result_key is None
-    assert site.requests[f"/status/{status}"] == 1
+    assert site.count(f"/status/{status}") == 1
 
 
 def test_429_waits_for_retry_after(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/429", retry_after=120)
     before = datetime.now(UTC)
@@ -92,7 +91,7 @@ def test_429_waits_for_retry_after(
 
 
 def test_503_twice_then_200_succeeds_on_the_third_attempt(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/flaky/x", fail=2)
     work(idle_exit_seconds=2.5)  # Retry-After: 1 between attempts
@@ -106,7 +105,7 @@ def test_503_twice_then_200_succeeds_on_the_third_attempt(
 
 
 def test_a_target_slower_than_the_timeout_is_retried_then_failed(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
     import dataclasses
 
@@ -119,7 +118,7 @@ def test_a_target_slower_than_the_timeout_is_retried_then_failed(
 
 
 def test_a_body_over_the_limit_fails_and_stores_nothing(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     too_big = TEST_SETTINGS.max_result_bytes + 1
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/big", ms=0, bytes=too_big)
@@ -129,43 +128,10 @@ def test_a_body_over_the_limit_fails_and_stores_nothing(
     assert not list(local_store.root.rglob(str(job_id)))
 
 
-class CountingServer:
-    """A server on 127.0.0.2 that counts every connection it accepts."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def setup(self) -> None:
-                outer.connections += 1
-                super().setup()
-
-            def do_GET(self) -> None:  # noqa: N802
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.2:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
-    private = CountingServer()
+    private = ScrapingTarget("127.0.0.2").start()  # counts every connection it accepts
     try:
         direct = enqueue(db_engine, tenant_id, f"{private.url}/secret")
         redirected = enqueue(db_engine, tenant_id, f"{site.url}/redirect", to=f"{private.url}/x")
@@ -173,14 +139,14 @@ def test_refused_addresses_are_never_contacted_directly_or_by_redirect(
         for job_id in (direct, redirected):
             row = job_row(db_engine, job_id)
             assert (row.status, row.last_error_class) == ("failed", "refused_address")
-        assert private.connections == 0
-        assert site.requests["/redirect"] == 1
+        assert private.accepted_connections == 0
+        assert site.count("/redirect") == 1
     finally:
         private.stop()
 
 
 def test_the_result_object_exists_before_the_job_reads_succeeded(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     """A store that looks at the job while it writes: the job must still be running then,
     and a reader polling all along never sees succeeded without the object."""
@@ -218,7 +184,7 @@ def test_the_result_object_exists_before_the_job_reads_succeeded(
 
 
 def test_a_running_job_is_cancelled_at_the_workers_next_check(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, local_store: LocalResultStore
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
     import dataclasses
 
@@ -320,7 +286,7 @@ def test_two_workers_on_separate_connections_never_claim_the_same_job(
 
 
 def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
-    db_engine: Engine, tenant_id, site: DemoSite, work: Worker, s3_store
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, s3_store
 ) -> None:
     import requests
 

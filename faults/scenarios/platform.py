@@ -17,8 +17,8 @@ from pathlib import Path
 from subprocess import Popen
 
 import pin_orchestration
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.scenarios.scraping import World, _feed, _world, check
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.scenarios.scraping import World, _feed, _world, check
 
 REPOSITORY = Path(pin_orchestration.__file__).parent.parent
 

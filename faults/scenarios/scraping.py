@@ -33,9 +33,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.faults.clock import JumpingClock
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.clock import JumpingClock
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.proxy import FaultProxy
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class World:
     s3: MotoS3
     bucket: str
     s3_proxy: FaultProxy
-    site: Any  # DemoSite
+    site: Any  # ScrapingTarget
     target: FaultProxy
     receiver: Any  # Receiver
     hooks: FaultProxy
@@ -205,16 +205,16 @@ def _world(ctx: FaultContext, *, database_via_proxy: bool = False) -> Iterator[W
     """The service's stand-ins. With `database_via_proxy` the workers reach PostgreSQL
     through `world.database` (the feeder, sweeper and deliveries do not: a hang is the
     workers' alone), with leases longer than the hangs and connects that time out."""
+    from faults.postgres import database_url_via
     from pin_orchestration.db import create_db_engine
-    from pin_orchestration.faults.postgres import database_url_via
-    from pin_orchestration.standins.scraping_target import DemoSite
+    from pin_orchestration.standins.scraping_target import ScrapingTarget
     from pin_orchestration.standins.webhook_receiver import Receiver
 
     url = ctx.postgres.create_database("scraping")
     s3 = MotoS3()
     bucket = f"results-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=bucket)
-    site = DemoSite().start()
+    site = ScrapingTarget().start()
     receiver = Receiver()
     host, port = site.url.removeprefix("http://").split(":")
     with (

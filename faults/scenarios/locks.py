@@ -8,7 +8,7 @@ current holder's is blackholed (a hung server or network: no answer, no reset). 
 renewal gets no answer; it must stop stepping before its TTL ends, since another holder
 takes the lock then; healed, it competes again.
 
-Run as `python -m pin_orchestration.faults.scenarios.locks URL KEY RECORD SECONDS` it is
+Run as `python -m faults.scenarios.locks URL KEY RECORD SECONDS` it is
 one competing holder.
 """
 
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.postgres import database_url_via
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.postgres import database_url_via
+from faults.proxy import FaultProxy
 
 TTL_SECONDS = 2.0
 STEP_SECONDS = 0.05

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pin_orchestration.faults.postgres import SuitePostgres
+from faults.postgres import SuitePostgres
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ mid-sweep (a hung server or network, not a restart); while the cut-off run's loc
 expires, the next run connects directly and takes over; then the network heals, the old
 run's held statements arrive — and change nothing (the fence) — and it stops FAILED.
 
-Run as `python -m pin_orchestration.faults.scenarios.reconcile URL HOT_POSTS_FILE LOG` it
+Run as `python -m faults.scenarios.reconcile URL HOT_POSTS_FILE LOG` it
 is the hot-path writer (until it is killed).
 """
 
@@ -43,9 +43,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.postgres import database_url_via
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.postgres import database_url_via
+from faults.proxy import FaultProxy
 
 # Small batches: many commits (and checkpoints) per second, so a kill lands mid-pass.
 RUN_ARGS = [

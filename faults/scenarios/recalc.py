@@ -28,7 +28,7 @@ under a killed or clock-jumped drain) leaves no trace outside the drains' own lo
 design it is harmless (the project row lock serialises the two; the second finds no
 difference).
 
-Run as `python -m pin_orchestration.faults.scenarios.recalc drain URL CLOCK SECONDS` or
+Run as `python -m faults.scenarios.recalc drain URL CLOCK SECONDS` or
 `… publish URL BOOTSTRAP SECONDS` it is one drain or one publisher process.
 """
 
@@ -53,10 +53,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from faults.clock import JumpingClock
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.kafka import MockKafka, TopicMessage
 from pin_orchestration.chessboard.queue import RecalcPolicy, request_project_recalc
-from pin_orchestration.faults.clock import JumpingClock
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.kafka import MockKafka, TopicMessage
 
 log = logging.getLogger(__name__)
 
@@ -836,8 +836,8 @@ def hang_postgres(rig: Rig, outcome: Outcome) -> None:
     it directly takes the lock over after the TTL, the direct drains go on; then the
     network heals and the hung ones' held statements arrive — the stale publisher's
     mark-published is fenced — and the requests and events all get through."""
-    from pin_orchestration.faults.postgres import database_url_via
-    from pin_orchestration.faults.proxy import FaultProxy
+    from faults.postgres import database_url_via
+    from faults.proxy import FaultProxy
 
     direct_url = rig.url
     with FaultProxy(*rig.ctx.postgres.tcp_address) as proxy:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pin_orchestration.faults import scenarios as scenarios_package
-from pin_orchestration.faults.core import SCENARIOS, Outcome, Scenario, Violation, scenario_context
-from pin_orchestration.faults.postgres import SuitePostgres
+from faults import scenarios as scenarios_package
+from faults.core import SCENARIOS, Outcome, Scenario, Violation, scenario_context
+from faults.postgres import SuitePostgres
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import confluent_kafka
 from confluent_kafka import Consumer, TopicPartition
 
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.proxy import FaultProxy
 
 _RD_KAFKA_PRODUCER = 0
 _BROKER_ID = 1  # the mock cluster numbers its brokers from 1

@@ -17,7 +17,7 @@ job's run counters. Invariants:
   call's whole timeout, so a second claim while a call is in flight is a duplicate the
   design promises not to make.
 
-Run as `python -m pin_orchestration.faults.scenarios.detach URL SELECTIONS_URL MODE
+Run as `python -m faults.scenarios.detach URL SELECTIONS_URL MODE
 [CLOCK_FILE]` it is one runner: MODE `locked` is `pin detach run`'s run_detach_retry with
 its wall clock off by the offset read from CLOCK_FILE (`skew_wall_clock`); MODE `unlocked`
 drains without the job's lock — the failover case where a runner that lost its lock
@@ -43,9 +43,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.faults.clock import JumpingClock
-from pin_orchestration.faults.core import FaultContext, Outcome, scenario, wait_until
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.clock import JumpingClock
+from faults.core import FaultContext, Outcome, scenario, wait_until
+from faults.proxy import FaultProxy
 from pin_orchestration.standins.selections import SelectionsStandIn
 
 CALL_TIMEOUT_SECONDS = 1.5
@@ -549,7 +549,7 @@ def database_hung(ctx: FaultContext) -> Outcome:
     """The runs reach PostgreSQL through a proxy that is blackholed past the lock's TTL
     (a hung server or network: no answer, no reset), then heals: the hung run's lease is
     lost in time, it stops, and the next tick drains what is left."""
-    from pin_orchestration.faults.postgres import database_url_via
+    from faults.postgres import database_url_via
 
     outcome = Outcome(job="detach", fault="PostgreSQL hangs (blackholed)")
     with (

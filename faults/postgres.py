@@ -23,7 +23,7 @@ from types import TracebackType
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.faults.proxy import FaultProxy
+from faults.proxy import FaultProxy
 from pin_orchestration.migrations import upgrade_database
 
 log = logging.getLogger(__name__)
