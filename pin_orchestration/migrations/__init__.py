@@ -1,13 +1,54 @@
-"""Alembic migrations for every schema the project creates (news, pin, chessboard)."""
+"""Alembic migrations for every schema the project creates (news, pin, chessboard, scraping).
+
+Each revision's SQL is frozen beside it: `versions/<name>.sql` (up) and
+`versions/<name>.down.sql` (down), run by `run_frozen_sql`. The .py keeps the docstring,
+the revision ids and, where a step needs Python (it reads rows and branches), that step.
+"""
 
 from __future__ import annotations
 
-from alembic import command
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from alembic import command, op
 from alembic.config import Config
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 VERSION_TABLE_SCHEMA = "pin"
+
+# A line of a frozen file where a Python step of its migration runs.
+_PYTHON_STEP = re.compile(r"^-- python: (\w+)[ \t]*$", re.MULTILINE)
+
+
+def run_frozen_sql(
+    migration_file: str,
+    direction: Literal["up", "down"],
+    **python_steps: Callable[[], None],
+) -> None:
+    """Run the frozen SQL of one migration (`<stem>.sql` or `<stem>.down.sql` beside it).
+
+    The SQL goes to the driver's cursor without parameters: it holds '%' and array slices
+    (`a[lo:hi]`) that text() or a parameterised execute would take for placeholders. A line
+    `-- python: NAME` runs `python_steps[NAME]` there, between the SQL before and after it.
+    """
+    stem = Path(migration_file).with_suffix("")
+    path = stem.with_name(stem.name + (".sql" if direction == "up" else ".down.sql"))
+    parts = _PYTHON_STEP.split(path.read_text(encoding="utf-8"))
+    named = set(parts[1::2])
+    if named != set(python_steps):
+        raise ValueError(f"{path.name} names steps {sorted(named)}, given {sorted(python_steps)}")
+    cursor = op.get_bind().connection.dbapi_connection.cursor()
+    try:
+        for index, part in enumerate(parts):
+            if index % 2:
+                python_steps[part]()
+            elif part.strip():
+                cursor.execute(part)
+    finally:
+        cursor.close()
 
 
 def alembic_config(database_url: str) -> Config:

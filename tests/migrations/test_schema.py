@@ -1,5 +1,6 @@
 """schema.sql is what the migrations produce, the live function files are what head holds,
-and every revision goes down and up again leaving the schema exactly as it was.
+every revision goes down and up again leaving the schema exactly as it was, and the
+revisions are one numbered line of files, each with its frozen SQL.
 
 Runs on whichever PostgreSQL the suite uses: the machine's (PIN_DATABASE_URL, CI) or the
 embedded pgserver one; the dump is normalised so both give the same text."""
@@ -7,6 +8,7 @@ embedded pgserver one; the dump is normalised so both give the same text."""
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -43,9 +45,39 @@ def test_the_scraping_function_files_are_what_head_holds(empty_db_url: str) -> N
     assert dump_schema(empty_db_url) == at_head
 
 
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("postgresql://unused/unused"))
+
+
 def _revisions() -> list[tuple[str, str | None]]:
-    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/unused"))
-    return [(r.revision, r.down_revision) for r in reversed(list(script.walk_revisions()))]
+    return [(r.revision, r.down_revision) for r in reversed(list(_script().walk_revisions()))]
+
+
+def test_the_revisions_are_one_numbered_line_of_files_with_their_sql() -> None:
+    """Each versions/*.py is named after its revision id, the ids are unique, each revision
+    revises the one before it (one base, one head, no branch), and each has its frozen
+    .sql and .down.sql beside it (no other .sql there)."""
+    script = _script()
+    versions = Path(script.versions)
+    files = sorted(versions.glob("*.py"))
+    scripts = {Path(r.path).name: r for r in script.walk_revisions()}
+    assert sorted(scripts) == [f.name for f in files]
+    for name, rev in scripts.items():
+        assert name.startswith(f"{rev.revision}_"), f"{name} holds revision {rev.revision}"
+        assert not rev.branch_labels and not rev.dependencies, name
+    ids = [r.revision for r in scripts.values()]
+    assert len(ids) == len(set(ids))
+    chain = _revisions()
+    assert [down for _, down in chain] == [None] + [rev for rev, _ in chain[:-1]]
+    assert len(chain) == len(files)
+    assert script.get_heads() == [chain[-1][0]]
+    expected_sql = set()
+    for f in files:
+        for suffix in (".sql", ".down.sql"):
+            sql = f.with_name(f.stem + suffix)
+            assert sql.is_file(), f"{f.name} has no {sql.name}"
+            expected_sql.add(sql.name)
+    assert {p.name for p in versions.glob("*.sql")} == expected_sql
 
 
 @pytest.mark.parametrize(("revision", "down_revision"), _revisions(), ids=lambda r: str(r))

@@ -10,11 +10,13 @@
   is made by its first request; the row is small and hot, kept apart from
   scraping.tenants so the key lookup never reads a row rewritten at every intake.
 
+The SQL is frozen in 0010_scraping_intake_limit.sql / .down.sql beside this file.
+
 Revision ID: 0010
 Revises: 0009
 """
 
-from alembic import op
+from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0010"
 down_revision = "0009"
@@ -23,16 +25,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute(
-        """
-        CREATE TABLE scraping.intake_buckets (
-            tenant_id uuid PRIMARY KEY REFERENCES scraping.tenants (id) ON DELETE CASCADE,
-            tokens double precision NOT NULL,
-            refilled_at timestamptz NOT NULL
-        ) WITH (fillfactor = 50)
-        """
-    )
+    run_frozen_sql(__file__, "up")
 
 
 def downgrade() -> None:
-    op.execute("DROP TABLE scraping.intake_buckets")
+    run_frozen_sql(__file__, "down")

@@ -19,28 +19,17 @@ Revision ID: 0011
 Revises: 0010
 """
 
-from pathlib import Path
-
-from alembic import op
+from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
 
-_HERE = Path(__file__).with_suffix("")
-
-
-def _run(path: Path) -> None:
-    # On the driver's cursor without parameters: the SQL holds array slices and '%' that
-    # text() or a parameterised execute would take for placeholders.
-    with op.get_bind().connection.dbapi_connection.cursor() as cursor:
-        cursor.execute(path.read_text(encoding="utf-8"))
-
 
 def upgrade() -> None:
-    _run(_HERE.with_suffix(".sql"))
+    run_frozen_sql(__file__, "up")
 
 
 def downgrade() -> None:
-    _run(_HERE.with_suffix(".down.sql"))
+    run_frozen_sql(__file__, "down")

@@ -10,11 +10,13 @@ ended without (issue 16, items 2 and 8).
 - ix_jobs_attempt_objects_unswept: the sweep's scan, terminal jobs not yet swept, by when
   they finished.
 
+The SQL is frozen in 0012_scraping_attempt_objects.sql / .down.sql beside this file.
+
 Revision ID: 0012
 Revises: 0011
 """
 
-from alembic import op
+from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0012"
 down_revision = "0011"
@@ -23,16 +25,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("ALTER TABLE scraping.jobs ADD COLUMN attempt_objects_swept_at timestamptz")
-    op.execute(
-        """
-        CREATE INDEX ix_jobs_attempt_objects_unswept ON scraping.jobs (finished_at, id)
-        WHERE attempt_objects_swept_at IS NULL
-          AND status IN ('succeeded', 'failed', 'cancelled')
-        """
-    )
+    run_frozen_sql(__file__, "up")
 
 
 def downgrade() -> None:
-    op.execute("DROP INDEX scraping.ix_jobs_attempt_objects_unswept")
-    op.execute("ALTER TABLE scraping.jobs DROP COLUMN attempt_objects_swept_at")
+    run_frozen_sql(__file__, "down")

@@ -11,11 +11,13 @@ row locks, so a takeover (which changes the token) takes FOR UPDATE and waits fo
 write's FOR KEY SHARE, while a renewal (which changes only expires_at) takes FOR NO KEY
 UPDATE and never waits for one.
 
+The SQL is frozen in 0013_lock_tokens.sql / .down.sql beside this file.
+
 Revision ID: 0013
 Revises: 0012
 """
 
-from alembic import op
+from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0013"
 down_revision = "0012"
@@ -24,11 +26,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute(
-        "ALTER TABLE pin.distributed_locks "
-        "ADD COLUMN token uuid NOT NULL UNIQUE DEFAULT gen_random_uuid()"
-    )
+    run_frozen_sql(__file__, "up")
 
 
 def downgrade() -> None:
-    op.execute("ALTER TABLE pin.distributed_locks DROP COLUMN token")
+    run_frozen_sql(__file__, "down")

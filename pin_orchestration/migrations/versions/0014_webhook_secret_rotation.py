@@ -8,11 +8,13 @@
   244 random bits, with no extension needed). The secrets made by 0009 (`whsec_` + 64 hex
   digits) are valid base64 too, so they stay as they are: receivers' keys do not change.
 
+The SQL is frozen in 0014_webhook_secret_rotation.sql / .down.sql beside this file.
+
 Revision ID: 0014
 Revises: 0013
 """
 
-from alembic import op
+from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0014"
 down_revision = "0013"
@@ -21,23 +23,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute(
-        """
-        ALTER TABLE scraping.tenants
-            ADD COLUMN webhook_secret_previous text,
-            ALTER COLUMN webhook_secret SET DEFAULT
-                'whsec_' || encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
-                                   'base64')
-        """
-    )
+    run_frozen_sql(__file__, "up")
 
 
 def downgrade() -> None:
-    op.execute(
-        """
-        ALTER TABLE scraping.tenants
-            DROP COLUMN webhook_secret_previous,
-            ALTER COLUMN webhook_secret SET DEFAULT
-                'whsec_' || replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
-        """
-    )
+    run_frozen_sql(__file__, "down")

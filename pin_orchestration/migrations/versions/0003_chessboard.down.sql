@@ -1,0 +1,3 @@
+-- Migration 0003 down: back to 0002.
+
+DROP SCHEMA chessboard CASCADE;
