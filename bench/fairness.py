@@ -35,6 +35,7 @@ import queue
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -281,14 +282,114 @@ def one_run(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class TrickleFigures:
+    submitted: int
+    started: int
+    all_quiet: tuple[str, str]  # p50, p99 over every quiet job
+    worst_p99: str  # the worst quiet tenant's p99
+
+
+def trickle_run(
+    engine: Engine,
+    db_url: str,
+    pool: WorkerPool,
+    target: SlowTarget,
+    claim_name: str,
+    heavy_jobs: int,
+    quiet: list[str],
+    rate: float,
+    seconds: float,
+    job_seconds: float,
+) -> TrickleFigures:
+    """The heavy tenant's backlog accepted at once; the quiet tenants' jobs one at a time
+    at `rate` jobs/s in all (taking turns) until the run's last job duration."""
+    reset(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM scraping.tenants"))
+    tenants = {name: repository.create_tenant(engine, name)[0] for name in ["heavy", *quiet]}
+    with engine.begin() as conn:
+        conn.execute(text("SELECT setseed(0.15)"))
+        conn.execute(
+            text(QUERIES["submit_backlog"]),
+            {
+                "tenant_ids": [str(tenants["heavy"].id)],
+                "counts": [heavy_jobs],
+                "base_url": target.url,
+                "domain": HOST,
+            },
+        )
+    with engine.connect() as conn:
+        began = conn.execute(text(QUERIES["clock"])).scalar_one()
+    stop = threading.Event()
+
+    def submit_trickle() -> None:
+        n = 0
+        deadline = time.monotonic()
+        while not stop.is_set():
+            name = quiet[n % len(quiet)]
+            with engine.begin() as conn:
+                conn.execute(
+                    text(QUERIES["submit_one"]),
+                    {
+                        "tenant_id": str(tenants[name].id),
+                        "url": f"{target.url}/quiet-{n}",
+                        "domain": HOST,
+                    },
+                )
+            n += 1
+            deadline += 1 / rate
+            stop.wait(max(0.0, deadline - time.monotonic()))
+
+    submitter = threading.Thread(target=submit_trickle, name="trickle")
+    submitter.start()
+    # Stop submitting one job duration before the workers stop, so the last quiet jobs
+    # had their chance to start; the workers' run is `seconds` long.
+    timer = threading.Timer(max(0.0, seconds - 2 * job_seconds), stop.set)
+    timer.start()
+    try:
+        pool.run(db_url, claim_name, seconds)
+    finally:
+        stop.set()
+        timer.cancel()
+        submitter.join()
+    with engine.connect() as conn:
+        ended = min(conn.execute(text(QUERIES["clock"])).scalar_one(), began + seconds)
+        rows = conn.execute(text(QUERIES["job_starts"])).all()
+    name_of = {t.id: name for name, t in tenants.items()}
+    waits: dict[str, list[tuple[float, bool]]] = {n: [] for n in quiet}
+    for row in rows:
+        name = name_of[row.tenant_id]
+        if name == "heavy":
+            continue
+        if row.started is not None and row.started <= ended:
+            waits[name].append((row.started - row.accepted, False))
+        else:
+            waits[name].append((ended - row.accepted, True))
+    every = [w for ws in waits.values() for w in ws]
+    worst = max(
+        (ws for ws in waits.values() if ws),
+        key=lambda ws: sorted(ws)[max(0, math.ceil(0.99 * len(ws)) - 1)],
+    )
+    return TrickleFigures(
+        submitted=len(every),
+        started=sum(not censored for _, censored in every),
+        all_quiet=(_percentile(every, 0.5), _percentile(every, 0.99)),
+        worst_p99=_percentile(worst, 0.99),
+    )
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # figures as they come, even into a file
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each run")
     parser.add_argument("--quiet-jobs", type=int, default=45, help="backlog of each quiet tenant")
     parser.add_argument("--job-ms", type=int, default=500, help="the target's answer time")
+    parser.add_argument(
+        "--trickle-rate", type=float, default=4.0, help="quiet jobs/s in the trickle runs"
+    )
     args = parser.parse_args()
-    for option in ("seconds", "quiet_jobs", "job_ms"):
+    for option in ("seconds", "quiet_jobs", "job_ms", "trickle_rate"):
         if getattr(args, option) <= 0:
             parser.error(f"--{option.replace('_', '-')} must be positive")
 
@@ -359,6 +460,31 @@ def _runs(
                     f"   {name:<7} {weights[name]:>6g} {figures.shares[name]:>7.1%} "
                     f"{figures.ideal[name]:>7.1%} {p50:>10} {p99:>10}"
                 )
+        quiet = [n for n in tenants if n != "heavy"]
+        for claim_name in ("fair", "fifo"):
+            started = time.monotonic()
+            trickle = trickle_run(
+                engine,
+                db_url,
+                pool,
+                target,
+                claim_name,
+                heavy_jobs,
+                quiet,
+                args.trickle_rate,
+                args.seconds,
+                args.job_ms / 1000,
+            )
+            p50, p99 = trickle.all_quiet
+            print(
+                f"\n== {claim_name}, heavy backlogged, quiet tenants trickling "
+                f"{args.trickle_rate:g} jobs/s: {trickle.started} of {trickle.submitted} quiet "
+                f"jobs started (run took {time.monotonic() - started:.0f} s)"
+            )
+            print(
+                f"   quiet wait p50 {p50}, p99 {p99}, worst tenant's p99 {trickle.worst_p99} "
+                f"(target p99 <= {2 * args.job_ms / 1000:g} s, 2x one job)"
+            )
     finally:
         target.stop()
         engine.dispose()

@@ -25,3 +25,8 @@ FROM scraping.jobs
 
 -- name: clock
 SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8
+
+-- name: submit_one
+-- One job accepted now (the trickle of a quiet tenant while the heavy one is backlogged).
+INSERT INTO scraping.jobs (id, tenant_id, url, domain, created_at, next_attempt_at)
+VALUES (gen_random_uuid(), :tenant_id, :url, :domain, now(), now())
