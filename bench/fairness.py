@@ -294,7 +294,7 @@ def trickle_run(
     engine: Engine,
     db_url: str,
     pool: WorkerPool,
-    target: SlowTarget,
+    target: ScrapingTarget,
     claim_name: str,
     heavy_jobs: int,
     quiet: list[str],
@@ -315,7 +315,8 @@ def trickle_run(
             {
                 "tenant_ids": [str(tenants["heavy"].id)],
                 "counts": [heavy_jobs],
-                "base_url": target.url,
+                "base_url": f"{target.url}/slow",
+                "query": f"?ms={round(job_seconds * 1000)}&bytes=1024",
                 "domain": HOST,
             },
         )
@@ -333,7 +334,7 @@ def trickle_run(
                     text(QUERIES["submit_one"]),
                     {
                         "tenant_id": str(tenants[name].id),
-                        "url": f"{target.url}/quiet-{n}",
+                        "url": f"{target.url}/slow?ms={round(job_seconds * 1000)}&q={n}",
                         "domain": HOST,
                     },
                 )
