@@ -52,12 +52,11 @@ DrainConfig = dagster_config(RecalcPolicy, "DrainConfig", names=DRAIN_RUN_OPTION
 
 
 @op(
-    name="drain_chessboard_project_recalc_queue",
     description="Drain passes, waking when the next row falls due, until nothing is queued "
     "(or the max duration): each recalculated project is logged as a materialization of "
     "its partition.",
 )
-def drain_project_recalc_queue(
+def drain_chessboard_project_recalc_queue(
     context: OpExecutionContext, config: DrainConfig, database: DatabaseResource
 ) -> None:
     policy = RecalcPolicy(**config.model_dump())
@@ -117,15 +116,15 @@ def drain_project_recalc_queue(
     "chessboard_project_recalc_sensor; several may run at once (capped by tag pin/drain).",
 )
 def chessboard_project_recalc_drain() -> None:
-    drain_project_recalc_queue()
+    drain_chessboard_project_recalc_queue()
 
 
 class ProjectsConfig(Config):
     project_ids: list[str] = Field(description="Project ids (uuid)")
 
 
-@op(name="queue_forced_recalcs")
-def force_recalc(
+@op
+def queue_forced_recalcs(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'force recalc': each project's queue row becomes due now (the next drain run
@@ -140,11 +139,11 @@ def force_recalc(
 
 @job(name="chessboard_force_recalc", executor_def=in_process_executor)
 def chessboard_force_recalc() -> None:
-    force_recalc()
+    queue_forced_recalcs()
 
 
-@op(name="check_project_divergence")
-def check_divergence(
+@op
+def check_project_divergence(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'divergence check': stored aggregates vs count/min/max over the source of
@@ -162,11 +161,11 @@ def check_divergence(
 
 @job(name="chessboard_divergence_check", executor_def=in_process_executor)
 def chessboard_divergence_check() -> None:
-    check_divergence()
+    check_project_divergence()
 
 
-@op(name="reset_poison_rows")
-def reset_poison(
+@op
+def reset_poison_rows(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'reset a poison row' (after fixing its cause): attempts 0, due now."""
@@ -180,11 +179,11 @@ def reset_poison(
 
 @job(name="chessboard_reset_poison_row", executor_def=in_process_executor)
 def chessboard_reset_poison_row() -> None:
-    reset_poison()
+    reset_poison_rows()
 
 
-@op(name="publish_outbox_once")
-def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> None:
+@op
+def publish_outbox_once(context: OpExecutionContext, database: DatabaseResource) -> None:
     """Publish every pending outbox event once (the long-running publisher is
     `pin chessboard publish`); skipped when that publisher holds the lock."""
     settings = Settings.from_env()
@@ -205,4 +204,4 @@ def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> N
 
 @job(name="chessboard_publish_outbox", executor_def=in_process_executor)
 def chessboard_publish_outbox() -> None:
-    publish_outbox()
+    publish_outbox_once()

@@ -38,7 +38,7 @@ DetachRetryConfig = dagster_config(
 )
 
 
-@op(name="drain_snapshot_detach_outbox")
+@op
 def drain_snapshot_detach_outbox(
     context: OpExecutionContext,
     config: DetachRetryConfig,
@@ -114,7 +114,7 @@ def _uuid_field(name: str, value: str | None) -> uuid.UUID | None:
         raise Failure(f"{name} must be a UUID (got {value!r})") from exc
 
 
-@op(name="requeue_quarantined_snapshot_detach")
+@op
 def requeue_quarantined_snapshot_detach(
     context: OpExecutionContext, config: RequeueConfig, database: DatabaseResource
 ) -> None:

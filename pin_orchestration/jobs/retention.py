@@ -18,7 +18,7 @@ RetentionConfig = dagster_config(
 )
 
 
-@op(name="delete_expired_rows")
+@op
 def delete_expired_rows(
     context: OpExecutionContext, config: RetentionConfig, database: DatabaseResource
 ) -> None:

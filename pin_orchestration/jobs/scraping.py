@@ -50,7 +50,6 @@ class WorkerRunConfig(Config):
 
 
 @op(
-    name="drain_scraping_jobs",
     description="Claim due scraping jobs with a lease, fetch them in bounded slots, store "
     "the bodies, record outcomes; one materialization of scraping/results per day written.",
 )
@@ -118,8 +117,8 @@ def scraping_worker() -> None:
     drain_scraping_jobs()
 
 
-@op(name="sweep_expired_scraping_leases")
-def sweep_expired_leases(
+@op
+def sweep_expired_scraping_leases(
     context: OpExecutionContext, database: DatabaseResource, scraping: ScrapingResource
 ) -> None:
     """Jobs whose worker stopped renewing its lease go back to queued (SCR-5)."""
@@ -133,15 +132,15 @@ def sweep_expired_leases(
 
 @job(name="scraping_sweep_expired_leases", executor_def=in_process_executor)
 def scraping_sweep_expired_leases() -> None:
-    sweep_expired_leases()
+    sweep_expired_scraping_leases()
 
 
 class RequeueConfig(Config):
     job_ids: list[str] = Field(description="Ids (uuid) of failed scraping jobs to run again")
 
 
-@op(name="requeue_failed_scraping_jobs")
-def requeue_failed_jobs(
+@op
+def requeue_failed_scraping_jobs(
     context: OpExecutionContext, config: RequeueConfig, database: DatabaseResource
 ) -> None:
     """Runbook: failed jobs back to queued with a fresh attempt budget."""
@@ -158,7 +157,7 @@ def requeue_failed_jobs(
 
 @job(name="scraping_requeue", executor_def=in_process_executor)
 def scraping_requeue() -> None:
-    requeue_failed_jobs()
+    requeue_failed_scraping_jobs()
 
 
 WebhookDeliveryConfig = dagster_config(
@@ -167,7 +166,6 @@ WebhookDeliveryConfig = dagster_config(
 
 
 @op(
-    name="deliver_scraping_webhooks",
     description="Deliver due completion webhooks (signed POSTs through the SSRF guard), "
     "recording every attempt; retries back off, capped at PIN_WEBHOOK_MAX_ATTEMPTS.",
 )
