@@ -1,4 +1,5 @@
-"""Counting a job's runs that hold or wait for a slot, for sensors that size drain runs."""
+"""Counting a job's runs that hold or wait for a slot, for the sensors that size drain runs
+(jobs/chessboard.py, jobs/scraping.py)."""
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
