@@ -19,7 +19,6 @@ other reaches its max duration."""
 
 import math
 import time
-from datetime import UTC, datetime
 
 from dagster import (
     AssetMaterialization,
@@ -27,7 +26,6 @@ from dagster import (
     DefaultSensorStatus,
     Failure,
     OpExecutionContext,
-    RunRequest,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -61,7 +59,7 @@ from pin_orchestration.chessboard.queue import (
     queue_stats,
     reset_poison_row,
 )
-from pin_orchestration.jobs.runs_in_flight import runs_in_flight
+from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
 from pin_orchestration.locks import LockLost, default_holder
 from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
@@ -188,16 +186,7 @@ def chessboard_project_recalc_sensor(
     wanted = drain_runs_wanted(stats.due, until_due, in_flight, DEFAULT_POLICY.batch_size)
     if wanted <= 0:
         return SkipReason(f"{stats.due} due, {in_flight} drain run(s) already in flight")
-    tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
-    return SensorResult(
-        run_requests=[
-            RunRequest(
-                run_key=f"drain-{tick}-{slot}",
-                tags={**DRAIN_TAGS, "pin/due_rows": str(stats.due)},
-            )
-            for slot in range(wanted)
-        ]
-    )
+    return drain_run_requests("drain", wanted, {**DRAIN_TAGS, "pin/due_rows": str(stats.due)})
 
 
 class ProjectsConfig(Config):

@@ -17,7 +17,6 @@ and exit idle. Never by CPU: a worker run spends its time waiting on targets."""
 
 import math
 import uuid
-from datetime import UTC, datetime
 
 from dagster import (
     AssetMaterialization,
@@ -26,7 +25,6 @@ from dagster import (
     DefaultSensorStatus,
     Failure,
     OpExecutionContext,
-    RunRequest,
     ScheduleDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -40,7 +38,7 @@ from pydantic import Field
 
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS, WORKER_JOB
 from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.jobs.runs_in_flight import runs_in_flight
+from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
 from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
@@ -192,16 +190,8 @@ def scraping_jobs_sensor(
         return SkipReason(
             f"{stats.due} due ({stats.claimable} claimable), {in_flight} worker run(s) in flight"
         )
-    tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
-    return SensorResult(
-        run_requests=[
-            RunRequest(
-                run_key=f"scraping-worker-{tick}-{slot}",
-                tags={**WORKER_TAGS, "pin/due_jobs": str(stats.due)},
-            )
-            for slot in range(wanted)
-        ]
-    )
+    tags = {**WORKER_TAGS, "pin/due_jobs": str(stats.due)}
+    return drain_run_requests("scraping-worker", wanted, tags)
 
 
 @op
@@ -323,12 +313,5 @@ def scraping_webhooks_sensor(
         return SkipReason(f"no due webhooks ({stats.pending} waiting for a retry)")
     if runs_in_flight(context.instance, scraping_webhook_delivery.name) > 0:
         return SkipReason(f"{stats.due} due, a delivery run is in flight")
-    tick = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
-    return SensorResult(
-        run_requests=[
-            RunRequest(
-                run_key=f"scraping-webhooks-{tick}",
-                tags={**WEBHOOK_DELIVERY_TAGS, "pin/due_webhooks": str(stats.due)},
-            )
-        ]
-    )
+    tags = {**WEBHOOK_DELIVERY_TAGS, "pin/due_webhooks": str(stats.due)}
+    return drain_run_requests("scraping-webhooks", 1, tags, numbered=False)
