@@ -102,6 +102,11 @@ def render(snapshot: dict[str, list]) -> str:
 
 
 def test_code_location_matches_the_committed_snapshot() -> None:
+    """Every name is a contract and kept as it is. Areas: news, chessboard, scraping, and pin
+    for what spans them (pin_retention, pin_alert_checks, pin_release_lock); a new job,
+    schedule or sensor starts with its area (`news_`, `chessboard_`, `scraping_`, `pin_`)
+    and an asset key with its area's prefix (`news/`, ...). Regenerate after an intended
+    change: `python -m tests.test_definitions --write`."""
     expected = SNAPSHOT.read_text() if SNAPSHOT.exists() else ""
     actual = render(definitions_snapshot())
     if actual != expected:
