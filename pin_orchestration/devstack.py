@@ -201,8 +201,7 @@ def run_stack(
     env.update(
         {
             "PIN_DATABASE_URL": database_url,
-            "PIN_DAGSTER_PG_URL": env.get("PIN_DAGSTER_PG_URL")
-            or dagster_storage_url(database_url),
+            "PIN_DAGSTER_PG_URL": settings.dagster_pg_url or dagster_storage_url(database_url),
             "PIN_HOME": str(settings.home),
             "DAGSTER_HOME": str(
                 prepare_dagster_home(settings, dagster_yaml, run_log_level=dagster_level.upper())

@@ -1,11 +1,29 @@
-"""One settings object, read from the environment when asked for — never at import time."""
+"""One settings object, read from the environment when asked for — never at import time.
+
+Every setting is declared once, as a `setting(…)` field (pin_orchestration/options.py):
+`read_settings` reads any such class, and docs/configuration.md is generated from the
+declarations (`python -m pin_orchestration.settings` rewrites it; a test compares them).
+"""
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+from pin_orchestration.options import (
+    POSITIVE,
+    Variable,
+    default_text,
+    help_of,
+    plain_type,
+    setting,
+    settings_fields,
+)
 
 # Where `pin up` starts the selections stand-in when PIN_SELECTIONS_URL is unset.
 LOCAL_SELECTIONS_PORT = 8790
@@ -13,79 +31,274 @@ LOCAL_SELECTIONS_PORT = 8790
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+S = TypeVar("S")
+
 
 class SettingsError(ValueError):
     """An environment variable holds a value the project cannot use."""
 
 
+def http_url(raw: str) -> str:
+    if not raw.startswith(("http://", "https://")):
+        raise ValueError("")
+    return raw
+
+
+def _scheme(raw: str) -> str:
+    """A database URL's scheme only: the rest may hold a password."""
+    return repr(raw.split(":", 1)[0])
+
+
+def _postgresql_url(raw: str) -> str:
+    if not raw.startswith("postgresql"):
+        raise ValueError("")
+    return raw
+
+
+def _cron(raw: str) -> str:
+    if len(raw.split()) != 5:
+        raise ValueError("")
+    return raw
+
+
+def _log_level(raw: str) -> str:
+    if raw.upper() not in LOG_LEVELS:
+        raise ValueError("")
+    return raw.upper()
+
+
+PLATFORM = "Platform: database, state, logs"
+NEWS = "News and chessboard"
+
+
 @dataclass(frozen=True)
 class Settings:
-    # SQLAlchemy URL of the PostgreSQL that holds the platform tables. None selects the
-    # embedded PostgreSQL kept under `home`.
-    database_url: str | None
-    # Where the embedded default keeps its state (PostgreSQL data, Dagster home, local sinks).
-    home: Path
-    # Cron of the weekly FullSweep reconcile (Europe/Moscow).
-    news_full_sweep_cron: str
-    # Kafka bootstrap servers of the chessboard event publisher. None selects the local
-    # JSONL sink under `home` (embedded default).
-    kafka_bootstrap_servers: str | None = None
-    # selections internal API (m2m) for the snapshot-detach retry; None → the local
-    # stand-in that `pin up` starts.
-    selections_url: str | None = None
-    selections_token: str | None = None
-    # PollingInterval of news-snapshot-detach-retry: at most one drain run per window.
-    snapshot_detach_polling_seconds: float = 300.0
-    # What a run prints to its process's stderr (the UI keeps every event whatever this is);
+    database_url: str | None = setting(
+        None,
+        env="PIN_DATABASE_URL",
+        help="SQLAlchemy URL of the platform PostgreSQL (`postgresql+psycopg://…`)",
+        parse=_postgresql_url,
+        accepts="a PostgreSQL SQLAlchemy URL such as postgresql+psycopg://user@host:5432/dbname",
+        shown="embedded PostgreSQL under `PIN_HOME`",
+        group=PLATFORM,
+        redact=_scheme,
+    )
+    dagster_pg_url: str | None = setting(
+        None,
+        env="PIN_DAGSTER_PG_URL",
+        help="SQLAlchemy URL (`postgresql+psycopg2://…`) of Dagster's instance storage "
+        "(dagster.yaml reads it; `pin up` and `pin env` set it)",
+        shown="the platform database",
+        group=PLATFORM,
+    )
+    home: Path = setting(
+        env="PIN_HOME",
+        help="state of the embedded default (PostgreSQL data, `DAGSTER_HOME`, local sinks)",
+        default_factory=lambda: (Path.cwd() / ".pin").resolve(),
+        shown="`./.pin`",
+        group=PLATFORM,
+    )
     # `pin up` sets it from --log-level, so an idle stack's drains and sweeps stay quiet.
-    run_log_level: str = "INFO"
+    run_log_level: str = setting(
+        "INFO",
+        env="PIN_RUN_LOG_LEVEL",
+        help="what runs print to the console (the UI keeps every event); `pin up` sets it",
+        parse=_log_level,
+        accepts=f"one of {', '.join(LOG_LEVELS)}",
+        shown="`INFO` (`WARNING` under `pin up`)",
+        group=PLATFORM,
+    )
+    news_full_sweep_cron: str = setting(
+        "0 4 * * 0",
+        env="PIN_NEWS_FULL_SWEEP_CRON",
+        help="cron (Europe/Moscow) of the weekly FullSweep reconcile",
+        parse=_cron,
+        accepts="a 5-field cron expression, e.g. '0 4 * * 0' for Sundays at 04:00 Europe/Moscow",
+        group=NEWS,
+    )
+    kafka_bootstrap_servers: str | None = setting(
+        None,
+        env="PIN_KAFKA_BOOTSTRAP_SERVERS",
+        help="Kafka of the chessboard event publisher",
+        shown="events go to `$PIN_HOME/chessboard-events.jsonl`",
+        group=NEWS,
+    )
+    selections_url: str | None = setting(
+        None,
+        env="PIN_SELECTIONS_URL",
+        help="base URL of the selections internal API (snapshot detach)",
+        parse=http_url,
+        accepts="an http(s):// base URL",
+        shown=f"local stand-in on `127.0.0.1:{LOCAL_SELECTIONS_PORT}`, started by `pin up`",
+        group=NEWS,
+    )
+    selections_token: str | None = setting(
+        None,
+        env="PIN_SELECTIONS_TOKEN",
+        help="m2m bearer token for selections",
+        group=NEWS,
+    )
+    snapshot_detach_polling_seconds: float = setting(
+        300.0,
+        env="PIN_SNAPSHOT_DETACH_POLLING_SECONDS",
+        help="PollingInterval: at most one detach drain run per window",
+        check=POSITIVE,
+        unit="seconds",
+        group=NEWS,
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        database_url = env.get("PIN_DATABASE_URL") or None
-        if database_url is not None and not database_url.startswith("postgresql"):
-            raise SettingsError(
-                "PIN_DATABASE_URL must be a PostgreSQL SQLAlchemy URL such as "
-                "postgresql+psycopg://user@host:5432/dbname "
-                f"(got {database_url.split(':', 1)[0]!r}); unset it to use the embedded PostgreSQL"
-            )
-        home = Path(env.get("PIN_HOME") or Path.cwd() / ".pin").expanduser().resolve()
-        cron = env.get("PIN_NEWS_FULL_SWEEP_CRON") or "0 4 * * 0"
-        if len(cron.split()) != 5:
-            raise SettingsError(
-                f"PIN_NEWS_FULL_SWEEP_CRON must be a 5-field cron expression (got {cron!r}), "
-                "e.g. '0 4 * * 0' for Sundays at 04:00 Europe/Moscow"
-            )
-        selections_url = env.get("PIN_SELECTIONS_URL") or None
-        if selections_url is not None and not selections_url.startswith(("http://", "https://")):
-            raise SettingsError(
-                f"PIN_SELECTIONS_URL must be an http(s):// base URL (got {selections_url!r}); "
-                "unset it to use the local selections stand-in"
-            )
-        polling = env.get("PIN_SNAPSHOT_DETACH_POLLING_SECONDS") or "300"
-        try:
-            polling_seconds = float(polling)
-        except ValueError:
-            polling_seconds = 0.0
-        if polling_seconds <= 0:
-            raise SettingsError(
-                f"PIN_SNAPSHOT_DETACH_POLLING_SECONDS must be a number of seconds > 0 "
-                f"(got {polling!r}); default is 300"
-            )
-        run_log_level = (env.get("PIN_RUN_LOG_LEVEL") or "INFO").upper()
-        if run_log_level not in LOG_LEVELS:
-            raise SettingsError(
-                f"PIN_RUN_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)} "
-                f"(got {run_log_level!r}); default is INFO"
-            )
-        return cls(
-            database_url=database_url,
-            home=home,
-            news_full_sweep_cron=cron,
-            kafka_bootstrap_servers=env.get("PIN_KAFKA_BOOTSTRAP_SERVERS") or None,
-            selections_url=selections_url,
-            selections_token=env.get("PIN_SELECTIONS_TOKEN") or None,
-            snapshot_detach_polling_seconds=polling_seconds,
-            run_log_level=run_log_level,
+        return read_settings(cls, environ)
+
+
+def read_settings(settings_cls: type[S], environ: Mapping[str, str] | None = None) -> S:
+    """`settings_cls` with each `setting` read from its variable (the first set, of its
+    names); unset or blank, the declared default. A bad value raises SettingsError naming
+    the variable, what it accepts and the default."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f, hint, variable in settings_fields(settings_cls):
+        for name in variable.names:
+            raw = (env.get(name) or "").strip()
+            if raw:
+                values[f.name] = _parsed(variable, hint, name, raw, default_text(f))
+                break
+    return settings_cls(**values)
+
+
+def _parsed(variable: Variable, hint: Any, name: str, raw: str, default: str) -> Any:
+    parse = variable.parse or _TYPE_PARSERS.get(plain_type(hint))
+    if parse is None:  # a declaration's mistake, not the operator's
+        raise TypeError(f"{name}: no parser for {hint!r}; declare one with setting(parse=…)")
+    reason = ""
+    try:
+        value = parse(raw)
+        valid = variable.check is None or variable.check.holds(value)
+    except (ValueError, TypeError) as exc:
+        # A declared parser says why; the type's own message would only repeat the value.
+        reason, valid = (str(exc) if variable.parse else ""), False
+    if valid:
+        return value
+    got = variable.redact(raw) if variable.redact else repr(raw)
+    raise SettingsError(
+        f"{name} must be {variable.accepted(hint)} (got {got}"
+        + (f": {reason}" if reason else "")
+        + f"); unset it for the default: {default.replace('`', '')}"
+    )
+
+
+def _finite(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
+_TYPE_PARSERS: dict[Any, Callable[[str], Any]] = {
+    int: int,
+    float: _finite,
+    str: str,
+    Path: lambda raw: Path(raw).expanduser().resolve(),
+}
+
+
+# --- docs/configuration.md ---------------------------------------------------------------
+
+CONFIGURATION_DOC = Path("docs") / "configuration.md"
+BEGIN = "<!-- BEGIN generated by `python -m pin_orchestration.settings`: do not edit -->"
+END = "<!-- END generated -->"
+
+OPENTELEMETRY = "Traces (read by the OpenTelemetry SDK, `pin_orchestration/tracing.py`)"
+
+# Read by the OpenTelemetry SDK itself: listed in the docs, never read by a settings class.
+READ_BY_OPENTELEMETRY = (
+    (
+        "`OTEL_TRACES_EXPORTER`",
+        "`none`: no traces (unlike the SDK's `otlp` default)",
+        "OpenTelemetry traces of the jobs: `otlp` (OTLP over HTTP/protobuf), `console` (JSON "
+        "on stderr), `none`, or a comma list",
+    ),
+    (
+        "`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`",
+        "`http://localhost:4318`",
+        "the collector the `otlp` exporter posts to (`…/v1/traces` is added to the first)",
+    ),
+    (
+        "`OTEL_EXPORTER_OTLP_PROTOCOL`, `…_HEADERS`, `…_TIMEOUT`",
+        "`http/protobuf`",
+        "as the OpenTelemetry spec says; the protocol must be `http/protobuf`",
+    ),
+    (
+        "`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`",
+        "`pin-orchestration`",
+        "the traces' resource",
+    ),
+)
+
+
+def _settings_classes() -> list[type]:
+    from pin_orchestration.scraping.settings import ScrapingSettings
+
+    return [Settings, ScrapingSettings]
+
+
+def _command_line_rows() -> list[tuple[str, str, str]]:
+    """`pin`'s own options read from a variable (click reads them)."""
+    from pin_orchestration.cli import main
+
+    return [
+        (
+            f"`{param.envvar}`",
+            f"`{param.default}`",
+            f"`pin --{param.name.replace('_', '-')}`: " + (getattr(param, "help", None) or ""),
         )
+        for param in main.params
+        if isinstance(param.envvar, str) and param.name
+    ]
+
+
+def configuration_tables() -> str:
+    """Every variable's table, grouped: the generated part of docs/configuration.md."""
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for settings_cls in _settings_classes():
+        for f, _, variable in settings_fields(settings_cls):
+            names = " (or ".join(f"`{n}`" for n in variable.names)
+            names += ")" * (len(variable.names) - 1)
+            group = variable.group or settings_cls.__name__
+            groups.setdefault(group, []).append((names, default_text(f), help_of(f)))
+    groups.setdefault(PLATFORM, []).extend(_command_line_rows())
+    groups[OPENTELEMETRY] = list(READ_BY_OPENTELEMETRY)
+    lines: list[str] = []
+    for group, rows in groups.items():
+        lines += ["", f"## {group}", "", "| variable | default | meaning |", "|---|---|---|"]
+        lines += [f"| {name} | {default} | {meaning} |" for name, default, meaning in rows]
+    return "\n".join([BEGIN, *lines, "", END])
+
+
+def with_tables(document: str) -> str:
+    """`document` with its generated part (between BEGIN and END) made current."""
+    head, _, rest = document.partition(BEGIN)
+    _, found, tail = rest.partition(END)
+    if not found:
+        raise ValueError(f"{CONFIGURATION_DOC} has no {BEGIN!r} … {END!r} part")
+    return head + configuration_tables() + tail
+
+
+def main(argv: list[str]) -> int:
+    """Rewrite docs/configuration.md (from the repository root); `--check`: exit 1 when it
+    is out of date instead."""
+    path = CONFIGURATION_DOC
+    current = path.read_text()
+    wanted = with_tables(current)
+    if "--check" in argv:
+        if wanted != current:
+            print(f"{path} is out of date: python -m pin_orchestration.settings", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Analysts read assets, not tables: the README's snippets, run exactly as written in a
+"""Analysts read assets, not tables: docs/analysts.md's snippets, run exactly as written in a
 fresh shell that has only `eval "$(pin env)"`, against a materialized day of reconcile and a
 recalculated project on an embedded stack, give the DataFrames they say. The derived
 frames are Parquet in S3 or a directory, read by other processes and other tools."""
@@ -65,8 +65,8 @@ def add_scraping_job(engine: Engine, created_at: str) -> uuid.UUID:
 
 
 def readme_blocks(section: str, language: str) -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    body = readme.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "analysts.md").read_text()
+    body = page.split(f"# {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(rf"```{language}\n(.*?)```", body, flags=re.DOTALL)
 
 

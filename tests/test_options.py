@@ -38,3 +38,37 @@ def test_click_options_parse_into_the_dataclass() -> None:
 def test_an_unknown_option_name_is_refused() -> None:
     with pytest.raises(ValueError, match="no option"):
         dagster_config(RecalcPolicy, "Bad", names=("batch_size", "nope"))
+
+
+def test_a_worker_run_config_takes_the_worker_options_and_the_settings_they_take_over() -> None:
+    from pin_orchestration.jobs.scraping import WorkerRunConfig
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
+
+    fields = WorkerRunConfig.model_fields  # type: ignore[attr-defined]
+    assert list(fields) == list(WORKER_RUN_OPTIONS)
+    defaults = WorkerOptions()
+    assert fields["idle_exit_seconds"].default == defaults.idle_exit_seconds
+    assert fields["max_run_duration_seconds"].default == defaults.max_run_duration_seconds
+    # A setting (declared once, in ScrapingSettings): empty in run config is its variable.
+    assert defaults.slots == ScrapingSettings().slots
+    assert fields["slots"].default is None
+    assert "PIN_SCRAPING_SLOTS" in fields["slots"].description
+    settings = ScrapingSettings(slots=3, lease_seconds=7.0)
+    options = WorkerRunConfig(idle_exit_seconds=1.0).to_options(settings)  # type: ignore[call-arg]
+    assert (options.slots, options.lease_seconds, options.idle_exit_seconds) == (3, 7.0, 1.0)
+    assert WorkerRunConfig(slots=5).to_options(settings).slots == 5  # type: ignore[call-arg]
+
+
+def test_a_setting_taken_over_is_empty_on_the_command_line_unless_given() -> None:
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
+
+    @click.command()
+    @click_options(WorkerOptions, WORKER_RUN_OPTIONS)
+    def command(**given: object) -> None:
+        click.echo(WorkerOptions.from_settings(ScrapingSettings(slots=3), **given).slots)
+
+    assert CliRunner().invoke(command, []).output.strip() == "3"
+    assert CliRunner().invoke(command, ["--slots", "9"]).output.strip() == "9"
+    assert "PIN_SCRAPING_SLOTS" in CliRunner().invoke(command, ["--help"]).output

@@ -1,6 +1,6 @@
 """`pin env`: the export lines of the configured services, and a clear refusal when the
 embedded default it would point at is not running (the running one: tests/test_analyst.py,
-whose README snippets run with nothing but `eval "$(pin env)"`)."""
+whose docs/analysts.md snippets run with nothing but `eval "$(pin env)"`)."""
 
 from __future__ import annotations
 

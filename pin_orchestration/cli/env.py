@@ -15,7 +15,7 @@ import click
 from pin_orchestration.db import dagster_storage_url
 from pin_orchestration.settings import Settings
 
-# Passed through when set: where the derived frames and results live (README, Configuration).
+# Passed through when set: where the derived frames and results live (docs/configuration.md).
 RESULTS_STORE_VARIABLES = ("PIN_S3_BUCKET", "PIN_S3_ENDPOINT_URL", "PIN_S3_REGION")
 
 
@@ -25,8 +25,7 @@ def analyst_environment(settings: Settings, environ: dict[str, str]) -> dict[str
     database_url = settings.database_url or _running_embedded_url(settings)
     variables = {
         "PIN_DATABASE_URL": database_url,
-        "PIN_DAGSTER_PG_URL": environ.get("PIN_DAGSTER_PG_URL")
-        or dagster_storage_url(database_url),
+        "PIN_DAGSTER_PG_URL": settings.dagster_pg_url or dagster_storage_url(database_url),
         "PIN_HOME": str(settings.home),
         # What `pin up` gives Dagster (devstack.prepare_dagster_home).
         "DAGSTER_HOME": environ.get("DAGSTER_HOME") or str(settings.home / "dagster_home"),

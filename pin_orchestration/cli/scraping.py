@@ -13,6 +13,7 @@ import click
 from pin_orchestration.db import engine_from_env
 from pin_orchestration.options import click_options
 from pin_orchestration.scraping.webhooks import DeliveryOptions
+from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
 from pin_orchestration.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -192,12 +193,8 @@ def scraping_sweep() -> None:
 
 
 @scraping.command("work")
-@click.option("--slots", type=int, default=None, help="Default: PIN_SCRAPING_SLOTS")
-@click.option("--idle-exit-seconds", type=float, default=5.0, show_default=True)
-@click.option("--max-run-duration-seconds", type=float, default=600.0, show_default=True)
-def scraping_work(
-    slots: int | None, idle_exit_seconds: float, max_run_duration_seconds: float
-) -> None:
+@click_options(WorkerOptions, WORKER_RUN_OPTIONS)
+def scraping_work(**given: Any) -> None:
     """Run one worker from the shell (what a scraping_worker run does)."""
     from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.resources.scraping import (
@@ -207,18 +204,11 @@ def scraping_work(
     )
     from pin_orchestration.scraping.fetch import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker import WorkerConfigError, WorkerOptions, run_worker
+    from pin_orchestration.scraping.worker import WorkerConfigError, run_worker
 
     try:
         settings = ScrapingSettings.from_env()
-        options = WorkerOptions(
-            slots=slots or settings.slots,
-            lease_seconds=settings.lease_seconds,
-            idle_exit_seconds=idle_exit_seconds,
-            max_run_duration_seconds=max_run_duration_seconds,
-            domain_rps=settings.domain_rps,
-            domain_concurrency=settings.domain_concurrency,
-        )
+        options = WorkerOptions.from_settings(settings, **given)
         options.validate()
     except (SettingsError, WorkerConfigError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -49,7 +49,12 @@ from pin_orchestration.scraping.webhooks import (
     run_deliveries,
     webhook_stats,
 )
-from pin_orchestration.scraping.worker import WorkerConfigError, WorkerOptions, run_worker
+from pin_orchestration.scraping.worker import (
+    WORKER_RUN_OPTIONS,
+    WorkerConfigError,
+    WorkerOptions,
+    run_worker,
+)
 from pin_orchestration.settings import SettingsError
 
 # dagster.yaml caps concurrent runs per value of this tag.
@@ -59,16 +64,7 @@ WEBHOOK_DELIVERY_TAGS = {"pin/drain": "scraping-webhooks"}
 SENSOR_INTERVAL_SECONDS = 5
 
 
-class WorkerRunConfig(Config):
-    slots: int | None = Field(
-        default=None, description="Concurrent fetches in this run; empty → PIN_SCRAPING_SLOTS"
-    )
-    idle_exit_seconds: float = Field(
-        default=5.0, description="End the run after this long with nothing claimable"
-    )
-    max_run_duration_seconds: float = Field(
-        default=600.0, description="Stop claiming after this long; jobs in flight finish"
-    )
+WorkerRunConfig = dagster_config(WorkerOptions, "WorkerRunConfig", names=WORKER_RUN_OPTIONS)
 
 
 @op(
@@ -77,7 +73,7 @@ class WorkerRunConfig(Config):
 )
 def drain_scraping_jobs(
     context: OpExecutionContext,
-    config: WorkerRunConfig,
+    config: WorkerRunConfig,  # type: ignore[valid-type]
     database: DatabaseResource,
     scraping: ScrapingResource,
 ) -> None:

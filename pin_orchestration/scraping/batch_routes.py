@@ -11,19 +11,19 @@ counts jobs: a batch takes one token per job it submits, all or none.
 # No `from __future__ import annotations`: FastAPI reads the endpoint's annotations.
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError, model_validator
-from sqlalchemy import Engine
 
 from pin_orchestration.scraping import problems, ratelimit, repository
-from pin_orchestration.scraping.api import JobCreate, Links, Receipt
+from pin_orchestration.scraping.deps import ApiDeps
+from pin_orchestration.scraping.job_models import JobCreate, Links, Receipt
 from pin_orchestration.scraping.limits import MAX_BATCH_BODY_BYTES
 from pin_orchestration.scraping.problems import FieldError, Problem, ValidationProblem
 from pin_orchestration.scraping.ratelimit import RateLimited
-from pin_orchestration.scraping.repository import IdempotencyKeyReused, JobRequest, Tenant
+from pin_orchestration.scraping.repository import IdempotencyKeyReused, JobRequest
 
 MAX_BATCH_JOBS = 1000
 
@@ -74,13 +74,10 @@ class BatchAnswer(BaseModel):
     items: list[BatchItem]
 
 
-def batch_router(
-    tenant: Callable[..., Any],
-    engine_provider: Callable[[], Engine],
-    intake_limit: repository.IntakeLimit,
-) -> APIRouter:
+def batch_router(deps: ApiDeps) -> APIRouter:
     router = APIRouter()
-    Caller = Annotated[Tenant, Depends(tenant)]
+    Caller = deps.caller
+    engine_provider, intake_limit = deps.engine_provider, deps.intake_limit
 
     @router.post(
         "/jobs/batch",

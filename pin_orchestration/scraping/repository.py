@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from pin_orchestration.ids import uuid7
 from pin_orchestration.sql import load_queries
 
-# How long an Idempotency-Key is remembered (documented in the API and README).
+# How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})

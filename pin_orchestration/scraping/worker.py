@@ -34,15 +34,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from sqlalchemy import Engine
 
+from pin_orchestration.options import option, same_as, with_settings
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide, domain_pause_until
+from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import ResultStore, result_key
 
 log = logging.getLogger(__name__)
@@ -74,17 +76,32 @@ class WorkerConfigError(ValueError):
     """A worker option out of range (names the option)."""
 
 
+# What a worker run (Dagster config) and `pin scraping work` let an operator set.
+WORKER_RUN_OPTIONS = ("slots", "idle_exit_seconds", "max_run_duration_seconds")
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
-    slots: int = 64
-    lease_seconds: float = 60.0
-    idle_exit_seconds: float = 5.0
-    max_run_duration_seconds: float = 600.0
-    # How long the loop waits for a slot to finish before looking for new due jobs.
-    poll_seconds: float = 0.2
-    # Limits of a domain without an override (PIN_SCRAPING_DOMAIN_RPS / _CONCURRENCY).
-    domain_rps: float = 2.0
-    domain_concurrency: int = 4
+    """One worker run's options; the deployment's settings among them (`same_as`) are
+    declared in ScrapingSettings, so a run that leaves them empty takes the variables'."""
+
+    slots: int = same_as(ScrapingSettings, "slots")
+    lease_seconds: float = same_as(ScrapingSettings, "lease_seconds")
+    idle_exit_seconds: float = option(5.0, "End the run after this long with nothing claimable")
+    max_run_duration_seconds: float = option(
+        600.0, "Stop claiming after this long; jobs in flight finish"
+    )
+    poll_seconds: float = option(
+        0.2, "How long the loop waits for a slot to finish before looking for new due jobs"
+    )
+    # Limits of a domain without an override.
+    domain_rps: float = same_as(ScrapingSettings, "domain_rps")
+    domain_concurrency: int = same_as(ScrapingSettings, "domain_concurrency")
+
+    @classmethod
+    def from_settings(cls, settings: ScrapingSettings, **given: Any) -> WorkerOptions:
+        """The options given, the deployment's settings for those not given (or None)."""
+        return with_settings(cls, settings, **given)
 
     @property
     def domain_defaults(self) -> DomainDefaults:

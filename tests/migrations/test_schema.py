@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from pin_orchestration.migrations import alembic_config, upgrade_database
 from pin_orchestration.migrations.schema_dump import SCHEMA_SQL, dump_schema, libpq_url
 
-REGENERATE = "regenerate it: pin db dump-schema > schema.sql (README, 'Schema')"
+REGENERATE = "regenerate it: pin db dump-schema > schema.sql (docs/operators.md, 'Schema')"
 
 
 def test_the_migrations_produce_schema_sql(empty_db_url: str) -> None:

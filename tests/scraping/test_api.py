@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.api import URL_PATTERN
+from pin_orchestration.scraping.job_models import URL_PATTERN
 from pin_orchestration.standins.scraping_target import DemoSite
 from tests.scraping.conftest import Worker, auth
 

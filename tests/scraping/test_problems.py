@@ -42,6 +42,32 @@ def test_errors_outside_the_routes_are_problems(client: TestClient, make_tenant)
     assert str(MAX_HEADER_BYTES) in many["detail"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("DELETE", "/jobs", "GET, POST"),
+        ("PUT", "/jobs/00000000-0000-0000-0000-000000000000", "GET"),
+        ("GET", "/jobs/00000000-0000-0000-0000-000000000000/cancel", "POST"),
+        ("POST", "/jobs/00000000-0000-0000-0000-000000000000/attempts", "GET"),
+        ("GET", "/jobs/batch", "POST"),
+        ("DELETE", "/jobs/batch", "POST"),
+        # Matched by no route in full: the path's own routes, not /jobs/{job_id}'s.
+        ("OPTIONS", "/jobs/batch", "POST"),
+        ("OPTIONS", "/jobs", "GET, POST"),
+        ("POST", "/healthz", "GET"),
+        ("POST", "/results/anything", "GET"),
+    ],
+)
+def test_a_405_lists_the_methods_the_path_allows(
+    client: TestClient, method: str, path: str, allowed: str
+) -> None:
+    """RFC 9110 §15.5.6: a 405 carries Allow with every method the path serves, also when
+    several routes serve it (GET and POST /jobs) or the route sits in an included router."""
+    answer = client.request(method, path)
+    problem_of(answer, 405)
+    assert answer.headers["allow"] == allowed
+
+
 def test_a_422_points_into_the_body_and_at_parameters(client: TestClient, make_tenant) -> None:
     _, key = make_tenant("shop")
     problem = problem_of(

@@ -1,6 +1,7 @@
-"""The README's "Try it" block, run in bash as a reader would after `./scripts/run`: only
-the API's and the demo site's addresses and the printed key differ (ports of the test's
-own), and a worker run drains the job between submitting and reading."""
+"""The "Try it" block of docs/jobs/scraping.md (linked from the README), run in bash as a
+reader would after `./scripts/run`: only the API's and the demo site's addresses and the
+printed key differ (ports of the test's own), and a worker run drains the job between
+submitting and reading."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def try_it_blocks() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("**Try it**", 1)[1].split("\n- **API**", 1)[0]
+    page = (ROOT / "docs" / "jobs" / "scraping.md").read_text()
+    section = page.split("## Try it\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
 
 

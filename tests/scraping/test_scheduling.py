@@ -497,10 +497,10 @@ def claim_rows(engine: Engine, worker: str, limit: int) -> list[ClaimedJob]:
 def test_four_claimer_processes_keep_6_3_1_and_the_domain_limits_and_claim_each_job_once(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
-    """The README's guarantee under N concurrent claimers: every claim continues the class
-    sequence from the state last written, so each claim of ten picks is exactly 6:3:1 while
-    all classes have work; a domain's concurrency and rate hold across claimers; no job is
-    claimed twice."""
+    """docs/jobs/scraping.md's guarantee under N concurrent claimers: every claim continues
+    the class sequence from the state last written, so each claim of ten picks is exactly
+    6:3:1 while all classes have work; a domain's concurrency and rate hold across
+    claimers; no job is claimed twice."""
     import multiprocessing
 
     shop, crawler = make_tenant("shop")[0], make_tenant("crawler")[0]
