@@ -1,4 +1,8 @@
-"""The code location: every area's Dagster definitions, merged, plus shared resources."""
+"""The code location: every area's Dagster definitions, merged, plus shared resources.
+
+An area's jobs live in jobs/<area>.py together with the sensor or schedule that launches
+each, so a job reads from its trigger to the domain call in one file; sensors/ and
+schedules/ hold only what spans every area (record_failed_runs, pin_alert_checks)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pin_orchestration.assets.analyst import (
     scraping_daily_outcomes,
 )
 from pin_orchestration.assets.chessboard import (
+    DRAIN_JOB,
     RECALC_HEALTH,
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
@@ -29,32 +34,37 @@ from pin_orchestration.assets.news_snapshot_detach import (
     OUTBOX_CHECKS,
     snapshot_detach_outbox,
 )
-from pin_orchestration.assets.scraping import scraping_results
+from pin_orchestration.assets.scraping import WORKER_JOB, scraping_results
 from pin_orchestration.assets.scraping_health import JOBS_HEALTH, JOBS_HEALTH_CHECKS, jobs_health
-from pin_orchestration.jobs.alerts import pin_alert_checks_every_5_minutes, pin_alert_checks_job
 from pin_orchestration.jobs.chessboard import (
-    DRAIN_JOB,
     chessboard_divergence_check,
     chessboard_force_recalc,
     chessboard_project_recalc_drain,
+    chessboard_project_recalc_sensor,
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
 from pin_orchestration.jobs.locks import pin_release_lock
 from pin_orchestration.jobs.news_reconcile import (
+    build_full_sweep_schedule,
+    news_comment_reconcile_daily,
+    news_comment_reconcile_health_hourly,
     news_comment_reconcile_health_job,
     news_comment_reconcile_job,
 )
 from pin_orchestration.jobs.news_snapshot_detach import (
+    news_snapshot_detach_outbox_sensor,
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
-from pin_orchestration.jobs.retention import pin_retention_job
+from pin_orchestration.jobs.retention import pin_retention, pin_retention_job
 from pin_orchestration.jobs.scraping import (
-    WORKER_JOB,
+    scraping_jobs_sensor,
     scraping_requeue,
+    scraping_stuck_sweeper,
     scraping_sweep_expired_leases,
     scraping_webhook_delivery,
+    scraping_webhooks_sensor,
     scraping_worker,
 )
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
@@ -62,17 +72,11 @@ from pin_orchestration.resources.analyst_io import ParquetFrameIOManager, Postgr
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.schedules.news_reconcile import (
-    build_full_sweep_schedule,
-    news_comment_reconcile_daily,
-    news_comment_reconcile_health_hourly,
+from pin_orchestration.schedules.alerts import (
+    pin_alert_checks_every_5_minutes,
+    pin_alert_checks_job,
 )
-from pin_orchestration.schedules.retention import pin_retention
-from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
-from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
-from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 from pin_orchestration.sensors.run_failures import record_failed_runs
-from pin_orchestration.sensors.scraping import scraping_jobs_sensor, scraping_webhooks_sensor
 from pin_orchestration.settings import Settings
 
 

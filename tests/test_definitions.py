@@ -1,72 +1,155 @@
-"""Load the whole code location and pin down its names, crons and timezones.
+"""Load the whole code location and pin down every name in it.
 
-An accidental rename of an asset, job, schedule or sensor breaks operators' bookmarks,
-backfills and alert routing: it has to show up here, in review.
+An accidental rename of an asset, check, job, schedule or sensor breaks operators'
+bookmarks, backfills and alert routing, and a renamed op breaks saved run config (`ops:
+{name: ...}`): `definitions_snapshot.json` holds every one of them, committed beside this
+file, so a rename shows up in review as a diff of that file.
+
+Naming rule (names are operator contracts: never renamed to follow it, only new ones): a
+job, schedule or sensor starts with its area — `news_`, `chessboard_`, `scraping_`, or
+`pin_` for the platform-wide ones (pin_retention, pin_alert_checks, pin_release_lock); an
+asset's key starts with its area (`news/`, `chessboard/`, `scraping/`).
+
+After an intended change, regenerate the snapshot and commit it with the change:
+
+    python -m tests.test_definitions --write
 """
 
 from __future__ import annotations
 
+import difflib
+import json
+import sys
 from pathlib import Path
 
+from dagster import OpDefinition
+
 from pin_orchestration.definitions import build_definitions
+from pin_orchestration.settings import Settings
+
+SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
+REGENERATE = "python -m tests.test_definitions --write"
+AREAS = ("news_", "chessboard_", "scraping_", "pin_")
+ASSET_AREAS = ("news/", "chessboard/", "scraping/")
+# Named before the rule; a contract like every other name, so it keeps its name.
+OLDER_THAN_THE_RULE = {"record_failed_runs"}
 
 
-def test_code_location_snapshot() -> None:
-    repo = build_definitions().get_repository_def()
-    assets = sorted(key.to_user_string() for key in repo.asset_graph.get_all_asset_keys())
-    checks = sorted(
-        f"{key.asset_key.to_user_string()}:{key.name}" for key in repo.asset_graph.asset_check_keys
+def _repository():
+    # The defaults, not this shell's environment (PIN_NEWS_FULL_SWEEP_CRON sets a cron).
+    return build_definitions(Settings.from_env({})).get_repository_def()
+
+
+def _named_jobs(repo) -> list:
+    return sorted(
+        (j for j in repo.get_all_jobs() if not j.name.startswith("__")), key=lambda j: j.name
     )
-    jobs = sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__"))
-    schedules = sorted(
-        (s.name, s.cron_schedule, s.execution_timezone, s.default_status.value)
-        for s in repo.schedule_defs
-    )
-    sensors = sorted((s.name, s.default_status.value) for s in repo.sensor_defs)
 
-    assert "news/post_comment_counts" in assets
-    assert {
-        "news/post_comment_counts:drift_within_threshold",
-        "news/comment_reconcile_health:reconciled_within_26h",
-        "news/comment_reconcile_health:no_failed_runs_in_26h",
-    } <= set(checks)
-    assert {"news_comment_reconcile", "news_comment_reconcile_health"} <= set(jobs)
-    assert {
-        ("news_comment_reconcile_daily", "0 3 * * *", "Europe/Moscow", "RUNNING"),
-        ("news_comment_reconcile_full_sweep", "0 4 * * 0", "Europe/Moscow", "RUNNING"),
-        ("news_comment_reconcile_health_hourly", "17 * * * *", "Europe/Moscow", "RUNNING"),
-    } <= set(schedules)
-    # Issue 10: alerts on the asset pages, the analysts' derived assets, failed runs counted.
-    # Issue 17/20: every alert on an unpartitioned health asset of its area (its state shows
-    # on the checks tab), each seed alert a check.
-    assert {"news/daily_drift_by_post_status", "chessboard/building_free_share"} <= set(assets)
-    assert {
-        "news/comment_reconcile_health",
-        "chessboard/recalc_health",
-        "scraping/jobs_health",
-    } <= set(assets)
-    assert {
-        "chessboard/recalc_health:CHESSBOARD_RECALC_BACKLOG",
-        "chessboard/recalc_health:no_poison_recalc_requests",
-        "chessboard/recalc_health:process_p99_within_slo",
-        "chessboard/recalc_health:recalc_errors_not_growing",
-        "chessboard/recalc_health:recalc_worker_alive",
-        "chessboard/recalc_health:no_failed_runs_in_1h",
-        "scraping/jobs_health:scraping_queue_not_stalled",
-        "scraping/jobs_health:no_jobs_past_lease",
-        "scraping/jobs_health:jobs_start_within_a_minute",
-        "scraping/jobs_health:jobs_terminal_without_a_human",
-        "scraping/jobs_health:no_failed_runs_in_1h",
-        "news/snapshot_detach_outbox:pending_not_growing",
-        "news/snapshot_detach_outbox:no_failed_calls_spike",
-        "news/snapshot_detach_outbox:no_failed_runs_in_1h",
-    } <= set(checks)
-    # Only checks judged per partition stay on partitioned assets.
-    assert {c for c in checks if c.split(":")[0] in ("scraping/results",)} == set()
-    assert "pin_alert_checks" in jobs
-    assert ("pin_alert_checks_every_5_minutes", "*/5 * * * *", None, "RUNNING") in schedules
-    assert {"record_failed_runs", "pin_analyst_automation"} <= {name for name, _ in sensors}
-    assert all(status == "RUNNING" for _, status in sensors)
+
+def sorted_nodes(job) -> list:
+    return sorted(job.graph.nodes, key=lambda node: node.name)
+
+
+def definitions_snapshot() -> dict[str, list]:
+    """Every name of the code location, sorted: what operators and saved config rely on."""
+    repo = _repository()
+    graph = repo.asset_graph
+    return {
+        "assets": sorted(key.to_user_string() for key in graph.get_all_asset_keys()),
+        "asset_checks": sorted(
+            f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys
+        ),
+        "jobs": [j.name for j in _named_jobs(repo)],
+        # The keys of run config (`ops: {name: {config: ...}}`), as `job:op`.
+        "ops": [f"{j.name}:{node.name}" for j in _named_jobs(repo) for node in sorted_nodes(j)],
+        "schedules": sorted(
+            (
+                {
+                    "name": s.name,
+                    "cron": s.cron_schedule,
+                    "timezone": s.execution_timezone,
+                    "default_status": s.default_status.value,
+                    "job": s.job_name,
+                }
+                for s in repo.schedule_defs
+            ),
+            key=lambda s: s["name"],
+        ),
+        "sensors": sorted(
+            (
+                {
+                    "name": s.name,
+                    "default_status": s.default_status.value,
+                    "jobs": sorted(t.job_name for t in s.targets),
+                    "assets": sorted(k.to_user_string() for k in s.asset_selection.resolve(graph))
+                    if s.asset_selection is not None
+                    else [],
+                }
+                for s in repo.sensor_defs
+            ),
+            key=lambda s: s["name"],
+        ),
+    }
+
+
+def render(snapshot: dict[str, list]) -> str:
+    """JSON with one item a line, so a rename is a one-line diff."""
+    sections = []
+    for section, items in snapshot.items():
+        lines = ",\n".join(f"    {json.dumps(item)}" for item in items)
+        sections.append(f"  {json.dumps(section)}: [\n{lines}\n  ]")
+    return "{\n" + ",\n".join(sections) + "\n}\n"
+
+
+def test_code_location_matches_the_committed_snapshot() -> None:
+    """Every name is a contract and kept as it is. Areas: news, chessboard, scraping, and pin
+    for what spans them (pin_retention, pin_alert_checks, pin_release_lock); a new job,
+    schedule or sensor starts with its area (`news_`, `chessboard_`, `scraping_`, `pin_`)
+    and an asset key with its area's prefix (`news/`, ...). Regenerate after an intended
+    change: `python -m tests.test_definitions --write`."""
+    expected = SNAPSHOT.read_text() if SNAPSHOT.exists() else ""
+    actual = render(definitions_snapshot())
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                fromfile=f"{SNAPSHOT.name} (committed)",
+                tofile="the code location now",
+            )
+        )
+        raise AssertionError(
+            "The code location's names differ from tests/definitions_snapshot.json. A rename "
+            "breaks operators' bookmarks, run config and alert routing; if the change is "
+            f"intended, run `{REGENERATE}` and commit the file.\n{diff}"
+        )
+
+
+def test_names_start_with_their_area() -> None:
+    snapshot = definitions_snapshot()
+    named = [
+        *snapshot["jobs"],
+        *(s["name"] for s in snapshot["schedules"]),
+        *(s["name"] for s in snapshot["sensors"]),
+    ]
+    assert [n for n in named if not n.startswith(AREAS) and n not in OLDER_THAN_THE_RULE] == []
+    assert [a for a in snapshot["assets"] if not a.startswith(ASSET_AREAS)] == []
+
+
+def test_op_functions_are_named_as_their_ops() -> None:
+    """`queue_forced_recalcs` the op is `queue_forced_recalcs` the function (STYLE.md)."""
+    differ = set()
+    # Op jobs only: an asset's op is named after its key.
+    for j in _named_jobs(_repository()):
+        if list(j.asset_layer.executable_asset_keys):
+            continue
+        for node in j.graph.iterate_node_defs():
+            if not isinstance(node, OpDefinition):
+                continue  # the job's own graph
+            fn = node.compute_fn.decorated_fn
+            if fn.__name__ != node.name:
+                differ.add(f"op {node.name}: def {fn.__name__}")
+    assert sorted(differ) == []
 
 
 def test_reconcile_asset_is_daily_partitioned_in_moscow() -> None:
@@ -116,3 +199,10 @@ def test_backfills_and_automation_runs_cost_one_process_and_yield_to_operators()
         "concurrency"
     ]["runs"]["tag_concurrency_limits"]
     assert {"key": "dagster/sensor_name", "value": "pin_analyst_automation", "limit": 2} in limits
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(f"usage: {REGENERATE}")
+    SNAPSHOT.write_text(render(definitions_snapshot()))
+    print(f"wrote {SNAPSHOT}")

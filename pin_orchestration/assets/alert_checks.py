@@ -65,10 +65,9 @@ class FailedRunsAlertConfig(Config):
 def no_failed_runs_check(asset: AssetKey, job_code: str) -> AssetChecksDefinition:
     @asset_check(
         asset=asset,
-        name="no_failed_runs_in_1h",
         description=f"No {job_code} run failed in the last hour (config errors included)",
     )
-    def _check(
+    def no_failed_runs_in_1h(
         context: AssetCheckExecutionContext,
         config: FailedRunsAlertConfig,
         database: DatabaseResource,
@@ -93,4 +92,4 @@ def no_failed_runs_check(asset: AssetKey, job_code: str) -> AssetChecksDefinitio
             },
         )
 
-    return _check
+    return no_failed_runs_in_1h

@@ -39,6 +39,9 @@ PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
 # page (a check on the per-project asset reads "Not evaluated" after the next recalc).
 RECALC_HEALTH = AssetKey(["chessboard", "recalc_health"])
 DIVERGENCE_CHECK = "aggregates_match_source_of_truth"
+# The drain job's name, which the health asset reports on; here, not in jobs/chessboard.py,
+# because jobs import assets and never the reverse.
+DRAIN_JOB = "chessboard_project_recalc_drain"
 POISON_CHECK = "no_poison_recalc_requests"
 
 chessboard_projects = DynamicPartitionsDefinition(name="chessboard_projects")

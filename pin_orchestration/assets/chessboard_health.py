@@ -22,9 +22,8 @@ from dagster import (
 from pydantic import Field
 
 from pin_orchestration.assets.alert_checks import last_successful_run, observed_before
-from pin_orchestration.assets.chessboard import RECALC_HEALTH
+from pin_orchestration.assets.chessboard import DRAIN_JOB, RECALC_HEALTH
 from pin_orchestration.chessboard.queue import queue_stats
-from pin_orchestration.jobs.chessboard import DRAIN_JOB
 from pin_orchestration.queue_health import (
     RecalcCounters,
     chessboard_recalc_counters,

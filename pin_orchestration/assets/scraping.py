@@ -8,6 +8,9 @@ results for), so it is declared as a spec: no Dagster run ever "computes" the by
 from dagster import AssetKey, AssetSpec, DailyPartitionsDefinition
 
 SCRAPING_RESULTS = AssetKey(["scraping", "results"])
+# The worker job's name, which the health asset reports on; here, not in jobs/scraping.py,
+# because jobs import assets and never the reverse.
+WORKER_JOB = "scraping_worker"
 # end_offset=1: the running day is a partition too, so what workers stored today shows
 # (and loads) while the day runs, not only after midnight.
 RESULT_DAYS = DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)

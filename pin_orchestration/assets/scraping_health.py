@@ -22,7 +22,7 @@ from dagster import (
 from pydantic import Field
 
 from pin_orchestration.assets.alert_checks import last_successful_run
-from pin_orchestration.jobs.scraping import WORKER_JOB
+from pin_orchestration.assets.scraping import WORKER_JOB
 from pin_orchestration.queue_health import (
     STALLED_AFTER,
     SloWindow,

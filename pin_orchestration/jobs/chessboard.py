@@ -1,23 +1,43 @@
-"""Jobs of chessboard project-aggregates-recalc: the drain run the sensor launches, and the
-runbook actions (force recalc, reset a poison row, publish the outbox once) launchable
-from the UI with config."""
+"""Jobs of chessboard project-aggregates-recalc: the drain run with the sensor that launches
+it (`chessboard_project_recalc_sensor`), and the runbook actions (force recalc, reset a
+poison row, publish the outbox once) launchable from the UI with config. The drain op calls
+`chessboard.drain.drain_loop`, which claims with the named queries of
+`chessboard/queries.sql` (through `chessboard.queue.query`).
+
+The sensor watches chessboard.project_recalc_requests and launches drain runs — never one
+run per project (a run costs seconds; a drain run takes rows with FOR UPDATE SKIP LOCKED and
+logs one materialization per project).
+
+A drain run stays up to its max duration, waking as rows fall due, so the sensor's job is
+to keep runs alive while there is work: one per 50 due rows up to the cap, and — when
+nothing is due yet but a row falls due before the next evaluation — one run started ahead
+of it (it sleeps until the row is due). Launching ahead keeps the first row after a quiet
+spell from waiting for a tick + run launch, and a second live run covers the gap when the
+other reaches its max duration."""
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at definition time.
 
+import math
 import time
 
 from dagster import (
     AssetMaterialization,
     Config,
+    DefaultSensorStatus,
     Failure,
     OpExecutionContext,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
     in_process_executor,
     job,
     op,
+    sensor,
 )
 from pydantic import Field
 
 from pin_orchestration.assets.chessboard import (
+    DRAIN_JOB,
     PROJECT_AGGREGATES,
     divergence_evaluation,
     ensure_project_partitions,
@@ -30,21 +50,30 @@ from pin_orchestration.chessboard.drain import drain_loop
 from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.chessboard.queue import (
+    DEFAULT_POLICY,
     DRAIN_RUN_OPTIONS,
     RecalcConfigError,
     RecalcPolicy,
     force_recalc_now,
     poison_rows,
+    queue_stats,
     reset_poison_row,
 )
+from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
 from pin_orchestration.locks import LockLost, default_holder
 from pin_orchestration.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.settings import Settings
 
-DRAIN_JOB = "chessboard_project_recalc_drain"
 # dagster.yaml caps concurrent runs per value of this tag (pin/drain: limit 2).
 DRAIN_TAGS = {"pin/drain": "chessboard-project-recalc"}
+# Drain runs in flight at once (dagster.yaml's pin/drain tag limit enforces the same cap
+# at launch; counting here keeps the sensor from piling runs into the queue).
+MAX_CONCURRENT_DRAIN_RUNS = 2
+SENSOR_INTERVAL_SECONDS = 5
+# A row falling due within this is worth a run now: it would otherwise wait for the next
+# evaluation and then for the run to start.
+LAUNCH_AHEAD_SECONDS = SENSOR_INTERVAL_SECONDS
 
 
 # The drain run's config: the drain fields of RecalcPolicy, their defaults and help.
@@ -52,12 +81,11 @@ DrainConfig = dagster_config(RecalcPolicy, "DrainConfig", names=DRAIN_RUN_OPTION
 
 
 @op(
-    name="drain_chessboard_project_recalc_queue",
     description="Drain passes, waking when the next row falls due, until nothing is queued "
     "(or the max duration): each recalculated project is logged as a materialization of "
     "its partition.",
 )
-def drain_project_recalc_queue(
+def drain_chessboard_project_recalc_queue(
     context: OpExecutionContext, config: DrainConfig, database: DatabaseResource
 ) -> None:
     policy = RecalcPolicy(**config.model_dump())
@@ -117,15 +145,56 @@ def drain_project_recalc_queue(
     "chessboard_project_recalc_sensor; several may run at once (capped by tag pin/drain).",
 )
 def chessboard_project_recalc_drain() -> None:
-    drain_project_recalc_queue()
+    drain_chessboard_project_recalc_queue()
+
+
+def drain_runs_wanted(
+    due: int, seconds_until_next_due: float | None, in_flight: int, batch_size: int
+) -> int:
+    """How many drain runs to launch now: one per `batch_size` due rows, or one ahead of a
+    row that falls due before the next evaluation — never beyond the cap in flight."""
+    free = MAX_CONCURRENT_DRAIN_RUNS - in_flight
+    if due > 0:
+        return max(0, min(free, math.ceil(due / batch_size)))
+    if seconds_until_next_due is not None and seconds_until_next_due <= LAUNCH_AHEAD_SECONDS:
+        return max(0, min(free, 1))
+    return 0
+
+
+@sensor(
+    name="chessboard_project_recalc_sensor",
+    job=chessboard_project_recalc_drain,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Every 5 s: if project recalc requests are due (or fall due within 5 s), "
+    "launch drain runs (one per 50 due rows, at most 2 in flight); a run keeps draining as "
+    "rows fall due for up to its max duration. Evaluation is one count/min(due_at) query.",
+)
+def chessboard_project_recalc_sensor(
+    context: SensorEvaluationContext, database: DatabaseResource
+) -> SensorResult | SkipReason:
+    with database.get_engine().connect() as conn:
+        stats = queue_stats(conn)
+    until_due = stats.next_due_in_seconds
+    if stats.due == 0 and (until_due is None or until_due > LAUNCH_AHEAD_SECONDS):
+        next_due = stats.next_due_at.isoformat() if stats.next_due_at else "none queued"
+        return SkipReason(
+            f"no due recalc requests (depth {stats.depth}, poison {stats.poison}, "
+            f"next due {next_due})"
+        )
+    in_flight = runs_in_flight(context.instance, chessboard_project_recalc_drain.name)
+    wanted = drain_runs_wanted(stats.due, until_due, in_flight, DEFAULT_POLICY.batch_size)
+    if wanted <= 0:
+        return SkipReason(f"{stats.due} due, {in_flight} drain run(s) already in flight")
+    return drain_run_requests("drain", wanted, {**DRAIN_TAGS, "pin/due_rows": str(stats.due)})
 
 
 class ProjectsConfig(Config):
     project_ids: list[str] = Field(description="Project ids (uuid)")
 
 
-@op(name="queue_forced_recalcs")
-def force_recalc(
+@op
+def queue_forced_recalcs(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'force recalc': each project's queue row becomes due now (the next drain run
@@ -140,11 +209,11 @@ def force_recalc(
 
 @job(name="chessboard_force_recalc", executor_def=in_process_executor)
 def chessboard_force_recalc() -> None:
-    force_recalc()
+    queue_forced_recalcs()
 
 
-@op(name="check_project_divergence")
-def check_divergence(
+@op
+def check_project_divergence(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'divergence check': stored aggregates vs count/min/max over the source of
@@ -162,11 +231,11 @@ def check_divergence(
 
 @job(name="chessboard_divergence_check", executor_def=in_process_executor)
 def chessboard_divergence_check() -> None:
-    check_divergence()
+    check_project_divergence()
 
 
-@op(name="reset_poison_rows")
-def reset_poison(
+@op
+def reset_poison_rows(
     context: OpExecutionContext, config: ProjectsConfig, database: DatabaseResource
 ) -> None:
     """Runbook 'reset a poison row' (after fixing its cause): attempts 0, due now."""
@@ -180,11 +249,11 @@ def reset_poison(
 
 @job(name="chessboard_reset_poison_row", executor_def=in_process_executor)
 def chessboard_reset_poison_row() -> None:
-    reset_poison()
+    reset_poison_rows()
 
 
-@op(name="publish_outbox_once")
-def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> None:
+@op
+def publish_outbox_once(context: OpExecutionContext, database: DatabaseResource) -> None:
     """Publish every pending outbox event once (the long-running publisher is
     `pin chessboard publish`); skipped when that publisher holds the lock."""
     settings = Settings.from_env()
@@ -205,4 +274,4 @@ def publish_outbox(context: OpExecutionContext, database: DatabaseResource) -> N
 
 @job(name="chessboard_publish_outbox", executor_def=in_process_executor)
 def chessboard_publish_outbox() -> None:
-    publish_outbox()
+    publish_outbox_once()

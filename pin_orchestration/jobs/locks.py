@@ -14,7 +14,7 @@ class ReleaseLockConfig(Config):
     lock_key: str = Field(description="The lock to drop (see `pin locks list`)")
 
 
-@op(name="release_lock")
+@op
 def release_lock(
     context: OpExecutionContext, config: ReleaseLockConfig, database: DatabaseResource
 ) -> None:

@@ -1,10 +1,19 @@
-"""Job of pin-retention: the daily batch delete of old rows (the work is in
-`pin_orchestration.retention`)."""
+"""Job of pin-retention with its schedule: the daily batch delete of old rows, at 02:30
+Moscow. The op calls `pin_orchestration.retention.run_retention`, which runs the named
+queries of `retention.sql`."""
 
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at decoration time.
 
-from dagster import Failure, OpExecutionContext, in_process_executor, job, op
+from dagster import (
+    DefaultScheduleStatus,
+    Failure,
+    OpExecutionContext,
+    ScheduleDefinition,
+    in_process_executor,
+    job,
+    op,
+)
 
 from pin_orchestration.cancellation import stop_requested_on_signals
 from pin_orchestration.jobruns import RunStatus
@@ -18,7 +27,7 @@ RetentionConfig = dagster_config(
 )
 
 
-@op(name="delete_expired_rows")
+@op
 def delete_expired_rows(
     context: OpExecutionContext, config: RetentionConfig, database: DatabaseResource
 ) -> None:
@@ -48,3 +57,13 @@ def delete_expired_rows(
 )
 def pin_retention_job() -> None:
     delete_expired_rows()
+
+
+pin_retention = ScheduleDefinition(
+    name="pin_retention",
+    job=pin_retention_job,
+    cron_schedule="30 2 * * *",
+    execution_timezone="Europe/Moscow",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="02:30 Moscow: delete rows older than their configured ages, in batches",
+)

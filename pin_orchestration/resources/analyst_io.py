@@ -11,10 +11,13 @@ frames: `ParquetFrameIOManager` keeps one Parquet file per partition on the resu
 from __future__ import annotations
 
 import shlex
+import uuid
+from collections.abc import Callable
 
 import pandas as pd
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import ConfigurableIOManager, Failure, InputContext, OutputContext
 from pydantic import Field
+from sqlalchemy import Engine
 
 from pin_orchestration.analyst import (
     project_aggregates_frame,
@@ -27,6 +30,27 @@ from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.settings import Settings
 
 
+def _project_aggregates(engine: Engine, partition_key: str) -> pd.DataFrame:
+    try:
+        project_id = uuid.UUID(partition_key)
+    except ValueError:
+        raise Failure(
+            description=f"partition key must be a project id (uuid), got {partition_key!r}"
+        ) from None
+    return project_aggregates_frame(engine, project_id)
+
+
+# The frame of one partition of each asset this manager reads, by asset key. The asset
+# modules bundle this manager (io_manager_def), so the keys are spelled here rather than
+# imported from them (resources never import assets); tests/test_import_rules.py checks
+# that these are exactly the assets using this manager.
+FRAME_OF_PARTITION: dict[str, Callable[[Engine, str], pd.DataFrame]] = {
+    "news/post_comment_counts": reconcile_runs_frame,
+    "chessboard/project_aggregates": _project_aggregates,
+    "scraping/results": scraping_results_frame,
+}
+
+
 class PostgresAssetReader(ConfigurableIOManager):
     """Values of news/post_comment_counts, chessboard/project_aggregates and
     scraping/results, read from PostgreSQL per partition (day; project id; UTC day)."""
@@ -37,20 +61,11 @@ class PostgresAssetReader(ConfigurableIOManager):
         """Nothing to store: the run wrote the tables this manager reads."""
 
     def load_input(self, context: InputContext) -> pd.DataFrame:
-        # Imported here: the asset modules bundle this manager (io_manager_def).
-        from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, project_id_of
-        from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
-        from pin_orchestration.assets.scraping import SCRAPING_RESULTS
-
-        key = context.asset_key
-        engine = self.database.get_engine()
-        if key == POST_COMMENT_COUNTS:
-            return reconcile_runs_frame(engine, context.asset_partition_key)
-        if key == PROJECT_AGGREGATES:
-            return project_aggregates_frame(engine, project_id_of(context.asset_partition_key))
-        if key == SCRAPING_RESULTS:
-            return scraping_results_frame(engine, context.asset_partition_key)
-        raise ValueError(f"PostgresAssetReader cannot load {key.to_user_string()}")
+        key = context.asset_key.to_user_string()
+        if key not in FRAME_OF_PARTITION:
+            raise ValueError(f"PostgresAssetReader cannot load {key}")
+        frame_of = FRAME_OF_PARTITION[key]
+        return frame_of(self.database.get_engine(), context.asset_partition_key)
 
 
 class FrameNotMaterialized(LookupError):

@@ -126,7 +126,8 @@ class ScrapingSettings:
         unit="bytes",
         group=WORKER,
     )
-    # Politeness per target host, shared by every worker (docs/jobs/scraping.md explains the defaults).
+    # Politeness per target host, shared by every worker (docs/jobs/scraping.md says why
+    # these defaults).
     domain_rps: float = setting(
         2.0,
         env="PIN_SCRAPING_DOMAIN_RPS",

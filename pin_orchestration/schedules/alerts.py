@@ -1,6 +1,11 @@
-"""`pin_alert_checks`: every area's health asset observed and its alert checks evaluated in
-one run, on a schedule, so their status on the asset pages is never older than a few
-minutes."""
+"""`pin_alert_checks_every_5_minutes` and the job it launches, `pin_alert_checks`: every
+area's health asset observed and its alert checks evaluated in one run, so their status on
+the asset pages is never older than a few minutes.
+
+Here, not in jobs/: it spans every area (an area's schedule lives with its job in
+jobs/<area>.py). The health assets are in assets/<area>_health.py (and the outbox's in
+assets/news_snapshot_detach.py); they read the queue figures through `queue_health.py` /
+`chessboard/queue.py` from their named queries."""
 
 from __future__ import annotations
 
