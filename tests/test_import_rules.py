@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_trees import parse_source
+
 PACKAGE = Path(__file__).parent.parent / "pin_orchestration"
 
 # What each folder of wiring may not import (module prefixes).
@@ -39,7 +41,7 @@ FORBIDDEN = {
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """Every module an import statement in `path` names, with its line."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse_source(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

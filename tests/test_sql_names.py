@@ -11,26 +11,13 @@ from pathlib import Path
 
 import pin_orchestration
 from pin_orchestration.sql import load_queries
+from tests.source_trees import parse_source
 
 PACKAGE_DIR = Path(pin_orchestration.__file__).parent
 
 
-def _parse(source: str) -> ast.Module:
-    # CPython 3.11.7's AST constructor keeps one recursion counter for the interpreter
-    # (python/cpython#106905, fixed in later releases): a parse while another thread of
-    # the session builds an AST can fail with "AST constructor recursion depth mismatch".
-    # The source is fine; parse it again.
-    for attempt in range(3):
-        try:
-            return ast.parse(source)
-        except SystemError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 def _modules() -> dict[Path, ast.Module]:
-    return {p: _parse(p.read_text(encoding="utf-8")) for p in PACKAGE_DIR.rglob("*.py")}
+    return {p: parse_source(p) for p in PACKAGE_DIR.rglob("*.py")}
 
 
 def _sql_files() -> dict[str, dict[str, str]]:
