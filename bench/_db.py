@@ -7,9 +7,9 @@ import os
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.db import resolve_database_url
 from pin_orchestration.migrations import upgrade_database
-from pin_orchestration.settings import Settings
+from pin_orchestration.platform.db import resolve_database_url
+from pin_orchestration.platform.settings import Settings
 
 
 def fresh_bench_database(name: str) -> str:

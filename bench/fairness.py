@@ -48,7 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
 from bench.noisy_neighbour import reset  # noqa: E402
-from pin_orchestration.db import create_db_engine  # noqa: E402
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  # noqa: E402
+from pin_orchestration.platform.db import create_db_engine  # noqa: E402
+from pin_orchestration.platform.sql import load_queries  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
@@ -61,8 +63,6 @@ from pin_orchestration.scraping.store import (  # noqa: E402
     load_or_create_signing_key,
 )
 from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
-from pin_orchestration.sql import load_queries  # noqa: E402
-from pin_orchestration.standins.scraping_target import ScrapingTarget  # noqa: E402
 from tests.leftover_processes import no_survivors  # noqa: E402
 
 TENANTS = 10

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping.repository import ClaimedJob, DomainDefaults
-from pin_orchestration.sql import load_queries
 
 
 def fifo_claim(

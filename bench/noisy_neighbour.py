@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
-from pin_orchestration.db import create_db_engine  # noqa: E402
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  # noqa: E402
+from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
@@ -49,7 +50,6 @@ from pin_orchestration.scraping.store import (  # noqa: E402
     load_or_create_signing_key,
 )
 from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
-from pin_orchestration.standins.scraping_target import ScrapingTarget  # noqa: E402
 
 HOSTS = {"crawler": "127.0.0.2", "shop": "127.0.0.3", "analyst": "127.0.0.4"}
 SLOTS = 8

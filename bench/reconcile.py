@@ -22,14 +22,14 @@ from sqlalchemy import Engine, create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench._db import fresh_bench_database  # noqa: E402
-from pin_orchestration.db import resolve_database_url  # noqa: E402
 from pin_orchestration.migrations import upgrade_database  # noqa: E402
 from pin_orchestration.news.reconcile import (  # noqa: E402
     ReconcileOptions,
     Scope,
     run_reconcile,
 )
-from pin_orchestration.settings import Settings  # noqa: E402
+from pin_orchestration.platform.db import resolve_database_url  # noqa: E402
+from pin_orchestration.platform.settings import Settings  # noqa: E402
 
 UUID7 = """
 CREATE FUNCTION pg_temp.uuid7(ts timestamptz) RETURNS uuid LANGUAGE sql AS $$

@@ -35,7 +35,7 @@ from sqlalchemy import Engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
-from pin_orchestration.db import create_db_engine  # noqa: E402
+from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
 DATABASE = "pin_bench_scheduler"
 ROOT = Path(__file__).resolve().parent.parent

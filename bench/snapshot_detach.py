@@ -29,12 +29,12 @@ from requests.adapters import HTTPAdapter
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.db import create_db_engine
+from pin_orchestration.devstack.standins.selections import SelectionsStandIn
 from pin_orchestration.jobs.news_snapshot_detach import news_snapshot_detach_retry
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.standins.selections import SelectionsStandIn
 
 LATENCY_SECONDS = 0.020
 

@@ -11,7 +11,7 @@ import pandas as pd
 from sqlalchemy import Engine, TextClause, text
 
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 RECONCILE_COLUMNS = [
     "run_id",

@@ -68,6 +68,7 @@ from pin_orchestration.jobs.scraping import (
     scraping_worker,
 )
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.analyst_io import ParquetFrameIOManager, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
@@ -77,7 +78,6 @@ from pin_orchestration.schedules.alerts import (
     pin_alert_checks_job,
 )
 from pin_orchestration.sensors.run_failures import record_failed_runs
-from pin_orchestration.settings import Settings
 
 
 def news_comment_reconcile_definitions(settings: Settings) -> Definitions:

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.platform.db import create_db_engine
 
 # Checks every event a test publishes against contracts/events (issue 12); fails the
 # session naming any process it started that is still alive at its end (issue 20).
@@ -60,7 +60,7 @@ def pg_server_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from pin_orchestration.embedded import start_embedded_postgres, stop_embedded_postgres
+    from pin_orchestration.platform.embedded import start_embedded_postgres, stop_embedded_postgres
 
     with embedded_data_dir() as data_dir:
         yield start_embedded_postgres(data_dir, stop_on_exit=True)

@@ -29,14 +29,14 @@ from pin_orchestration.assets.analyst import (
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS
 from pin_orchestration.chessboard.sample import WorldShape, generate_world
-from pin_orchestration.db import create_db_engine, dagster_storage_url
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.devstack import prepare_dagster_home
-from pin_orchestration.embedded import start_embedded_postgres, stop_embedded_postgres
+from pin_orchestration.devstack.up import prepare_dagster_home
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.platform.db import create_db_engine, dagster_storage_url
+from pin_orchestration.platform.embedded import start_embedded_postgres, stop_embedded_postgres
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.analyst_io import FrameNotMaterialized
 from pin_orchestration.scraping.store import s3_client
-from pin_orchestration.settings import Settings
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, text
 
-from pin_orchestration.db import create_db_engine
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.news.reconcile import SLICE_SECONDS, Scope, read_checkpoint
+from pin_orchestration.platform.db import create_db_engine
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_post
 
@@ -105,7 +105,7 @@ def test_bad_database_url_is_refused_naming_the_variable(tmp_path: Path) -> None
 
 
 def test_locks_list_and_release(db_url: str) -> None:
-    from pin_orchestration.locks import try_acquire_lock
+    from pin_orchestration.coordination.locks import try_acquire_lock
 
     assert try_acquire_lock(create_db_engine(db_url), "Pin:lock:x", 60, "host:1")
     listed = pin("locks", "list", url=db_url)

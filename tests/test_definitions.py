@@ -25,7 +25,7 @@ from pathlib import Path
 from dagster import OpDefinition
 
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.settings import Settings
+from pin_orchestration.platform.settings import Settings
 
 SNAPSHOT = Path(__file__).with_name("definitions_snapshot.json")
 REGENERATE = "python -m tests.test_definitions --write"
@@ -171,7 +171,7 @@ def test_loading_the_module_reads_no_environment(monkeypatch) -> None:
 
     monkeypatch.setenv("PIN_NEWS_FULL_SWEEP_CRON", "not a cron")
     importlib.reload(module)
-    from pin_orchestration.settings import SettingsError
+    from pin_orchestration.platform.settings import SettingsError
 
     try:
         module.defs()

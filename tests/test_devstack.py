@@ -18,7 +18,7 @@ import requests
 from dagster_graphql import DagsterGraphQLClient
 from sqlalchemy import text
 
-from pin_orchestration.db import create_db_engine
+from pin_orchestration.platform.db import create_db_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 import uuid
 
-from pin_orchestration.ids import uuid7
+from pin_orchestration.platform.ids import uuid7
 
 
 def test_uuid7_has_version_variant_and_orders_by_time() -> None:

@@ -86,8 +86,8 @@ def test_the_postgres_reader_reads_exactly_the_assets_that_use_it() -> None:
     """Its table spells the asset keys (it may not import them): every key in it is an asset
     loaded through the reader, and every such asset has its frame in the table."""
     from pin_orchestration.definitions import build_definitions
+    from pin_orchestration.platform.settings import Settings
     from pin_orchestration.resources.analyst_io import FRAME_OF_PARTITION, PostgresAssetReader
-    from pin_orchestration.settings import Settings
 
     defs = build_definitions(Settings.from_env({}))
     repo = defs.get_repository_def()

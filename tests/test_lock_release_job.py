@@ -6,8 +6,8 @@ import pytest
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
+from pin_orchestration.coordination.locks import list_locks, try_acquire_lock
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.locks import list_locks, try_acquire_lock
 
 
 def release(lock_key: str):

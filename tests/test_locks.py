@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.locks import (
+from pin_orchestration.coordination.locks import (
     LockLost,
     extend_lock,
     force_release_lock,

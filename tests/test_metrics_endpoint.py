@@ -82,8 +82,8 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
 
     from sqlalchemy import text
 
-    from pin_orchestration.ids import uuid7
-    from pin_orchestration.metrics import build_registry
+    from pin_orchestration.platform.ids import uuid7
+    from pin_orchestration.platform.metrics import build_registry
 
     with db_engine.begin() as conn:
         # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration; the

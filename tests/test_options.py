@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from pin_orchestration.chessboard.queue import DRAIN_RUN_OPTIONS, RecalcPolicy
-from pin_orchestration.options import click_options, dagster_config
+from pin_orchestration.platform.options import click_options, dagster_config
 
 
 def test_dagster_config_carries_the_dataclass_defaults_and_help() -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pin_orchestration.db import dagster_storage_url
+from pin_orchestration.platform.db import dagster_storage_url
 
 PIN = [sys.executable, "-m", "pin_orchestration.cli"]
 STACK_VARIABLES = ("PIN_DATABASE_URL", "PIN_DAGSTER_PG_URL", "PIN_HOME", "DAGSTER_HOME")

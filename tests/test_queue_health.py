@@ -12,11 +12,11 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.metrics import record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
+from pin_orchestration.coordination.jobruns import record_failed_run, record_job_run
+from pin_orchestration.coordination.queue_health import counter_increase, quantile_upper_bound
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.ids import uuid7
-from pin_orchestration.jobruns import record_failed_run, record_job_run
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
-from pin_orchestration.queue_health import counter_increase, quantile_upper_bound
+from pin_orchestration.platform.ids import uuid7
 
 # The checks on their assets, as the UI names them.
 BACKLOG = "chessboard/recalc_health:CHESSBOARD_RECALC_BACKLOG"
@@ -328,7 +328,7 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pin_orchestration.assets.news_snapshot_detach import QUARANTINE_CHECK, outbox_evaluations
-    from pin_orchestration.demo import demo_quarantined_ids, seed_snapshot_detach_outbox
+    from pin_orchestration.devstack.demo import demo_quarantined_ids, seed_snapshot_detach_outbox
 
     seed_snapshot_detach_outbox(db_engine)
     demo_ids = demo_quarantined_ids(db_engine)

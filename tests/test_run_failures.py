@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.metrics import build_registry
+from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.sensors.run_failures import record_failed_runs
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pin_orchestration.options import POSITIVE, setting
+from pin_orchestration.platform.options import POSITIVE, setting
+from pin_orchestration.platform.settings import Settings, SettingsError, read_settings, with_tables
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.settings import Settings, SettingsError, read_settings, with_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
@@ -24,7 +24,7 @@ NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT"}
 def test_the_committed_configuration_doc_is_what_the_declarations_produce() -> None:
     committed = DOC.read_text()
     assert with_tables(committed) == committed, (
-        "docs/configuration.md is out of date: run `python -m pin_orchestration.settings` "
+        "docs/configuration.md is out of date: run `python -m pin_orchestration.platform.settings` "
         "in the repository root"
     )
 

@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 import pin_orchestration
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 from tests.source_trees import parse_source
 
 PACKAGE_DIR = Path(pin_orchestration.__file__).parent

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from pin_orchestration.stack_recovery import (
+from pin_orchestration.devstack.stack_recovery import (
     PIDS_FILE,
     StackAlreadyRunning,
     clear_previous_stack,

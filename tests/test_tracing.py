@@ -29,7 +29,7 @@ from pin_orchestration.news.selections import SelectionsClient
 from pin_orchestration.news.snapshot_detach.outbox import enqueue_snapshot_detach
 from pin_orchestration.news.snapshot_detach.policy import DetachOptions, Reason
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
-from pin_orchestration.tracing import TracingConfigError, exporter_names
+from pin_orchestration.platform.tracing import TracingConfigError, exporter_names
 from tests.chessboard.world import T0, add_project, enqueue
 from tests.news_reconcile.factories import add_post
 

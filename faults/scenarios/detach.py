@@ -46,7 +46,7 @@ from sqlalchemy import Connection, Engine, text
 from faults.clock import JumpingClock
 from faults.core import FaultContext, Outcome, scenario, wait_until
 from faults.proxy import FaultProxy
-from pin_orchestration.standins.selections import SelectionsStandIn
+from pin_orchestration.devstack.standins.selections import SelectionsStandIn
 
 CALL_TIMEOUT_SECONDS = 1.5
 # Long enough that several runs' claims interleave with the calls in flight.
@@ -238,7 +238,7 @@ class Detach:
 
 @contextmanager
 def detach_world(ctx: FaultContext, entries: int) -> Iterator[Detach]:
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
 
     url = ctx.postgres.create_database("detach")
     engine = create_db_engine(url)
@@ -518,10 +518,10 @@ def _release_start_line(conn: Connection, runners: int) -> None:
 
 
 def run_runner(database_url: str, selections_url: str, mode: str, clock_file: str) -> None:
-    from pin_orchestration.db import create_db_engine
     from pin_orchestration.news.selections import SelectionsClient
     from pin_orchestration.news.snapshot_detach.policy import DetachOptions
     from pin_orchestration.news.snapshot_detach.worker import drain, run_detach_retry
+    from pin_orchestration.platform.db import create_db_engine
 
     engine = create_db_engine(database_url)
     options = DetachOptions(**RUN_OPTIONS)  # type: ignore[arg-type]

@@ -28,8 +28,8 @@ STEP_SECONDS = 0.05
 
 
 def hold_and_record(database_url: str, key: str, record: Path, seconds: float) -> None:
-    from pin_orchestration.db import create_db_engine
-    from pin_orchestration.locks import LockLost, renewed_lock
+    from pin_orchestration.coordination.locks import LockLost, renewed_lock
+    from pin_orchestration.platform.db import create_db_engine
 
     engine = create_db_engine(database_url)
     holder = f"faults-{os.getpid()}"

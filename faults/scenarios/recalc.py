@@ -83,7 +83,7 @@ def run_drain(database_url: str, clock_file: str, seconds: float) -> None:
     """A drain worker: `drain_loop` passes; a failure (the database restarting) ends the
     loop and the next one starts, as the sensor launches another drain run."""
     from pin_orchestration.chessboard.drain import drain_loop
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
 
     engine = create_db_engine(database_url)
     clock = JumpingClock(Path(clock_file)) if clock_file != "-" else None
@@ -107,7 +107,7 @@ def run_publish(database_url: str, bootstrap: str, seconds: float) -> None:
     """An outbox publisher (`run_publisher`) with a short lock TTL, so a killed one's lock
     passes within the scenario; restarted after a failure, as a supervisor would."""
     from pin_orchestration.chessboard.outbox.publisher import KafkaSink, run_publisher
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
 
     engine = create_db_engine(database_url)
     sink = KafkaSink(bootstrap, message_timeout_ms=MESSAGE_TIMEOUT_MS, extra_config=FAST_RECONNECT)
@@ -544,7 +544,7 @@ def _run(
     drains: int = 2,
     clock: bool = False,
 ) -> Outcome:
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
 
     outcome = Outcome(job="recalc", fault=fault)
     url = ctx.postgres.create_database("recalc")

@@ -126,7 +126,7 @@ def lock_expired(engine: Engine) -> bool:
 
 class Sweep:
     def __init__(self, ctx: FaultContext, posts: int) -> None:
-        from pin_orchestration.db import create_db_engine
+        from pin_orchestration.platform.db import create_db_engine
 
         self.ctx = ctx
         self.url = ctx.postgres.create_database("reconcile")
@@ -321,7 +321,7 @@ def database_hung(ctx: FaultContext) -> Outcome:
 def write_hot_path(database_url: str, hot_posts: Path, touched_log: Path) -> None:
     """What the news service does on every comment: the comment and the counter's ±1 in
     one transaction. Runs until killed; rides out a database restart."""
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
 
     engine = create_db_engine(database_url)
     posts = hot_posts.read_text().split()

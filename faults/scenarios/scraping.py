@@ -206,9 +206,9 @@ def _world(ctx: FaultContext, *, database_via_proxy: bool = False) -> Iterator[W
     through `world.database` (the feeder, sweeper and deliveries do not: a hang is the
     workers' alone), with leases longer than the hangs and connects that time out."""
     from faults.postgres import database_url_via
-    from pin_orchestration.db import create_db_engine
-    from pin_orchestration.standins.scraping_target import ScrapingTarget
-    from pin_orchestration.standins.webhook_receiver import Receiver
+    from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+    from pin_orchestration.devstack.standins.webhook_receiver import Receiver
+    from pin_orchestration.platform.db import create_db_engine
 
     url = ctx.postgres.create_database("scraping")
     s3 = MotoS3()
@@ -400,7 +400,7 @@ def _sweep_attempt_objects(world: World) -> int:
     (not after its two days): what is left in the bucket must then be exactly the results."""
     from datetime import UTC, datetime, timedelta
 
-    from pin_orchestration.retention import KINDS, delete_batch
+    from pin_orchestration.coordination.retention import KINDS, delete_batch
     from pin_orchestration.scraping.store import S3ResultStore
 
     [kind] = [k for k in KINDS if k.name == "scraping_attempt_objects"]
@@ -615,7 +615,7 @@ def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
 
 def run_worker_on_a_jumping_clock(clock_file: str) -> None:
     """What `pin scraping work` runs, with the wall clock read through the clock file."""
-    from pin_orchestration.db import engine_from_env
+    from pin_orchestration.platform.db import engine_from_env
     from pin_orchestration.resources.scraping import (
         fetch_policy_from,
         result_store_from,

@@ -26,7 +26,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from pin_orchestration.jobruns import RunStatus, count_runs_since
+from pin_orchestration.coordination.jobruns import RunStatus, count_runs_since
 from pin_orchestration.resources.database import DatabaseResource
 
 

@@ -25,10 +25,10 @@ from dagster import (
 )
 from pydantic import Field
 
-from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.jobruns import RunStatus as JobRunStatus
-from pin_orchestration.jobruns import count_runs_since, last_successful_run_at
-from pin_orchestration.locks import default_holder
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.jobruns import RunStatus as JobRunStatus
+from pin_orchestration.coordination.jobruns import count_runs_since, last_successful_run_at
+from pin_orchestration.coordination.locks import default_holder
 from pin_orchestration.news.reconcile import (
     JOB_CODE,
     LOCK_KEY,
@@ -38,7 +38,7 @@ from pin_orchestration.news.reconcile import (
     RunStatus,
     run_reconcile,
 )
-from pin_orchestration.options import dagster_config
+from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 

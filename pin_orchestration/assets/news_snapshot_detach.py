@@ -29,7 +29,8 @@ from dagster import AssetCheckSpec as CheckSpec
 from pydantic import Field
 from sqlalchemy import Engine
 
-from pin_orchestration.demo import DEMO_QUARANTINE_NOTE, demo_quarantined_ids
+from pin_orchestration.coordination.queue_health import detach_failed_calls_since
+from pin_orchestration.devstack.demo import DEMO_QUARANTINE_NOTE, demo_quarantined_ids
 from pin_orchestration.news.snapshot_detach.monitoring import (
     STALLED_AFTER_SECONDS,
     SensorState,
@@ -37,7 +38,6 @@ from pin_orchestration.news.snapshot_detach.monitoring import (
     sensor_state,
 )
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE
-from pin_orchestration.queue_health import detach_failed_calls_since
 from pin_orchestration.resources.database import DatabaseResource
 
 OUTBOX_ASSET_KEY = AssetKey(["news", "snapshot_detach_outbox"])

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from pin_orchestration.assets.alert_checks import last_successful_run
 from pin_orchestration.assets.scraping import WORKER_JOB
-from pin_orchestration.queue_health import (
+from pin_orchestration.coordination.queue_health import (
     STALLED_AFTER,
     SloWindow,
     scraping_backlog,

@@ -49,11 +49,11 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration import tracing
 from pin_orchestration.chessboard.metrics import LOCK_CONFLICTS, add_metrics, record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
+from pin_orchestration.platform import tracing
 
 POISON_ALERT = "CHESSBOARD_RECALC_POISON"
 LAST_ERROR_MAX = 1024

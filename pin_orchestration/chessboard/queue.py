@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.options import option
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.options import option
+from pin_orchestration.platform.sql import load_queries
 
 # Tenant recorded for a forced recalc of a project whose row has no tenant_id.
 UNKNOWN_TENANT = uuid.UUID(int=0)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.queue import request_project_recalc
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from pin_orchestration.cli.news_snapshot_detach import detach
 from pin_orchestration.cli.platform import db, demo, locks, metrics, up
 from pin_orchestration.cli.retention import retention
 from pin_orchestration.cli.scraping import api, scraping, tenant
-from pin_orchestration.db import describe_database
-from pin_orchestration.settings import Settings, SettingsError
+from pin_orchestration.platform.db import describe_database
+from pin_orchestration.platform.settings import Settings, SettingsError
 
 # undefined_table, invalid_schema_name: the schema a command needs was never created.
 _NOT_MIGRATED = ("42P01", "3F000")

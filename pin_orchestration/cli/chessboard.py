@@ -13,9 +13,9 @@ from dataclasses import asdict
 import click
 
 from pin_orchestration.chessboard.queue import DRAIN_TICK_OPTIONS, RecalcConfigError, RecalcPolicy
-from pin_orchestration.db import engine_from_env
-from pin_orchestration.options import click_options
-from pin_orchestration.settings import Settings
+from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.options import click_options
+from pin_orchestration.platform.settings import Settings
 
 
 def _echo(data: object) -> None:
@@ -100,8 +100,8 @@ def check_divergence(project_ids: tuple[uuid.UUID, ...]) -> None:
 @click_options(RecalcPolicy, DRAIN_TICK_OPTIONS)
 def drain(**options: object) -> None:
     """One drain tick from the command line (what a drain run does per tick)."""
-    from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.drain import drain_tick
+    from pin_orchestration.coordination.cancellation import stop_requested_on_signals
 
     policy = RecalcPolicy(**options)  # type: ignore[arg-type]
     try:
@@ -127,14 +127,14 @@ def drain(**options: object) -> None:
 def publish(once: bool, poll_interval_seconds: float) -> None:
     """Run the outbox publisher: Kafka at PIN_KAFKA_BOOTSTRAP_SERVERS, else the local
     JSONL sink under PIN_HOME (it says which at start)."""
-    from pin_orchestration.cancellation import stop_requested_on_signals
     from pin_orchestration.chessboard.outbox.publisher import (
         LOCK_KEY,
         make_sink,
         publish_once,
         run_publisher,
     )
-    from pin_orchestration.locks import LockLost, default_holder
+    from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+    from pin_orchestration.coordination.locks import LockLost, default_holder
 
     settings = Settings.from_env()
     engine = engine_from_env()

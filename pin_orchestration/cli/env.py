@@ -12,8 +12,8 @@ import shlex
 
 import click
 
-from pin_orchestration.db import dagster_storage_url
-from pin_orchestration.settings import Settings
+from pin_orchestration.platform.db import dagster_storage_url
+from pin_orchestration.platform.settings import Settings
 
 # Passed through when set: where the derived frames and results live (docs/configuration.md).
 RESULTS_STORE_VARIABLES = ("PIN_S3_BUCKET", "PIN_S3_ENDPOINT_URL", "PIN_S3_REGION")
@@ -35,7 +35,7 @@ def analyst_environment(settings: Settings, environ: dict[str, str]) -> dict[str
 
 
 def _running_embedded_url(settings: Settings) -> str:
-    from pin_orchestration.embedded import running_embedded_url
+    from pin_orchestration.platform.embedded import running_embedded_url
 
     url = running_embedded_url(settings.home / "pgdata")
     if url is None:

@@ -7,13 +7,13 @@ import functools
 import click
 
 from pin_orchestration.cli.runs import run_once_and_exit
-from pin_orchestration.db import engine_from_env
 from pin_orchestration.news.reconcile import (
     ReconcileConfigError,
     ReconcileOptions,
     run_reconcile,
 )
-from pin_orchestration.options import click_options
+from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.options import click_options
 
 
 @click.group()

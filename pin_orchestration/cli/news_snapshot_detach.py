@@ -9,7 +9,6 @@ import uuid
 import click
 
 from pin_orchestration.cli.runs import run_once_and_exit
-from pin_orchestration.db import engine_from_env
 from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, quarantined_entries
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
 from pin_orchestration.news.snapshot_detach.policy import (
@@ -17,7 +16,8 @@ from pin_orchestration.news.snapshot_detach.policy import (
     SnapshotDetachConfigError,
 )
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
-from pin_orchestration.options import click_options
+from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.options import click_options
 from pin_orchestration.resources.selections import SelectionsResource
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from pin_orchestration.cli.logs import LOG_LEVELS, configure_logging
-from pin_orchestration.db import create_db_engine, engine_from_env, resolve_database_url
-from pin_orchestration.settings import Settings
+from pin_orchestration.platform.db import create_db_engine, engine_from_env, resolve_database_url
+from pin_orchestration.platform.settings import Settings
 
 
 @click.command()
@@ -42,8 +42,8 @@ def up(
     log_level: str | None,
 ) -> None:
     """Bring the whole system up: database, migrations, demo data, Dagster UI + daemon."""
-    from pin_orchestration.devstack import run_stack
-    from pin_orchestration.stack_recovery import StackAlreadyRunning
+    from pin_orchestration.devstack.stack_recovery import StackAlreadyRunning
+    from pin_orchestration.devstack.up import run_stack
 
     settings = Settings.from_env()
     try:
@@ -99,7 +99,7 @@ def db_dump_schema() -> None:
 @click.argument("role")
 def db_grant_raiser(role: str) -> None:
     """Let ROLE raise recalcs and detaches (EXECUTE on the SQL functions, nothing else)."""
-    from pin_orchestration.raisers import RaiserRoleError, grant_raiser
+    from pin_orchestration.coordination.raisers import RaiserRoleError, grant_raiser
 
     try:
         for statement in grant_raiser(engine_from_env(), role):
@@ -116,7 +116,7 @@ def demo() -> None:
 @demo.command("seed")
 def demo_seed() -> None:
     """Load demo rows (idempotent)."""
-    from pin_orchestration.demo import seed_demo_data
+    from pin_orchestration.devstack.demo import seed_demo_data
 
     click.echo(json.dumps(seed_demo_data(engine_from_env())))
 
@@ -129,7 +129,7 @@ def locks() -> None:
 @locks.command("list")
 def locks_list() -> None:
     """Who holds which lock, and until when."""
-    from pin_orchestration.locks import list_locks
+    from pin_orchestration.coordination.locks import list_locks
 
     for lock in list_locks(engine_from_env()):
         state = "EXPIRED" if lock.expired else "held"
@@ -143,7 +143,7 @@ def locks_list() -> None:
 @click.argument("lock_key")
 def locks_release(lock_key: str) -> None:
     """Runbook: drop a stuck lock whoever holds it."""
-    from pin_orchestration.locks import force_release_lock
+    from pin_orchestration.coordination.locks import force_release_lock
 
     if not force_release_lock(engine_from_env(), lock_key):
         raise click.ClickException(f"no lock {lock_key!r}")
@@ -162,7 +162,7 @@ def metrics_serve(host: str, port: int) -> None:
     """Serve /metrics until interrupted."""
     import threading
 
-    from pin_orchestration.metrics import serve_metrics
+    from pin_orchestration.platform.metrics import serve_metrics
 
     server = serve_metrics(engine_from_env(), host, port)
     click.echo(f"serving http://{host}:{port}/metrics")

@@ -7,9 +7,13 @@ import functools
 import click
 
 from pin_orchestration.cli.runs import run_once_and_exit
-from pin_orchestration.db import engine_from_env
-from pin_orchestration.options import click_options
-from pin_orchestration.retention import RetentionConfigError, RetentionOptions, run_retention
+from pin_orchestration.coordination.retention import (
+    RetentionConfigError,
+    RetentionOptions,
+    run_retention,
+)
+from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.options import click_options
 
 
 @click.group()

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.jobruns import RunStatus
-from pin_orchestration.locks import default_holder
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.jobruns import RunStatus
+from pin_orchestration.coordination.locks import default_holder
 
 
 def run_once_and_exit(run: Callable[..., Any]) -> None:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pin_orchestration.db import engine_from_env
-from pin_orchestration.options import click_options
+from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.options import click_options
+from pin_orchestration.platform.settings import Settings, SettingsError
 from pin_orchestration.scraping.webhooks import DeliveryOptions
 from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
-from pin_orchestration.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from pin_orchestration.scraping.repository import DomainDefaults
@@ -196,7 +196,7 @@ def scraping_sweep() -> None:
 @click_options(WorkerOptions, WORKER_RUN_OPTIONS)
 def scraping_work(**given: Any) -> None:
     """Run one worker from the shell (what a scraping_worker run does)."""
-    from pin_orchestration.cancellation import stop_requested_on_signals
+    from pin_orchestration.coordination.cancellation import stop_requested_on_signals
     from pin_orchestration.resources.scraping import (
         fetch_policy_from,
         result_store_from,
@@ -379,7 +379,7 @@ def _limits(row: dict[str, Any], default_rps: float, default_concurrency: int) -
 @click_options(DeliveryOptions)
 def scraping_deliver(**fields: object) -> None:
     """Deliver due completion webhooks once (what a scraping_webhook_delivery run does)."""
-    from pin_orchestration.cancellation import stop_requested_on_signals
+    from pin_orchestration.coordination.cancellation import stop_requested_on_signals
     from pin_orchestration.resources.scraping import (
         webhook_fetch_policy_from,
         webhook_policy_from,

@@ -45,7 +45,6 @@ from pin_orchestration.assets.chessboard import (
     project_id_of,
     recalc_metadata,
 )
-from pin_orchestration.cancellation import stop_requested_on_signals
 from pin_orchestration.chessboard.drain import drain_loop
 from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
@@ -59,11 +58,12 @@ from pin_orchestration.chessboard.queue import (
     queue_stats,
     reset_poison_row,
 )
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.locks import LockLost, default_holder
 from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
-from pin_orchestration.locks import LockLost, default_holder
-from pin_orchestration.options import dagster_config
+from pin_orchestration.platform.options import dagster_config
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.settings import Settings
 
 # dagster.yaml caps concurrent runs per value of this tag (pin/drain: limit 2).
 DRAIN_TAGS = {"pin/drain": "chessboard-project-recalc"}

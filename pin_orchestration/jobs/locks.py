@@ -6,7 +6,7 @@
 from dagster import Config, Failure, OpExecutionContext, in_process_executor, job, op
 from pydantic import Field
 
-from pin_orchestration.locks import force_release_lock
+from pin_orchestration.coordination.locks import force_release_lock
 from pin_orchestration.resources.database import DatabaseResource
 
 

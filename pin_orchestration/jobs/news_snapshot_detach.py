@@ -38,18 +38,18 @@ from pin_orchestration.assets.news_snapshot_detach import (
     check_evaluations,
     outbox_evaluations,
 )
-from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.demo import demo_quarantined_ids
-from pin_orchestration.jobruns import RunStatus
-from pin_orchestration.locks import default_holder
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.jobruns import RunStatus
+from pin_orchestration.coordination.locks import default_holder
+from pin_orchestration.devstack.demo import demo_quarantined_ids
 from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, sensor_state
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE, DetachOptions
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
-from pin_orchestration.options import dagster_config
+from pin_orchestration.platform.options import dagster_config
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.settings import Settings
 
 DetachRetryConfig = dagster_config(
     DetachOptions,

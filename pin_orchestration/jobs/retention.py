@@ -1,5 +1,5 @@
 """Job of pin-retention with its schedule: the daily batch delete of old rows, at 02:30
-Moscow. The op calls `pin_orchestration.retention.run_retention`, which runs the named
+Moscow. The op calls `pin_orchestration.coordination.retention.run_retention`, which runs the named
 queries of `retention.sql`."""
 
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
@@ -15,12 +15,12 @@ from dagster import (
     op,
 )
 
-from pin_orchestration.cancellation import stop_requested_on_signals
-from pin_orchestration.jobruns import RunStatus
-from pin_orchestration.locks import default_holder
-from pin_orchestration.options import dagster_config
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.jobruns import RunStatus
+from pin_orchestration.coordination.locks import default_holder
+from pin_orchestration.coordination.retention import JOB_CODE, RetentionOptions, run_retention
+from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.retention import JOB_CODE, RetentionOptions, run_retention
 
 RetentionConfig = dagster_config(
     RetentionOptions, "RetentionConfig", "Ages (days) and batching of pin-retention"

@@ -37,9 +37,10 @@ from dagster import (
 from pydantic import Field
 
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS, WORKER_JOB
-from pin_orchestration.cancellation import stop_requested_on_signals
+from pin_orchestration.coordination.cancellation import stop_requested_on_signals
 from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
-from pin_orchestration.options import dagster_config
+from pin_orchestration.platform.options import dagster_config
+from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping import repository
@@ -55,7 +56,6 @@ from pin_orchestration.scraping.worker import (
     WorkerOptions,
     run_worker,
 )
-from pin_orchestration.settings import SettingsError
 
 # dagster.yaml caps concurrent runs per value of this tag.
 WORKER_TAGS = {"pin/drain": "scraping-worker"}

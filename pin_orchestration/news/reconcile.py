@@ -24,11 +24,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from pin_orchestration import tracing
-from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.locks import LockLease, renewed_lock
-from pin_orchestration.options import option
-from pin_orchestration.sql import load_queries
+from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
+from pin_orchestration.coordination.locks import LockLease, renewed_lock
+from pin_orchestration.platform import tracing
+from pin_orchestration.platform.options import option
+from pin_orchestration.platform.sql import load_queries
 
 JOB_CODE = "news-comment-reconcile"
 LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"

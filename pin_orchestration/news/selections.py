@@ -15,7 +15,7 @@ from typing import Protocol
 import requests
 from requests.adapters import HTTPAdapter
 
-from pin_orchestration import tracing
+from pin_orchestration.platform import tracing
 
 
 class CallKind(StrEnum):

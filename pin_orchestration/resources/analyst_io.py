@@ -24,10 +24,10 @@ from pin_orchestration.analyst import (
     reconcile_runs_frame,
     scraping_results_frame,
 )
-from pin_orchestration.frames import FrameMissing, FrameStore, build_frame_store
+from pin_orchestration.platform.frames import FrameMissing, FrameStore, build_frame_store
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.settings import Settings
 
 
 def _project_aggregates(engine: Engine, partition_key: str) -> pd.DataFrame:
@@ -74,7 +74,7 @@ class FrameNotMaterialized(LookupError):
 
 class ParquetFrameIOManager(ConfigurableIOManager):
     """Derived DataFrames as Parquet, one file per asset partition, in the results store's
-    bucket (PIN_S3_BUCKET …) or under $PIN_HOME (`pin_orchestration.frames`)."""
+    bucket (PIN_S3_BUCKET …) or under $PIN_HOME (`pin_orchestration.platform.frames`)."""
 
     scraping: ScrapingResource = Field(default_factory=ScrapingResource)
 

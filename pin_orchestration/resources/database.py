@@ -4,7 +4,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 from sqlalchemy import Engine
 
-from pin_orchestration.db import create_db_engine, resolve_database_url
+from pin_orchestration.platform.db import create_db_engine, resolve_database_url
 
 
 class DatabaseResource(ConfigurableResource):

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
 from pin_orchestration.scraping.retry import RetryPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import ResultStore, build_result_store
 from pin_orchestration.scraping.webhooks import WebhookPolicy
-from pin_orchestration.settings import Settings
 
 
 class ScrapingResource(ConfigurableResource):

@@ -4,7 +4,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from pin_orchestration.news.selections import SelectionsClient
-from pin_orchestration.settings import LOCAL_SELECTIONS_PORT, Settings
+from pin_orchestration.platform.settings import LOCAL_SELECTIONS_PORT, Settings
 
 STANDIN_URL = f"http://127.0.0.1:{LOCAL_SELECTIONS_PORT}"
 

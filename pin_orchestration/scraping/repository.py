@@ -22,8 +22,8 @@ import idna
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration.ids import uuid7
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.ids import uuid7
+from pin_orchestration.platform.sql import load_queries
 
 # How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600

@@ -2,7 +2,7 @@
 
 Every variable has a default; a bad value raises SettingsError naming the variable and
 what it accepts, so a process stops at start instead of misbehaving later. Each field is
-declared once with its variable (`setting`, pin_orchestration/options.py); the reader and
+declared once with its variable (`setting`, pin_orchestration/platform/options.py); the reader and
 docs/configuration.md are derived from the declarations.
 """
 
@@ -12,14 +12,14 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pin_orchestration.options import NON_NEGATIVE, POSITIVE, Check, between, setting
+from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
+from pin_orchestration.platform.settings import http_url, read_settings
 from pin_orchestration.scraping.fetch import parse_allowed_cidrs
 from pin_orchestration.scraping.repository import (
     MAX_DOMAIN_RPS,
     MIN_DOMAIN_RPS,
     DomainDefaults,
 )
-from pin_orchestration.settings import http_url, read_settings
 
 # Below this a refused client would be told to wait more than 1000 s.
 MIN_INTAKE_RPS = 0.001

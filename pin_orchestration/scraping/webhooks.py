@@ -33,11 +33,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.options import option
+from pin_orchestration.platform.options import option
+from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping import signing
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
-from pin_orchestration.sql import load_queries
 
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Engine
 
-from pin_orchestration.options import option, same_as, with_settings
+from pin_orchestration.platform.options import option, same_as, with_settings
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
-from pin_orchestration.jobruns import record_failed_run
+from pin_orchestration.coordination.jobruns import record_failed_run
 from pin_orchestration.resources.database import DatabaseResource
 
 # How many failed runs the daemon takes per tick (Dagster's default is 5).

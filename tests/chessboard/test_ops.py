@@ -15,8 +15,8 @@ from pin_orchestration.chessboard.queue import request_project_recalc
 from pin_orchestration.chessboard.recalc import find_divergence
 from pin_orchestration.cli import main
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.demo import seed_demo_data
-from pin_orchestration.metrics import build_registry
+from pin_orchestration.devstack.demo import seed_demo_data
+from pin_orchestration.platform.metrics import build_registry
 from tests.chessboard.world import add_object, add_project, queue_row
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

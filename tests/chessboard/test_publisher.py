@@ -30,7 +30,7 @@ from pin_orchestration.chessboard.outbox.publisher import (
     run_publisher,
 )
 from pin_orchestration.chessboard.queue import request_project_recalc
-from pin_orchestration.locks import force_release_lock, list_locks, try_acquire_lock
+from pin_orchestration.coordination.locks import force_release_lock, list_locks, try_acquire_lock
 from tests.chessboard.world import add_layout, add_layout_group, add_object, add_project, outbox
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -357,7 +357,7 @@ def test_publisher_stops_publishing_once_its_lock_is_lost(db_engine: Engine, tmp
             errors.append(exc)
 
     lost = _LogSeen("lost by first")
-    logging.getLogger("pin_orchestration.locks").addHandler(lost)
+    logging.getLogger("pin_orchestration.coordination.locks").addHandler(lost)
     t = threading.Thread(target=run)
     t.start()
     try:
@@ -376,7 +376,7 @@ def test_publisher_stops_publishing_once_its_lock_is_lost(db_engine: Engine, tmp
     finally:
         stop.set()
         t.join(10)
-        logging.getLogger("pin_orchestration.locks").removeHandler(lost)
+        logging.getLogger("pin_orchestration.coordination.locks").removeHandler(lost)
 
     assert errors == []
     assert events and sink.sends == []

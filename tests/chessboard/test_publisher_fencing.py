@@ -15,7 +15,7 @@ from pin_orchestration.chessboard.outbox.publisher import (
     OutboxEvent,
     publish_once,
 )
-from pin_orchestration.locks import LockLost, list_locks, try_acquire_lock
+from pin_orchestration.coordination.locks import LockLost, list_locks, try_acquire_lock
 from tests.chessboard.test_publisher import recalc_a_project_with_events
 from tests.chessboard.world import outbox
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.stack_recovery import PIDS_FILE
+from pin_orchestration.devstack.stack_recovery import PIDS_FILE
 from tests.test_cli import pin
 
 

@@ -17,9 +17,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration.chessboard.queue import RecalcTriggerReason, request_project_recalc
+from pin_orchestration.coordination.raisers import RaiserRoleError, grant_raiser
 from pin_orchestration.news.snapshot_detach.outbox import enqueue_snapshot_detach
 from pin_orchestration.news.snapshot_detach.policy import Reason
-from pin_orchestration.raisers import RaiserRoleError, grant_raiser
 from tests.test_cli import pin
 
 RECALC = "SELECT chessboard.request_project_recalc(:p, :t, :r)"

@@ -20,10 +20,10 @@ from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from pin_orchestration.devstack.standins.selections import SelectionsStandIn
 from pin_orchestration.news.selections import SelectionsClient, classify_status
 from pin_orchestration.news.snapshot_detach.policy import DetachOptions, Reason
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.standins.selections import SelectionsStandIn
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "contracts" / "selections.openapi.yaml"
 DOC_URI = "urn:pin:contracts:selections"

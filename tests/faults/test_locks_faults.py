@@ -10,7 +10,10 @@ from tests.faults.broken_build import broken_copy, run_suite
 
 def test_taking_over_an_unexpired_lock_breaks_single_holder(tmp_path: Path) -> None:
     root = broken_copy(
-        tmp_path, "locks.py", "        WHERE l.expires_at <= now()\n", "        WHERE true\n"
+        tmp_path,
+        "coordination/locks.py",
+        "        WHERE l.expires_at <= now()\n",
+        "        WHERE true\n",
     )
     result = run_suite(root, "locks-sigkill")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -22,7 +25,10 @@ def test_renewal_without_its_client_side_deadline_breaks_single_holder(tmp_path:
     without a deadline of its own never marks the lease lost, and the hung holder steps
     on beside the one that took the lock over after the TTL."""
     root = broken_copy(
-        tmp_path, "locks.py", "    worker.join(timeout_seconds * 1.5)\n", "    worker.join()\n"
+        tmp_path,
+        "coordination/locks.py",
+        "    worker.join(timeout_seconds * 1.5)\n",
+        "    worker.join()\n",
     )
     result = run_suite(root, "locks-pg-hang")
     assert result.returncode == 1, result.stdout + result.stderr

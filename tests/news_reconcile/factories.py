@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.ids import uuid7
+from pin_orchestration.platform.ids import uuid7
 
 
 def add_post(

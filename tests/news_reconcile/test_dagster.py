@@ -17,15 +17,15 @@ from pin_orchestration.assets.news_reconcile import (
     post_comment_counts,
     reconciled_within_26h,
 )
+from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.definitions import build_definitions
 from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_daily,
     news_comment_reconcile_health_job,
 )
-from pin_orchestration.locks import try_acquire_lock
 from pin_orchestration.news.reconcile import LOCK_KEY
+from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.settings import Settings
 from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
 OP = "news__post_comment_counts"

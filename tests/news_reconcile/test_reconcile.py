@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from pin_orchestration.locks import try_acquire_lock
+from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
     LOCK_KEY,

@@ -18,6 +18,7 @@ from pin_orchestration.assets.news_snapshot_detach import (
     snapshot_detach_outbox,
     snapshot_detach_outbox_checks,
 )
+from pin_orchestration.devstack.standins.selections import SelectionsStandIn
 from pin_orchestration.jobs import news_snapshot_detach as sensor_module
 from pin_orchestration.jobs.news_snapshot_detach import (
     news_snapshot_detach_outbox_sensor,
@@ -27,7 +28,6 @@ from pin_orchestration.jobs.news_snapshot_detach import (
 from pin_orchestration.news.snapshot_detach.outbox import enqueue_snapshot_detach
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
-from pin_orchestration.standins.selections import SelectionsStandIn
 
 OP = "drain_snapshot_detach_outbox"
 
@@ -249,7 +249,7 @@ def test_rows_due_for_15_min_without_a_successful_run_fail_the_stalled_check(
 def test_bad_polling_interval_names_the_variable(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pin_orchestration.settings import SettingsError
+    from pin_orchestration.platform.settings import SettingsError
 
     monkeypatch.setenv("PIN_SNAPSHOT_DETACH_POLLING_SECONDS", "0")
     with pytest.raises(SettingsError, match="PIN_SNAPSHOT_DETACH_POLLING_SECONDS"):

@@ -22,8 +22,8 @@ from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, event, text
 from werkzeug import Request, Response
 
-from pin_orchestration.jobruns import RunStatus
-from pin_orchestration.locks import list_locks, try_acquire_lock
+from pin_orchestration.coordination.jobruns import RunStatus
+from pin_orchestration.coordination.locks import list_locks, try_acquire_lock
 from pin_orchestration.news.selections import CallKind, CallResult, SelectionsClient
 from pin_orchestration.news.snapshot_detach.outbox import (
     RequeueError,
@@ -646,7 +646,7 @@ def test_outcome_never_overwrites_a_newer_claim(db_engine: Engine) -> None:
 _CRASH_CHILD = textwrap.dedent(
     """
     import sys
-    from pin_orchestration.db import create_db_engine
+    from pin_orchestration.platform.db import create_db_engine
     from pin_orchestration.news.selections import SelectionsClient
     from pin_orchestration.news.snapshot_detach.policy import DetachOptions
     from pin_orchestration.news.snapshot_detach.worker import drain
@@ -707,8 +707,8 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
 
 
 def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engine) -> None:
-    from pin_orchestration.demo import seed_snapshot_detach_outbox
-    from pin_orchestration.standins.selections import SelectionsStandIn
+    from pin_orchestration.devstack.demo import seed_snapshot_detach_outbox
+    from pin_orchestration.devstack.standins.selections import SelectionsStandIn
 
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 14}
     assert seed_snapshot_detach_outbox(db_engine) == {"snapshot_detach_outbox": 0}
@@ -727,7 +727,7 @@ def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engi
 def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:
     from prometheus_client import generate_latest
 
-    from pin_orchestration.metrics import build_registry
+    from pin_orchestration.platform.metrics import build_registry
 
     def scrape() -> dict[str, float]:
         text_format = generate_latest(build_registry(db_engine)).decode()

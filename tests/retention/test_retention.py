@@ -14,9 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.metrics import build_registry
-from pin_orchestration.retention import RetentionConfigError, RetentionOptions, run_retention
+from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
+from pin_orchestration.coordination.retention import (
+    RetentionConfigError,
+    RetentionOptions,
+    run_retention,
+)
+from pin_orchestration.platform.metrics import build_registry
 
 NOW = datetime.now(UTC)
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.repository import DomainDefaults, Tenant, create_tenant
 from pin_orchestration.scraping.settings import ScrapingSettings
@@ -27,7 +28,6 @@ from pin_orchestration.scraping.store import (
     load_or_create_signing_key,
     s3_client,
 )
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 
 # Starlette opens result files with anyio.open_file, which anyio imports lazily on first
 # use — inside a worker thread, where pytest's assertion rewriter then parses the module

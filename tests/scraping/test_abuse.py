@@ -204,7 +204,7 @@ def test_the_limit_holds_across_several_api_processes(
 def test_intake_limit_settings_default_on_and_a_bad_value_names_the_variable() -> None:
     import pytest
 
-    from pin_orchestration.settings import SettingsError
+    from pin_orchestration.platform.settings import SettingsError
 
     default = ScrapingSettings.from_env({})
     assert (default.intake_rps, default.intake_burst) == (28.0, 400)

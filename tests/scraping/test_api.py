@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.job_models import URL_PATTERN
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import Worker, auth
 
 ENDPOINTS = [

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.assets.scraping import SCRAPING_RESULTS
 from pin_orchestration.definitions import build_definitions
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.jobs.scraping import (
     WORKER_TAGS,
     scraping_jobs_sensor,
@@ -31,7 +32,6 @@ from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import UNLIMITED
 from tests.scraping.webhook_checks import assert_every_delivery_verifies
 

@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 import requests
 
+from pin_orchestration.devstack.standins.scraping_target import (
+    ScrapingTarget,
+    TlsFiles,
+    body_bytes,
+    make_tls_files,
+)
 from pin_orchestration.scraping.fetch import (
     Fetcher,
     FetchError,
     FetchPolicy,
     is_address_allowed,
     parse_allowed_cidrs,
-)
-from pin_orchestration.standins.scraping_target import (
-    ScrapingTarget,
-    TlsFiles,
-    body_bytes,
-    make_tls_files,
 )
 
 LOOPBACK_ONE = parse_allowed_cidrs("127.0.0.1/32")

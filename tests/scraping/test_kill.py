@@ -14,10 +14,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, Worker, stored_objects
 
 

@@ -24,10 +24,10 @@ from sqlalchemy import Engine, text
 
 from faults.postgres import database_url_via
 from faults.proxy import FaultProxy
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import TEST_SETTINGS, Worker, auth, stored_objects
 

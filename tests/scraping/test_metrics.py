@@ -12,8 +12,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration.ids import uuid7
-from pin_orchestration.metrics import build_registry
+from pin_orchestration.platform.ids import uuid7
+from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth

@@ -9,9 +9,9 @@ import re
 import subprocess
 from pathlib import Path
 
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.repository import create_tenant
 from pin_orchestration.scraping.store import build_result_store
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import Worker
 

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.retention import RetentionOptions, run_retention
+from pin_orchestration.coordination.retention import RetentionOptions, run_retention
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.repository import JobRequest, Tenant, submit_job
 from pin_orchestration.scraping.store import ResultStore, result_key

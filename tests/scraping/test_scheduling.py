@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from pin_orchestration.cli import main
-from pin_orchestration.db import create_db_engine
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher
@@ -31,7 +32,6 @@ from pin_orchestration.scraping.repository import (
 )
 from pin_orchestration.scraping.store import LocalResultStore
 from pin_orchestration.scraping.worker import WorkerOptions, WorkerReport, run_worker
-from pin_orchestration.standins.scraping_target import ScrapingTarget
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
 
 

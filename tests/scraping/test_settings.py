@@ -7,8 +7,8 @@ import ipaddress
 
 import pytest
 
+from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.settings import SettingsError
 
 
 def test_defaults_are_the_issues() -> None:

@@ -19,6 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import webhook_fetch_policy_from
 from pin_orchestration.scraping.fetch import Fetcher
 from pin_orchestration.scraping.repository import (
@@ -36,8 +38,6 @@ from pin_orchestration.scraping.webhooks import (
     run_deliveries,
     tenant_webhook_secret,
 )
-from pin_orchestration.standins.scraping_target import ScrapingTarget
-from pin_orchestration.standins.webhook_receiver import Receiver
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
 from tests.scraping.webhook_checks import assert_every_delivery_verifies, refusals, verifies
 

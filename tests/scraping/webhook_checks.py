@@ -12,7 +12,7 @@ import standardwebhooks
 import svix.webhooks
 from sqlalchemy import Engine, text
 
-from pin_orchestration.standins.webhook_receiver import Received
+from pin_orchestration.devstack.standins.webhook_receiver import Received
 
 
 def refusals(secret: str, body: bytes, headers: Mapping[str, str]) -> list[str]:

@@ -37,7 +37,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.queue import query
-from pin_orchestration.locks import LockLease, LockLost, renewed_lock, take_fence
+from pin_orchestration.coordination.locks import LockLease, LockLost, renewed_lock, take_fence
 
 LOCK_KEY = "Pin:lock:job:chessboard-outbox-publisher"
 # Renewed every third of it while a publisher works, so it only bounds how long a crashed

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 CONTRACT_VERSION = 1
@@ -184,8 +184,8 @@ def write_event_schemas(conn: Connection, directory: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    from pin_orchestration.db import create_db_engine, resolve_database_url
-    from pin_orchestration.settings import Settings
+    from pin_orchestration.platform.db import create_db_engine, resolve_database_url
+    from pin_orchestration.platform.settings import Settings
 
     if len(argv) != 1:
         print("usage: python -m pin_orchestration.chessboard.outbox.schemas DIRECTORY")

@@ -18,7 +18,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from pin_orchestration.jobruns import last_successful_run_at
+from pin_orchestration.coordination.jobruns import last_successful_run_at
 from pin_orchestration.news.snapshot_detach.outbox import query
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE
 

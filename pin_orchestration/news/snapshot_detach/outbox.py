@@ -21,7 +21,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     Reason,
     claim_lease_seconds,
 )
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from pin_orchestration.news.selections import CallKind, CallResult
-from pin_orchestration.options import option
+from pin_orchestration.platform.options import option
 
 JOB_CODE = "news-snapshot-detach-retry"
 LOCK_KEY = "Pin:lock:job:scheduled:news-snapshot-detach-retry"

@@ -16,9 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from pin_orchestration import tracing
-from pin_orchestration.jobruns import RunStatus, record_job_run
-from pin_orchestration.locks import renewed_lock
+from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
+from pin_orchestration.coordination.locks import renewed_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
 from pin_orchestration.news.snapshot_detach.outbox import (
     claim_batch,
@@ -36,6 +35,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     Status,
     decide,
 )
+from pin_orchestration.platform import tracing
 
 # Outcomes of calls that finish close together are written in one transaction: at most
 # this long after the first of them (or once max_concurrency of them are waiting).

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
-from pin_orchestration.jobruns import RUN_DURATION_BUCKETS_MS
+from pin_orchestration.coordination.jobruns import RUN_DURATION_BUCKETS_MS
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
 from pin_orchestration.news.snapshot_detach.monitoring import SnapshotDetachCollector
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, TextClause, text
 
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 # A drain takes due work within a sensor tick or two (scraping: 95 % of jobs start within a
 # minute); ten minutes is no run at all.
@@ -33,7 +33,7 @@ class Backlog:
 
 
 def _query(name: str) -> TextClause:
-    return text(load_queries("pin_orchestration", "queue_health.sql")[name])
+    return text(load_queries("pin_orchestration.coordination", "queue_health.sql")[name])
 
 
 def scraping_backlog(engine: Engine) -> Backlog:

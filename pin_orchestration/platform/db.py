@@ -7,7 +7,7 @@ import functools
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.settings import Settings, SettingsError
+from pin_orchestration.platform.settings import Settings, SettingsError
 
 
 class NoDatabaseHere(SettingsError):
@@ -62,7 +62,7 @@ def resolve_database_url(settings: Settings | None = None, *, create_embedded: b
     settings = settings or Settings.from_env()
     if settings.database_url:
         return settings.database_url
-    from pin_orchestration.embedded import start_embedded_postgres
+    from pin_orchestration.platform.embedded import start_embedded_postgres
 
     if not create_embedded and not (settings.home / "pgdata").is_dir():
         raise NoDatabaseHere(

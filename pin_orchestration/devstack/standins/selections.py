@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pin_orchestration.settings import LOCAL_SELECTIONS_PORT
+from pin_orchestration.platform.settings import LOCAL_SELECTIONS_PORT
 
 DEFAULT_PORT = LOCAL_SELECTIONS_PORT
 _DETACH = re.compile(r"^/internal/snapshots/([0-9a-fA-F-]{36})/detach$")

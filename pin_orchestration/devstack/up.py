@@ -21,19 +21,27 @@ from types import FrameType
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
-from pin_orchestration.dagster_warnings import pythonwarnings_value
-from pin_orchestration.db import create_db_engine, dagster_storage_url, resolve_database_url
-from pin_orchestration.demo import DEMO_QUARANTINE_NOTE, demo_quarantined_ids, seed_demo_data
-from pin_orchestration.metrics import serve_metrics
-from pin_orchestration.migrations import upgrade_database
-from pin_orchestration.sensors.run_failures import RUN_STATUS_SENSOR_PROCESS_LIMIT
-from pin_orchestration.settings import Settings
-from pin_orchestration.stack_recovery import (
+from pin_orchestration.devstack.demo import (
+    DEMO_QUARANTINE_NOTE,
+    demo_quarantined_ids,
+    seed_demo_data,
+)
+from pin_orchestration.devstack.stack_recovery import (
     clear_previous_stack,
     fail_runs_left_behind,
     forget_stack,
     record_stack,
 )
+from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.platform.dagster_warnings import pythonwarnings_value
+from pin_orchestration.platform.db import (
+    create_db_engine,
+    dagster_storage_url,
+    resolve_database_url,
+)
+from pin_orchestration.platform.metrics import serve_metrics
+from pin_orchestration.platform.settings import Settings
+from pin_orchestration.sensors.run_failures import RUN_STATUS_SENSOR_PROCESS_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +82,7 @@ def start_local_services(
 
     stoppers: list[Callable[[], None]] = []
     if settings.selections_url is None:
-        from pin_orchestration.standins.selections import DEFAULT_PORT, SelectionsStandIn
+        from pin_orchestration.devstack.standins.selections import DEFAULT_PORT, SelectionsStandIn
 
         try:
             stand_in = SelectionsStandIn(port=DEFAULT_PORT, token=settings.selections_token)
@@ -102,8 +110,8 @@ def start_scraping_services(
 ) -> list[Callable[[], None]]:
     """The scraping API (`pin api`); with the demo, the demo target site, the demo tenant
     (its key is printed) and a few jobs."""
-    from pin_orchestration.demo import ensure_demo_tenant, submit_demo_jobs
-    from pin_orchestration.standins.scraping_target import DEFAULT_PORT, ScrapingTarget
+    from pin_orchestration.devstack.demo import ensure_demo_tenant, submit_demo_jobs
+    from pin_orchestration.devstack.standins.scraping_target import DEFAULT_PORT, ScrapingTarget
 
     api_host, api_port = env["PIN_API_HOST"], env["PIN_API_PORT"]
     env.setdefault("PIN_API_PUBLIC_URL", f"http://{api_host}:{api_port}")

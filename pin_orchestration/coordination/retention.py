@@ -20,11 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.jobruns import RUN_DURATION_BUCKETS_MS, RunStatus, record_job_run
-from pin_orchestration.locks import renewed_lock
+from pin_orchestration.coordination.jobruns import (
+    RUN_DURATION_BUCKETS_MS,
+    RunStatus,
+    record_job_run,
+)
+from pin_orchestration.coordination.locks import renewed_lock
 from pin_orchestration.news.snapshot_detach.monitoring import LAG_BUCKETS_SECONDS
-from pin_orchestration.options import option
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.options import option
+from pin_orchestration.platform.sql import load_queries
 
 if TYPE_CHECKING:
     from pin_orchestration.scraping.store import ResultStore
@@ -150,7 +154,7 @@ class RetentionResult:
 
 
 def _query(name: str) -> Any:
-    return text(load_queries("pin_orchestration", "retention.sql")[name])
+    return text(load_queries("pin_orchestration.coordination", "retention.sql")[name])
 
 
 def delete_batch(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.ids import uuid7
+from pin_orchestration.platform.ids import uuid7
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest, Tenant
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.sql import load_queries
+from pin_orchestration.platform.sql import load_queries
 
 RAISER_FUNCTIONS = (
     "chessboard.request_project_recalc(uuid, uuid, text)",
@@ -28,7 +28,7 @@ class RaiserRoleError(ValueError):
 
 
 def _query(name: str) -> str:
-    return load_queries("pin_orchestration", "raisers.sql")[name]
+    return load_queries("pin_orchestration.coordination", "raisers.sql")[name]
 
 
 def grant_raiser(engine: Engine, role: str) -> list[str]:
