@@ -27,6 +27,7 @@ from pin_orchestration.platform.db import create_db_engine
 pytest_plugins = ("tests.contracts.plugin", "tests.leftover_processes")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked `long_running` first: xdist hands out test files in this order, so the
     minutes-long ones (pin up, the quick fault suite) start at once on workers of their own

@@ -352,8 +352,10 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
     # its own jobs together (without the hop slots, 8 slots' hops arrive at once).
     assert hop.most_in_flight <= 2
     arrivals = hop.arrivals()
+    # The span allows the same 0.25 s as the windows: a token is taken at the claim, the
+    # arrival is stamped by the target, and the first request's connection set-up lags.
     assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
-    assert arrivals[-1] - arrivals[0] >= (14 - 4) / 4 - 0.1
+    assert arrivals[-1] - arrivals[0] >= (14 - 4) / 4 - 0.25
     with db_engine.connect() as conn:  # every hop gave its slot back
         assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
 
