@@ -22,7 +22,6 @@ Claims in the first three are rolled back; each figure is the median of --repeat
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import threading
@@ -43,13 +42,13 @@ CLAIMS = {"0011": "scraping.claim_jobs", "0007": "bench_0007.claim_jobs"}
 
 
 def install_0007(engine: Engine) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "m0007", ROOT / "pin_orchestration/migrations/versions/0007_scraping_scheduling.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    body = module.CLAIM_JOBS.replace(
+    """Migration 0007's claim, as its frozen SQL holds it, under another schema."""
+    frozen = (
+        ROOT / "pin_orchestration/migrations/versions/0007_scraping_scheduling.sql"
+    ).read_text(encoding="utf-8")
+    start = frozen.index("CREATE FUNCTION scraping.claim_jobs(")
+    end = frozen.index("$fn$;", start) + len("$fn$;")
+    body = frozen[start:end].replace(
         "CREATE FUNCTION scraping.claim_jobs(", "CREATE FUNCTION bench_0007.claim_jobs(", 1
     )
     with engine.begin() as conn:

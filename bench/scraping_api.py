@@ -49,6 +49,7 @@ from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
 from tests.leftover_processes import no_survivors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+METRICS_TOKEN = "bench-metrics-token"
 SLO_P99_MS = 200.0
 TARGET_P99_MS = 20.0
 BATCH_TARGET_P99_MS = 100.0
@@ -262,6 +263,8 @@ class Api:
             "PIN_DATABASE_URL": db_url,
             "PIN_HOME": str(home),
             "PIN_API_PUBLIC_URL": f"http://127.0.0.1:{self.port}",
+            # /metrics answers only with the operators' token (issue 16).
+            "PIN_METRICS_TOKEN": METRICS_TOKEN,
             **extra_env,
         }
         env.pop("PIN_REDIS_URL", None)
@@ -278,7 +281,13 @@ class Api:
     def metrics(self) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
 
-        body = requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=30).text
+        response = requests.get(
+            f"http://127.0.0.1:{self.port}/metrics",
+            headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        body = response.text
         return {
             s.name: s.value
             for family in text_string_to_metric_families(body)
