@@ -62,7 +62,11 @@ from pin_orchestration.scraping.store import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
+from pin_orchestration.scraping.worker import (  # noqa: E402
+    WorkerOptions,
+    claim_due_jobs,
+    run_worker,
+)
 from tests.leftover_processes import no_survivors  # noqa: E402
 
 TENANTS = 10
@@ -115,7 +119,7 @@ def _one_worker_run(
     claim_name: str,
     seconds: float,
 ) -> None:
-    claim = fifo_claim if claim_name == "fifo" else repository.claim_due_jobs
+    claim = fifo_claim if claim_name == "fifo" else claim_due_jobs
     run_worker(
         engine,
         _store(Path(home)),

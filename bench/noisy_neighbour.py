@@ -49,7 +49,11 @@ from pin_orchestration.scraping.store import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import WorkerOptions, run_worker  # noqa: E402
+from pin_orchestration.scraping.worker import (  # noqa: E402
+    WorkerOptions,
+    claim_due_jobs,
+    run_worker,
+)
 
 HOSTS = {"crawler": "127.0.0.2", "shop": "127.0.0.3", "analyst": "127.0.0.4"}
 SLOTS = 8
@@ -173,7 +177,7 @@ def main() -> None:
     print(f"{'scenario':<38} {'claim':<10} {'tenant':<8} {'first result':>13} {'last result':>12}")
     try:
         for scenario, priorities in scenarios.items():
-            for claim_name, claim in (("fifo", fifo_claim), ("fair", repository.claim_due_jobs)):
+            for claim_name, claim in (("fifo", fifo_claim), ("fair", claim_due_jobs)):
                 began = time.monotonic()
                 figures = one_run(
                     engine, tenants, targets, store, claim, priorities, args.burst, args.job_seconds

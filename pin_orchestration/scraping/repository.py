@@ -509,45 +509,6 @@ def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats
     )
 
 
-def claim_due_jobs(
-    engine: Engine,
-    *,
-    worker: str,
-    limit: int,
-    lease_seconds: float,
-    domain_defaults: DomainDefaults,
-) -> list[ClaimedJob]:
-    """The pick: up to `limit` due jobs, by priority (6:3:1), tenant (fair, weighted),
-    domain with room (rate, connections, pauses) and age — see scraping.claim_jobs."""
-    if limit <= 0:
-        return []
-    with engine.begin() as conn:
-        rows = conn.execute(
-            _q("claim_due_jobs"),
-            {
-                "worker": worker,
-                "limit": limit,
-                "lease_seconds": lease_seconds,
-                "default_rps": domain_defaults.rps,
-                "default_concurrency": domain_defaults.concurrency,
-            },
-        ).all()
-    return [
-        ClaimedJob(
-            id=r.id,
-            tenant_id=r.tenant_id,
-            url=r.url,
-            params=r.params,
-            attempt=r.attempts,
-            budget_used=r.budget_used,
-            created_at=r.created_at,
-            domain=r.domain,
-            priority=r.priority,
-        )
-        for r in rows
-    ]
-
-
 class RedirectSlots:
     """A claimed job's redirect hops against their own hosts' limits (fetch.RedirectSlots),
     through scraping.take_redirect_slot / release_redirect_slot: each call is one short

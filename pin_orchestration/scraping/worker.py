@@ -37,9 +37,10 @@ from datetime import UTC, date, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.options import option, same_as, with_settings
+from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
@@ -58,6 +59,47 @@ DB_RETRY_MAX_SECONDS = 5.0
 # How long a stopping run keeps trying to write its outcomes to an unreachable database,
 # at least (a lease's length when longer: past it the jobs are the sweeper's anyway).
 FINAL_WRITE_MIN_SECONDS = 30.0
+
+
+def claim_due_jobs(
+    engine: Engine,
+    *,
+    worker: str,
+    limit: int,
+    lease_seconds: float,
+    domain_defaults: DomainDefaults,
+) -> list[ClaimedJob]:
+    """The pick: up to `limit` due jobs, by priority (6:3:1), tenant (fair, weighted),
+    domain with room (rate, connections, pauses) and age. The statement is queries.sql's
+    `claim_due_jobs`; the function it calls, scraping.claim_jobs, is
+    scraping/sql/claim_jobs.sql (docs/jobs/scraping.md, "Scheduling")."""
+    if limit <= 0:
+        return []
+    with engine.begin() as conn:
+        rows = conn.execute(
+            text(load_queries("pin_orchestration.scraping", "queries.sql")["claim_due_jobs"]),
+            {
+                "worker": worker,
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "default_rps": domain_defaults.rps,
+                "default_concurrency": domain_defaults.concurrency,
+            },
+        ).all()
+    return [
+        ClaimedJob(
+            id=r.id,
+            tenant_id=r.tenant_id,
+            url=r.url,
+            params=r.params,
+            attempt=r.attempts,
+            budget_used=r.budget_used,
+            created_at=r.created_at,
+            domain=r.domain,
+            priority=r.priority,
+        )
+        for r in rows
+    ]
 
 
 class ClaimFn(Protocol):
@@ -181,7 +223,7 @@ def run_worker(
     stop: threading.Event | None = None,
     rng: random.Random | None = None,
     on_round: Callable[[WorkerReport], None] | None = None,
-    claim: ClaimFn = repository.claim_due_jobs,
+    claim: ClaimFn = claim_due_jobs,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> WorkerReport:
     """Drain due jobs until nothing is claimable for `idle_exit_seconds`, the max duration
