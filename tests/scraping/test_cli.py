@@ -9,8 +9,9 @@ import uuid
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository, worker
+from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
+from pin_orchestration.scraping.worker import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 from tests.test_cli import pin
 
@@ -55,9 +56,7 @@ def test_failed_jobs_are_listed_and_requeued(db_url: str, db_engine: Engine, mak
     job_id = repository.submit_job(
         db_engine, tenant.id, JobRequest(url="http://127.0.0.1:9/x", params={}), None
     ).id
-    worker.claim_due_jobs(
-        db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
-    )
+    claim_due_jobs(db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED)
     time.sleep(0.05)
     repository.sweep_expired_leases(db_engine, max_attempts=1)
 

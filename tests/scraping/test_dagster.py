@@ -30,8 +30,9 @@ from pin_orchestration.jobs.scraping import (
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository, worker
+from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
+from pin_orchestration.scraping.worker import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
@@ -180,9 +181,7 @@ def test_sweeper_job_and_requeue_job(
 
     tenant, _ = make_tenant("shop")
     job_id = submit(db_engine, tenant.id, "http://127.0.0.1:9/x")
-    worker.claim_due_jobs(
-        db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
-    )
+    claim_due_jobs(db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED)
     time.sleep(0.05)
     assert scraping_sweep_expired_leases.execute_in_process(
         instance=instance, resources=resources

@@ -21,7 +21,7 @@ from pin_orchestration.cli import main
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository, worker
+from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher
 from pin_orchestration.scraping.repository import (
     ClaimedJob,
@@ -31,7 +31,12 @@ from pin_orchestration.scraping.repository import (
     set_tenant_weight,
 )
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import WorkerOptions, WorkerReport, run_worker
+from pin_orchestration.scraping.worker import (
+    WorkerOptions,
+    WorkerReport,
+    claim_due_jobs,
+    run_worker,
+)
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
 
 
@@ -61,7 +66,7 @@ def enqueue_many(
 
 
 def claim(engine: Engine, limit: int, defaults: DomainDefaults = UNLIMITED) -> list[ClaimedJob]:
-    return worker.claim_due_jobs(
+    return claim_due_jobs(
         engine, worker="w", limit=limit, lease_seconds=60, domain_defaults=defaults
     )
 
@@ -491,7 +496,7 @@ def _claimer_process(db_url: str, worker: str, claims: int, ready: Any, go: Any,
 
 
 def claim_rows(engine: Engine, worker: str, limit: int) -> list[ClaimedJob]:
-    return worker.claim_due_jobs(
+    return claim_due_jobs(
         engine, worker=worker, limit=limit, lease_seconds=600, domain_defaults=UNLIMITED
     )
 

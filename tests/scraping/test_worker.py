@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository, worker
+from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.worker import claim_due_jobs
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 
@@ -210,13 +211,13 @@ def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
     db_engine: Engine, tenant_id
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
-    [first] = worker.claim_due_jobs(
+    [first] = claim_due_jobs(
         db_engine, worker="A", limit=5, lease_seconds=0.05, domain_defaults=UNLIMITED
     )
     time.sleep(0.1)
     swept = repository.sweep_expired_leases(db_engine, max_attempts=5)
     assert [(r.id, r.status) for r in swept] == [(job_id, "queued")]
-    [second] = worker.claim_due_jobs(
+    [second] = claim_due_jobs(
         db_engine, worker="B", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
     )
     assert (first.attempt, second.attempt) == (1, 2)
@@ -238,7 +239,7 @@ def test_the_sweeper_fails_a_job_whose_attempts_are_spent_and_requeue_restores_i
 ) -> None:
     job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
     for _ in range(2):
-        worker.claim_due_jobs(
+        claim_due_jobs(
             db_engine, worker="A", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
         )
         time.sleep(0.05)
@@ -247,7 +248,7 @@ def test_the_sweeper_fails_a_job_whose_attempts_are_spent_and_requeue_restores_i
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "lease_expired")
     assert [j["id"] for j in repository.list_failed_jobs(db_engine)] == [job_id]
     assert repository.requeue_failed_jobs(db_engine, [job_id, uuid.uuid4()]) == [job_id]
-    [again] = worker.claim_due_jobs(
+    [again] = claim_due_jobs(
         db_engine, worker="B", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
     )
     assert (again.attempt, again.budget_used) == (3, 1)
@@ -265,7 +266,7 @@ def test_two_workers_on_separate_connections_never_claim_the_same_job(
         try:
             barrier.wait()
             mine: list[uuid.UUID] = []
-            while batch := worker.claim_due_jobs(
+            while batch := claim_due_jobs(
                 db_engine, worker=name, limit=7, lease_seconds=30, domain_defaults=UNLIMITED
             ):
                 mine += [j.id for j in batch]
@@ -311,7 +312,7 @@ def test_retry_and_pause_times_follow_the_database_clock_whatever_the_workers_cl
     push its retries an hour late (nor one behind make them due at once)."""
     for skew in (timedelta(hours=1), timedelta(hours=-1)):
         job_id = enqueue(db_engine, tenant_id, "http://127.0.0.1:9/x")
-        [job] = worker.claim_due_jobs(
+        [job] = claim_due_jobs(
             db_engine, worker="A", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
         )
         worker_now = datetime.now(UTC) + skew
