@@ -27,15 +27,6 @@ from pin_orchestration.platform.db import create_db_engine
 pytest_plugins = ("tests.contracts.plugin", "tests.leftover_processes")
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `long_running` first: xdist hands out test files in this order
-    (`--no-loadscope-reorder`; its default puts the files with most tests first), so the
-    minutes-long ones (pin up, the quick fault suite) start at once on workers of their own
-    while the others share the rest, instead of ending the session alone."""
-    items.sort(key=lambda item: item.get_closest_marker("long_running") is None)
-
-
 @contextmanager
 def embedded_data_dir() -> Iterator[Path]:
     """A scratch directory for an embedded PostgreSQL, outside pytest's tmp tree.

@@ -98,7 +98,6 @@ def drifted_posts(db_url: str) -> int:
 
 # Longer than the suite's default: the sensors, automation, a browser and an idle minute of
 # ticks, on a host a parallel suite keeps busy.
-@pytest.mark.long_running
 @pytest.mark.timeout(900)
 def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
     db_url: str, tmp_path: Path

@@ -13,7 +13,6 @@ from tests.faults.broken_build import run_suite
 SUITE_TIMEOUT_SECONDS = 900
 
 
-@pytest.mark.long_running
 @pytest.mark.timeout(SUITE_TIMEOUT_SECONDS + 60)
 def test_pin_faults_run_quick_passes_with_every_invariant_holding() -> None:
     result = run_suite(None, timeout=SUITE_TIMEOUT_SECONDS)
