@@ -27,6 +27,17 @@ from pin_orchestration.platform.db import create_db_engine
 pytest_plugins = ("tests.contracts.plugin", "tests.leftover_processes")
 
 
+@pytest.fixture(autouse=True)
+def _no_dagster_defs_state_storage_from_an_earlier_test() -> None:
+    """Dagster keeps the current defs-state storage in a context variable that an instance
+    sets; a test that leaves it set hands the next test in the same worker a storage whose
+    instance is gone, and building definitions there fails ("Attempted to resolve
+    undefined DagsterInstance weakref"). Each test starts without one."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
+
+
 @contextmanager
 def embedded_data_dir() -> Iterator[Path]:
     """A scratch directory for an embedded PostgreSQL, outside pytest's tmp tree.
