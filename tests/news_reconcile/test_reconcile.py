@@ -480,9 +480,11 @@ def slow_updates(engine: Engine, seconds_per_row: float) -> None:
 
 
 def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
-    posts = [add_post(db_engine, comments_count=1) for _ in range(60)]
-    slow_updates(db_engine, 0.05)  # 60 drifted posts: ~3 s of work against a 1 s TTL
-    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
+    # 160 drifted posts: ~8 s of work against a 3 s TTL (renewed every second). A 1 s TTL
+    # expired once when three test workers starved the renewal thread for over a second.
+    posts = [add_post(db_engine, comments_count=1) for _ in range(160)]
+    slow_updates(db_engine, 0.05)
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=3)
     results = []
     worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
     worker.start()
