@@ -206,6 +206,14 @@ class WorkerPool:
                         raise SystemExit(f"a worker process died: exit codes {codes}") from None
 
 
+def fresh_tenants(engine: Engine, names: list[str]) -> dict[str, Any]:
+    """An empty queue and these tenants only (each run starts from the same state)."""
+    reset(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM scraping.tenants"))
+    return {name: repository.create_tenant(engine, name)[0] for name in names}
+
+
 def one_run(
     engine: Engine,
     db_url: str,
@@ -217,10 +225,7 @@ def one_run(
     seconds: float,
     job_ms: int,
 ) -> RunFigures:
-    reset(engine)
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM scraping.tenants"))
-    tenants = {name: repository.create_tenant(engine, name)[0] for name in counts}
+    tenants = fresh_tenants(engine, list(counts))
     for name, weight in weights.items():
         if weight != 1:
             repository.set_tenant_weight(engine, name, weight)
@@ -308,10 +313,7 @@ def trickle_run(
 ) -> TrickleFigures:
     """The heavy tenant's backlog accepted at once; the quiet tenants' jobs one at a time
     at `rate` jobs/s in all (taking turns) until the run's last job duration."""
-    reset(engine)
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM scraping.tenants"))
-    tenants = {name: repository.create_tenant(engine, name)[0] for name in ["heavy", *quiet]}
+    tenants = fresh_tenants(engine, ["heavy", *quiet])
     with engine.begin() as conn:
         conn.execute(text("SELECT setseed(0.15)"))
         conn.execute(
