@@ -37,6 +37,17 @@ def _free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
+def proxy_in_front_of(url: str) -> FaultProxy:
+    """A FaultProxy to `url`'s server: its TCP address, or the Unix socket its `host`
+    parameter names (the embedded default and pgserver listen on a socket only)."""
+    parsed = make_url(url)
+    port = parsed.port or 5432
+    socket_dir = parsed.query.get("host")
+    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+        return FaultProxy(LOOPBACK, port, upstream_unix_socket=f"{socket_dir}/.s.PGSQL.{port}")
+    return FaultProxy(parsed.host or LOOPBACK, port)
+
+
 def database_url_via(url: str, proxy: FaultProxy) -> str:
     """`url` with its server address replaced by the proxy's: the same database, user and
     options, reached over TCP through `proxy` (a Unix-socket `host` parameter is dropped).

@@ -49,10 +49,14 @@ class FaultProxy:
         *,
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
+        upstream_unix_socket: str | None = None,
     ) -> None:
+        """Forward loopback TCP to `upstream_host:upstream_port`, or to the Unix socket
+        `upstream_unix_socket` when given (a server listening on a socket only)."""
         if not listen_host.startswith("127."):
             raise ValueError(f"listen_host {listen_host!r}: the fault proxy listens on loopback")
         self.upstream = (upstream_host, upstream_port)
+        self.upstream_unix_socket = upstream_unix_socket
         self._listen_host = listen_host
         self._mode: Mode = "pass"
         self.delay_seconds = 0.0
@@ -134,7 +138,7 @@ class FaultProxy:
             self._drain_until_closed(client)
             return
         try:
-            upstream = socket.create_connection(self.upstream, timeout=5)
+            upstream = self._connect_upstream()
         except OSError:
             _reset(client)
             return
@@ -146,6 +150,18 @@ class FaultProxy:
         outbound.join()
         self._forget(client)
         self._forget(upstream)
+
+    def _connect_upstream(self) -> socket.socket:
+        if self.upstream_unix_socket is None:
+            return socket.create_connection(self.upstream, timeout=5)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.settimeout(5)
+        try:
+            upstream.connect(self.upstream_unix_socket)
+        except OSError:
+            upstream.close()
+            raise
+        return upstream
 
     def _track(self, *socks: socket.socket) -> None:
         with self._lock:

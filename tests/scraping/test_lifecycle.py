@@ -22,8 +22,7 @@ import pytest
 import requests
 from sqlalchemy import Engine, text
 
-from faults.postgres import database_url_via
-from faults.proxy import FaultProxy
+from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
@@ -260,7 +259,7 @@ def test_a_worker_rides_out_its_database_going_away_and_fetches_nothing_twice(
         for i in range(4)
     ]
     log_path = tmp_path / "worker.log"
-    with FaultProxy("127.0.0.1", 5432) as proxy:
+    with proxy_in_front_of(db_url) as proxy:
         worker = worker_process(
             f"{database_url_via(db_url, proxy)}?connect_timeout=5", tmp_path, log_path
         )

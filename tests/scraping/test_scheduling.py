@@ -270,7 +270,7 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
     # hold would send these at 20/s and fail by far, and the spread below still holds).
     assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
     # ... and the rate is what held rated back: 16 requests at 4/s after a burst of 4.
-    assert arrivals[-1] - arrivals[0] >= (16 - 4) / 4 - 0.1
+    assert arrivals[-1] - arrivals[0] >= (16 - 4) / 4 - 0.25
 
 
 def test_a_429_pauses_its_domain_for_every_worker(
