@@ -69,6 +69,16 @@ def graphql(port: int, query: str, variables: dict) -> dict:
     return answer["data"]
 
 
+def run_errors(port: int, run_id: str) -> list[str]:
+    """The error lines of a run's event log: why it failed, for the assertion message."""
+    query = """
+    query ($runId: ID!) { runOrError(runId: $runId) { ... on Run { eventConnection {
+      events { ... on MessageEvent { message level } } } } } }
+    """
+    events = graphql(port, query, {"runId": run_id})["runOrError"]["eventConnection"]["events"]
+    return [e["message"] for e in events if e.get("level") in ("ERROR", "CRITICAL")]
+
+
 def reconcile_runs(db_url: str) -> list[tuple[str, str]]:
     with create_db_engine(db_url).connect() as conn:
         return [
@@ -153,7 +163,7 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
             180,
             "the run",
         )
-        assert client.get_run_status(run_id).value == "SUCCESS"
+        assert client.get_run_status(run_id).value == "SUCCESS", run_errors(port, run_id)
         assert drifted_posts(db_url) == 0
 
         metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
