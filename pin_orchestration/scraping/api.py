@@ -4,6 +4,7 @@ metrics (`metrics_routes`), probes (`health_routes`) — over the dependencies t
 (`deps`), every error answered as an RFC 9457 problem (`problems`).
 """
 
+import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -175,4 +176,9 @@ def app_from_env() -> FastAPI:
 
     settings = ScrapingSettings.from_env()
     url = resolve_database_url()
-    return create_app(lambda: create_db_engine(url), result_store_from(settings), settings)
+    app = create_app(lambda: create_db_engine(url), result_store_from(settings), settings)
+    # What the process holds by now (~180k objects: the modules `pin` imports, the app)
+    # lives as long as it does: frozen, the collector's full passes no longer walk it. Each
+    # such pass stopped the event loop for 0.1-0.7 s, every few seconds under load.
+    gc.freeze()
+    return app

@@ -128,9 +128,10 @@ def batch_router(deps: ApiDeps) -> APIRouter:
                     title="The request is invalid",
                     errors=[FieldError(detail="more jobs than the burst", pointer="/jobs")],
                 )
-            taken = repository.take_intake_token(
-                engine_provider(), caller.id, intake_limit, jobs=len(valid)
-            )
+            # Committed on its own, before the batch's transaction: the tenant's bucket is
+            # locked for one statement, not for the whole insert.
+            with deps.reading() as conn:
+                taken = repository.take_intake_token(conn, caller.id, intake_limit, jobs=len(valid))
             limit_headers = ratelimit.headers(intake_limit, taken.remaining)
             if taken.wait_seconds > 0:
                 return ratelimit.refusal(

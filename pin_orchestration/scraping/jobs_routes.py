@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy import Connection
 
 from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
 from pin_orchestration.scraping.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, ApiDeps
@@ -184,27 +185,10 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
             priority=body.priority,
             callback_url=body.callback_url,
         )
-        limit_headers: dict[str, str] = {}
         try:
-            if intake_limit.enabled:
-                taken = repository.take_intake_token(engine_provider(), caller.id, intake_limit)
-                limit_headers = ratelimit.headers(intake_limit, taken.remaining)
-                if taken.wait_seconds > 0:
-                    # A repeat of an accepted request costs one indexed read, only here:
-                    # it is answered as intake would, so a client retrying a lost 202 is
-                    # never refused (and spends no token while the bucket is empty).
-                    replayed = None
-                    if idempotency_key:
-                        with reading() as conn:
-                            replayed = repository.replayed_job(
-                                conn, caller.id, request, idempotency_key
-                            )
-                    if replayed is None:
-                        return ratelimit.refusal(intake_limit, taken.wait_seconds, limit_headers)
-                    return receipt_response(replayed, limit_headers)
-            submitted = repository.submit_job(
-                engine_provider(), caller.id, request, idempotency_key or None
-            )
+            # The token and the job in one transaction: one connection, one commit.
+            with engine_provider().begin() as conn:
+                return intake(conn, caller.id, request, idempotency_key or None)
         except IdempotencyKeyReused:
             raise ProblemError(
                 422,
@@ -220,6 +204,25 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
                     )
                 ],
             ) from None
+
+    def intake(
+        conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
+    ) -> JSONResponse:
+        limit_headers: dict[str, str] = {}
+        if intake_limit.enabled:
+            taken = repository.take_intake_token(conn, tenant_id, intake_limit)
+            limit_headers = ratelimit.headers(intake_limit, taken.remaining)
+            if taken.wait_seconds > 0:
+                # A repeat of an accepted request costs one indexed read, only here: it is
+                # answered as intake would, so a client retrying a lost 202 is never
+                # refused (and spends no token while the bucket is empty).
+                replayed = None
+                if idempotency_key:
+                    replayed = repository.replayed_job(conn, tenant_id, request, idempotency_key)
+                if replayed is None:
+                    return ratelimit.refusal(intake_limit, taken.wait_seconds, limit_headers)
+                return receipt_response(replayed, limit_headers)
+        submitted = repository.insert_job(conn, tenant_id, request, idempotency_key)
         return receipt_response(submitted, limit_headers)
 
     def receipt_response(

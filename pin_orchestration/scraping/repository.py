@@ -7,6 +7,7 @@ when the function is a unit of work of its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -31,7 +32,9 @@ STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
+@functools.cache
 def _q(name: str) -> Any:
+    # One TextClause per query: building one parses its bind parameters anew.
     return text(load_queries("pin_orchestration.scraping", "queries.sql")[name])
 
 
@@ -283,19 +286,30 @@ def submit_job(
     validates, derives the domain, gives the job its fair tag and domain queue, and
     answers a repeated Idempotency-Key with the first job."""
     with engine.begin() as conn:
-        try:
-            job_id = conn.execute(
-                _q("submit_job"),
-                {"tenant_id": tenant_id, "idempotency_key": idempotency_key, **request.bind()},
-            ).scalar_one()
-        except DBAPIError as exc:
-            sqlstate = getattr(exc.orig, "sqlstate", None)
-            if sqlstate == "23505" and "p_idempotency_key" in str(exc.orig):
-                raise IdempotencyKeyReused(idempotency_key) from None
-            if sqlstate == "22023":
-                raise JobRejected(str(exc.orig).splitlines()[0]) from None
-            raise
-        row = conn.execute(_q("submitted_job"), {"id": job_id}).one()
+        return insert_job(conn, tenant_id, request, idempotency_key)
+
+
+def insert_job(
+    conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
+) -> Submitted:
+    """submit_job in the caller's transaction (POST /jobs commits its intake token with the
+    job: one commit, one fsync, per request)."""
+    try:
+        job_id = conn.execute(
+            _q("submit_job"),
+            {"tenant_id": tenant_id, "idempotency_key": idempotency_key, **request.bind()},
+        ).scalar_one()
+    except DBAPIError as exc:
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        if sqlstate == "23505" and "p_idempotency_key" in str(exc.orig):
+            raise IdempotencyKeyReused(idempotency_key) from None
+        if sqlstate == "22023":
+            raise JobRejected(str(exc.orig).splitlines()[0]) from None
+        raise
+    if idempotency_key is None:
+        # Without a key the job is always a new one, and a new job is queued: no read back.
+        return Submitted(job_id, "queued", replayed=False)
+    row = conn.execute(_q("submitted_job"), {"id": job_id}).one()
     return Submitted(row.id, row.status, replayed=row.replayed)
 
 
@@ -382,16 +396,15 @@ class IntakeTaken:
 
 
 def take_intake_token(
-    engine: Engine, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int = 1
+    conn: Connection, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int = 1
 ) -> IntakeTaken:
     """Take one intake token per job from the tenant's bucket, shared by every API process
-    (one statement); all of them or none."""
-    with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        row = conn.execute(
-            _q("take_intake_token"),
-            {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst, "jobs": jobs},
-        ).one()
+    (one statement); all of them or none. Taken in the caller's transaction: the bucket's
+    row stays locked, for the tenant's other requests, until it ends."""
+    row = conn.execute(
+        _q("take_intake_token"),
+        {"tenant_id": tenant_id, "rps": limit.rps, "burst": limit.burst, "jobs": jobs},
+    ).one()
     if row.taken is not None:
         return IntakeTaken(0.0, max(row.taken, 0.0))
     # The level read beside a refusal: a concurrent take may have moved it since, so the

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
@@ -144,6 +144,44 @@ def test_an_idempotent_repeat_is_answered_while_the_bucket_is_empty(
         assert changed.status_code == 422
         assert changed.json()["errors"][0]["parameter"] == "Idempotency-Key"
     assert job_count(db_engine) == 1
+
+
+def test_intake_takes_its_token_and_stores_its_job_in_one_transaction(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """POST /jobs spends one connection and one commit (one WAL flush) on the token and
+    the job together, so a request that stores nothing — a key reused with another body
+    — spends no token."""
+    _, shop = make_tenant("shop")
+    seen: Counter[str] = Counter()
+
+    def checkout(*_: object) -> None:
+        seen["checkout"] += 1
+
+    def commit(*_: object) -> None:
+        seen["commit"] += 1
+
+    with limited_client(db_engine, local_store, rps=0.001, burst=3) as client:
+        assert client.get("/jobs", headers=auth(shop)).status_code == 200  # the key is known
+        event.listen(db_engine.pool, "checkout", checkout)
+        event.listen(db_engine, "commit", commit)
+        try:
+            first = client.post("/jobs", json={"url": "https://e.com/a"}, headers=auth(shop))
+        finally:
+            event.remove(db_engine.pool, "checkout", checkout)
+            event.remove(db_engine, "commit", commit)
+        assert first.status_code == 202
+        assert seen == {"checkout": 1, "commit": 1}
+
+        keyed = {**auth(shop), "Idempotency-Key": "k1"}
+        stored = client.post("/jobs", json={"url": "https://e.com/b"}, headers=keyed)
+        assert stored.status_code == 202
+        reused = client.post("/jobs", json={"url": "https://e.com/c"}, headers=keyed)
+        assert reused.status_code == 422
+        last = client.post("/jobs", json={"url": "https://e.com/d"}, headers=auth(shop))
+        assert last.status_code == 202, last.text
+        assert last.headers["RateLimit"].startswith('"intake";r=0;')
+    assert job_count(db_engine) == 3
 
 
 def test_concurrent_requests_never_take_more_than_the_burst(
