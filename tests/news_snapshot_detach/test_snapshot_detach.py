@@ -41,7 +41,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     backoff_seconds,
     decide,
 )
-from pin_orchestration.news.snapshot_detach.worker import drain, run_detach_retry
+from pin_orchestration.news.snapshot_detach.worker import QUEUED_ROUNDS, drain, run_detach_retry
 
 TOKEN = "m2m-test-token"
 NO_JITTER = DetachOptions(backoff_jitter_ratio=0.0)
@@ -558,8 +558,8 @@ def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_th
         for r in caplog.records
         if "batch claimed" in r.getMessage()
     ]
-    # The calls in flight and one round of calls queued behind them, never more.
-    assert max(claims) <= 2 * options.max_concurrency
+    # The calls in flight and QUEUED_ROUNDS rounds of calls queued behind them, never more.
+    assert max(claims) <= (QUEUED_ROUNDS + 1) * options.max_concurrency
     assert sum(claims) == result.claimed == sum(len(t) for t in starts.values())
 
 
@@ -604,10 +604,10 @@ def test_cancellation_between_records_is_graceful(
     called = selections.called()
     assert len(called) == 1  # one worker: the stop lands during the first call
     assert result.succeeded == len(called)
-    # A claim takes the free call slots and one round queued behind them: what was
-    # claimed and not called is given back its attempt.
+    # A claim takes the free call slots and QUEUED_ROUNDS rounds queued behind them: what
+    # was claimed and not called is given back its attempt.
     assert result.claimed == len(called) + result.released
-    assert result.released <= 1
+    assert result.released <= QUEUED_ROUNDS
     for snapshot in snapshots:
         entry = row(db_engine, snapshot)
         if str(snapshot) in called:
@@ -694,12 +694,13 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     selections.hang = None
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
-    # The claim's lease: two call timeouts (30 s in the child: the wait in the pool's queue
-    # and the call), then the backoff.
-    assert entry.next_attempt_at >= before + timedelta(seconds=2 * 30 + 60)
+    # The claim's lease: QUEUED_ROUNDS + 1 call timeouts (30 s in the child: the wait in
+    # the pool's queue and the call), then the backoff.
+    lease = (QUEUED_ROUNDS + 1) * 30 + 60
+    assert entry.next_attempt_at >= before + timedelta(seconds=lease)
     # The next run after the lease finishes it.
     assert run(db_engine, selections).claimed == 0
-    elapse(db_engine, 2 * 30 + 61)
+    elapse(db_engine, lease + 1)
     result = run(db_engine, selections)
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)
