@@ -27,6 +27,7 @@ overlaps the next one — until no entry is Pending.
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 import sys
 import threading
@@ -144,6 +145,17 @@ def _statuses(engine: Engine) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
+def _retrying(engine: Engine) -> int:
+    """Entries that failed and wait, Pending, for their next attempt."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM news.snapshot_detach_outbox "
+                "WHERE status = 'Pending' AND attempts > 0"
+            )
+        ).scalar_one()
+
+
 def _pending(engine: Engine) -> int:
     try:
         return _statuses(engine).get("Pending", 0)
@@ -216,7 +228,23 @@ class Detach:
         return Ticks(self.ctx, args, self.env()).start()
 
     def wait_for_calls(self, since: float, what: str) -> float:
-        return wait_until(lambda: self.selections.detached_since(since) > 0, timeout=60, what=what)
+        """Wait for a detach after `since`, or for nothing left Pending: the last entries
+        may settle between a caller's look at the outbox and this wait."""
+        return wait_until(
+            lambda: self.selections.detached_since(since) > 0 or _pending(self.engine) == 0,
+            timeout=60,
+            what=what,
+        )
+
+    def wait_for_backoff(self, what: str) -> float:
+        """Wait until an entry sits in its backoff (failed, Pending again), or nothing is
+        left Pending."""
+        return wait_until(
+            lambda: _retrying(self.engine) > 0 or _pending(self.engine) == 0,
+            timeout=60,
+            every=0.02,
+            what=what,
+        )
 
     def recovered(self, outcome: Outcome, since: float, what: str) -> bool:
         """Count the fault just injected and wait for a detach after it; False when
@@ -440,12 +468,15 @@ def clock_jumps(ctx: FaultContext) -> Outcome:
     clock_file = ctx.workdir / "clock-offset"
     clock = JumpingClock(clock_file)
     clock.set(0)
-    with detach_world(ctx, ctx.scale(50, 400)) as world:
+    # Enough entries that the drain still runs at the second jump (~40 detaches a second).
+    with detach_world(ctx, ctx.scale(200, 400)) as world:
         ticks = world.ticks(runner="locked", clock_file=clock_file)
-        # Failures first, so entries sit in their backoff when the clock leaps.
-        world.selections.fail(503, count=ctx.scale(20, 150))
         for jump in [-CLOCK_JUMP_SECONDS, CLOCK_JUMP_SECONDS] * ctx.scale(1, 3):
-            world.wait_for_calls(time.time() - 0.5, "detaches before the clock jumps")
+            # Failures first, so entries sit in their backoff when the clock leaps.
+            world.selections.fail(503, count=ctx.scale(10, 50))
+            world.wait_for_backoff("an entry in its backoff before the clock jumps")
+            if _pending(world.engine) == 0:
+                break
             clock.set(jump)
             outcome.faults_injected += 1
             time.sleep(ctx.rng.uniform(0.5, 1.5))
@@ -572,4 +603,6 @@ def database_hung(ctx: FaultContext) -> Outcome:
 
 
 if __name__ == "__main__":
+    # The run's own lines (claims, outcomes, lock) go to its log file in the workdir.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run_runner(*sys.argv[1:5])

@@ -479,21 +479,64 @@ def slow_updates(engine: Engine, seconds_per_row: float) -> None:
         )
 
 
+GATE_KEY = 20_482
+
+
+def gated_updates(engine: Engine) -> None:
+    """Every update of a post waits at a gate (an advisory lock the test holds), so a run
+    lasts exactly as long as the test keeps the gate shut."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION news.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  PERFORM pg_advisory_lock_shared({GATE_KEY});
+                  PERFORM pg_advisory_unlock_shared({GATE_KEY});
+                  RETURN NEW;
+                END $$;
+                CREATE TRIGGER gate BEFORE UPDATE ON news.posts
+                  FOR EACH ROW EXECUTE FUNCTION news.gate();
+                """
+            )
+        )
+
+
+def lock_expires_at(engine: Engine) -> datetime | None:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT expires_at FROM pin.distributed_locks WHERE lock_key = :k"),
+            {"k": LOCK_KEY},
+        ).scalar_one_or_none()
+
+
 def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
-    # 160 drifted posts: ~8 s of work against a 3 s TTL (renewed every second). A 1 s TTL
-    # expired once when three test workers starved the renewal thread for over a second.
-    posts = [add_post(db_engine, comments_count=1) for _ in range(160)]
-    slow_updates(db_engine, 0.05)
-    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=3)
+    """The run is held mid-batch at a gate until its lock has been renewed past two TTLs;
+    meanwhile a second runner never gets the lock, and the run then ends SUCCEEDED."""
+    posts = [add_post(db_engine, comments_count=1) for _ in range(4)]
+    gated_updates(db_engine)
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
     results = []
-    worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
-    worker.start()
-    intruded = False
-    while worker.is_alive():
-        intruded = intruded or try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
-        time.sleep(0.1)
-    worker.join()
-    assert not intruded, "a second runner took the lock while the first was working"
+    with db_engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE_KEY})
+        worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
+        worker.start()
+        try:
+            wait_for_backend_waiting_on(db_engine, "advisory")  # the first batch, at the gate
+            first_expiry = lock_expires_at(db_engine)
+            assert first_expiry is not None
+            deadline = time.monotonic() + 30
+            while (lock_expires_at(db_engine) or first_expiry) < first_expiry + timedelta(
+                seconds=2 * options.lock_ttl_seconds
+            ):
+                assert not try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"), (
+                    "a second runner took the lock while the first was working"
+                )
+                assert time.monotonic() < deadline, "the lock was not renewed past two TTLs"
+                time.sleep(0.05)
+        finally:
+            gate.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE_KEY})
+        worker.join(60)
     assert results[0].status == RunStatus.SUCCEEDED
     assert all(comments_count(db_engine, p) == 0 for p in posts)
 

@@ -836,33 +836,36 @@ def test_max_run_duration_leaves_the_rest_for_the_next_tick(
 def test_lock_is_renewed_while_a_run_outlasts_its_ttl(
     db_engine: Engine, selections: Selections
 ) -> None:
+    """The calls wait at a gate until the run's lock has been renewed past two TTLs; a
+    second runner never gets the lock meanwhile (no transaction is open while a call is in
+    flight, so only the renewal keeps it), and the run then detaches everything."""
     enqueue(db_engine, 30)
-    selections.on_call = lambda _s: time.sleep(0.2)  # 30 calls, 2 at a time: ~3 s of work
+    gate, first_call = threading.Event(), threading.Event()
+
+    def held_at_the_gate(_snapshot: str) -> None:
+        first_call.set()
+        assert gate.wait(60)
+
+    selections.on_call = held_at_the_gate
     options = DetachOptions(max_concurrency=2, lock_ttl_seconds=1, backoff_jitter_ratio=0)
     results = []
     worker = threading.Thread(target=lambda: results.append(run(db_engine, selections, options)))
     worker.start()
-
-    def pending() -> int:
-        with db_engine.connect() as conn:
-            return conn.execute(
-                text("SELECT count(*) FROM news.snapshot_detach_outbox WHERE status = 'Pending'")
-            ).scalar_one()
-
-    # Probe only once the first runner holds the lock (a probe before would win the race
-    # to it), and count a probe that gets the lock as an intrusion only while work is left:
-    # the runner releases the lock after its last outcome, and then a second runner may.
-    while not list_locks(db_engine):
-        assert worker.is_alive(), "the run ended without taking the lock"
-        time.sleep(0.01)
-    intrusions = []
-    while worker.is_alive():
-        if try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"):
-            intrusions.append(pending())
-            break
-        time.sleep(0.1)
-    worker.join()
-    assert intrusions in ([], [0]), "a second runner took the lock while work was left"
+    try:
+        assert first_call.wait(30)
+        (first,) = list_locks(db_engine)
+        deadline = time.monotonic() + 30
+        while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
+            seconds=2 * options.lock_ttl_seconds
+        ):
+            assert not try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"), (
+                "a second runner took the lock while the first was working"
+            )
+            assert time.monotonic() < deadline, "the lock was not renewed past two TTLs"
+            time.sleep(0.05)
+    finally:
+        gate.set()
+        worker.join(60)
     assert results[0].succeeded == 30
 
 
