@@ -27,9 +27,11 @@ from pin_orchestration.coordination.locks import list_locks, try_acquire_lock
 from pin_orchestration.news.selections import CallKind, CallResult, SelectionsClient
 from pin_orchestration.news.snapshot_detach.outbox import (
     RequeueError,
+    autocommit,
     claim_batch,
     claim_due,
     enqueue_snapshot_detach,
+    query,
     record_outcomes,
     requeue_quarantined,
 )
@@ -41,7 +43,7 @@ from pin_orchestration.news.snapshot_detach.policy import (
     backoff_seconds,
     decide,
 )
-from pin_orchestration.news.snapshot_detach.worker import drain, run_detach_retry
+from pin_orchestration.news.snapshot_detach.worker import QUEUED_ROUNDS, drain, run_detach_retry
 
 TOKEN = "m2m-test-token"
 NO_JITTER = DetachOptions(backoff_jitter_ratio=0.0)
@@ -488,6 +490,64 @@ def test_parallel_claimers_never_take_the_same_row(db_engine: Engine) -> None:
         ).all() == [(1, 300)]
 
 
+def test_an_autocommit_claim_never_takes_a_row_changed_after_it_was_read(
+    db_engine: Engine,
+) -> None:
+    """On the drain's autocommit connection lock_due's row locks end with its statement:
+    a row another claimer stamps before mark_claimed stays that claimer's."""
+    enqueue(db_engine, 3)
+    stolen: list[uuid.UUID] = []
+    with db_engine.connect() as conn:
+        autocommit(conn)
+
+        @event.listens_for(conn, "after_cursor_execute")
+        def steal_one(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+            if "FOR UPDATE SKIP LOCKED" in statement and not stolen:
+                with db_engine.begin() as other:
+                    stolen.append(
+                        other.execute(
+                            text(
+                                "UPDATE news.snapshot_detach_outbox SET attempts = 1, "
+                                "next_attempt_at = now() + interval '1 hour' "
+                                "WHERE id = (SELECT id FROM news.snapshot_detach_outbox "
+                                "ORDER BY next_attempt_at LIMIT 1) RETURNING id"
+                            )
+                        ).scalar_one()
+                    )
+
+        claimed = claim_due(conn, NO_JITTER, zero)
+    assert len(stolen) == 1
+    assert len(claimed) == 2 and stolen[0] not in {e.id for e in claimed}
+    with db_engine.connect() as conn:
+        assert conn.execute(
+            text("SELECT attempts, count(*) FROM news.snapshot_detach_outbox GROUP BY attempts")
+        ).all() == [(1, 3)]
+
+
+def test_a_claim_reads_in_the_index_order_without_sorting_the_due_rows(
+    db_engine: Engine,
+) -> None:
+    """A burst enqueued in one transaction shares one due time: a claim ordered past the
+    index (next_attempt_at, id) sorted every one of them, each claim (~20 ms at 10,000)."""
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO news.snapshot_detach_outbox (id, snapshot_id, post_id, reason) "
+                "SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), "
+                "'BlockReplaced' FROM generate_series(1, 5000)"
+            )
+        )
+    with db_engine.connect() as conn:
+        conn.execute(text("ANALYZE news.snapshot_detach_outbox"))
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                text("EXPLAIN " + query("lock_due").text), {"batch_size": 32}
+            ).all()
+        )
+    assert "ix_sdo_due" in plan and "Sort" not in plan, plan
+
+
 def test_parallel_runners_detach_each_snapshot_once(
     db_engine: Engine, selections: Selections
 ) -> None:
@@ -558,8 +618,8 @@ def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_th
         for r in caplog.records
         if "batch claimed" in r.getMessage()
     ]
-    # The calls in flight and one round of calls queued behind them, never more.
-    assert max(claims) <= 2 * options.max_concurrency
+    # The calls in flight and QUEUED_ROUNDS rounds of calls queued behind them, never more.
+    assert max(claims) <= (QUEUED_ROUNDS + 1) * options.max_concurrency
     assert sum(claims) == result.claimed == sum(len(t) for t in starts.values())
 
 
@@ -604,10 +664,10 @@ def test_cancellation_between_records_is_graceful(
     called = selections.called()
     assert len(called) == 1  # one worker: the stop lands during the first call
     assert result.succeeded == len(called)
-    # A claim takes the free call slots and one round queued behind them: what was
-    # claimed and not called is given back its attempt.
+    # A claim takes the free call slots and QUEUED_ROUNDS rounds queued behind them: what
+    # was claimed and not called is given back its attempt.
     assert result.claimed == len(called) + result.released
-    assert result.released <= 1
+    assert result.released <= QUEUED_ROUNDS
     for snapshot in snapshots:
         entry = row(db_engine, snapshot)
         if str(snapshot) in called:
@@ -694,12 +754,13 @@ def test_crash_between_claim_and_outcome_leaves_pending_with_backoff(
     selections.hang = None
     entry = row(db_engine, snapshot)
     assert (entry.status, entry.attempts, entry.last_error) == ("Pending", 1, None)
-    # The claim's lease: two call timeouts (30 s in the child: the wait in the pool's queue
-    # and the call), then the backoff.
-    assert entry.next_attempt_at >= before + timedelta(seconds=2 * 30 + 60)
+    # The claim's lease: QUEUED_ROUNDS + 1 call timeouts (30 s in the child: the wait in
+    # the pool's queue and the call), then the backoff.
+    lease = (QUEUED_ROUNDS + 1) * 30 + 60
+    assert entry.next_attempt_at >= before + timedelta(seconds=lease)
     # The next run after the lease finishes it.
     assert run(db_engine, selections).claimed == 0
-    elapse(db_engine, 2 * 30 + 61)
+    elapse(db_engine, lease + 1)
     result = run(db_engine, selections)
     assert result.succeeded == 1
     entry = row(db_engine, snapshot)

@@ -59,14 +59,27 @@ def _stamp_params(entries: Sequence[ClaimedEntry]) -> dict[str, list[Any]]:
     }
 
 
+AUTOCOMMIT = "AUTOCOMMIT"
+
+
+def autocommit(conn: Connection) -> Connection:
+    """`conn` with every statement its own transaction: a drain's connection for the run.
+    A claim is then 2 round trips (lock_due, mark_claimed) instead of 4 with BEGIN and
+    COMMIT, and a group of outcomes 1 instead of 3."""
+    return conn.execution_options(isolation_level=AUTOCOMMIT)
+
+
 @contextmanager
 def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
-    """A short transaction: on the connection a drain holds for its run (no pool checkout
-    and ping each time; after a disconnect SQLAlchemy reconnects it on next use), or on
-    one of the engine's."""
+    """A short transaction: on one of the engine's connections, or on the connection a
+    drain holds for its run (no pool checkout and ping each time; after a disconnect
+    SQLAlchemy reconnects it on next use) — there, when it is in autocommit, each
+    statement is its own transaction and no BEGIN / COMMIT round trip is made."""
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             yield conn
+    elif bind.get_execution_options().get("isolation_level") == AUTOCOMMIT:
+        yield bind
     else:
         with bind.begin():
             yield bind
@@ -82,24 +95,36 @@ def claim_due(
 ) -> list[ClaimedEntry]:
     """Lock up to `limit` (default batch_size) rows due on the database's clock (SKIP
     LOCKED) and stamp the attempt, leasing each row for `call_timeout_seconds` plus the
-    backoff from the database's now(); the caller commits."""
+    backoff from the database's now(); the caller commits (or `conn` is in autocommit).
+
+    A row is stamped only if it still carries what was read (mark_claimed), so on an
+    autocommit connection, where lock_due's row locks end with its statement, a row a
+    parallel claimer stamped in between is not claimed twice; when every row read went
+    that way, the claim reads again (those rows are no longer due), so an empty answer
+    still means nothing was due.
+    """
     size = options.batch_size if limit is None else min(limit, options.batch_size)
-    rows = conn.execute(query("lock_due"), {"batch_size": size}).all()
-    if not rows:
-        return []
-    leases = [
-        claim_lease_seconds(row.attempts + 1, options, call_timeout_seconds, rand) for row in rows
-    ]
-    stamped = dict(
-        conn.execute(
-            query("mark_claimed"),
-            {
-                "ids": [row.id for row in rows],
-                "attempts": [row.attempts + 1 for row in rows],
-                "lease_seconds": leases,
-            },
-        ).all()
-    )
+    while True:
+        rows = conn.execute(query("lock_due"), {"batch_size": size}).all()
+        if not rows:
+            return []
+        leases = [
+            claim_lease_seconds(row.attempts + 1, options, call_timeout_seconds, rand)
+            for row in rows
+        ]
+        stamped = dict(
+            conn.execute(
+                query("mark_claimed"),
+                {
+                    "ids": [row.id for row in rows],
+                    "attempts": [row.attempts + 1 for row in rows],
+                    "lease_seconds": leases,
+                    "previous_next_attempt_ats": [row.next_attempt_at for row in rows],
+                },
+            ).all()
+        )
+        if stamped:
+            break
     return [
         ClaimedEntry(
             id=row.id,
@@ -112,6 +137,7 @@ def claim_due(
             previous_next_attempt_at=row.next_attempt_at,
         )
         for row in rows
+        if row.id in stamped
     ]
 
 
@@ -123,7 +149,7 @@ def claim_batch(
     limit: int | None = None,
     call_timeout_seconds: float = 0.0,
 ) -> list[ClaimedEntry]:
-    """The claim as its own transaction: committed (row locks released) on return."""
+    """The claim as its own transaction(s): committed (row locks released) on return."""
     with _transaction(bind) as conn:
         return claim_due(
             conn, options, rand, limit=limit, call_timeout_seconds=call_timeout_seconds
@@ -140,7 +166,7 @@ def record_outcomes(
     whose row no longer carries its claim's stamp (a newer claim took the row,
     or an operator changed it) is not applied. Committed without waiting for the WAL
     flush (set_config in the statement): an outcome lost to a crash only means one more
-    (idempotent) call.
+    (idempotent) call. One statement: on an autocommit connection, one round trip.
     """
     if not outcomes:
         return {}

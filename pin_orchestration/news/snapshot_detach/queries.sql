@@ -16,28 +16,41 @@ SELECT news.enqueue_snapshot_detach(
            CAST(:snapshot_id AS uuid), CAST(:post_id AS uuid), CAST(:reason AS text)
        )
 
--- Oldest due first (ix_sdo_due); rows held by a parallel claimer are skipped, not waited on.
--- The claim's transaction commits without waiting for the WAL flush (set_config: no extra
--- round trip): a claim lost to a crash only means one more (idempotent) call.
+-- Oldest due first, in ix_sdo_due's order (status, next_attempt_at) and no further: with
+-- a tiebreak outside the index (id) every claim sorted all due rows sharing a due time (a
+-- burst enqueued in one transaction shares one: 10,000 rows took ~20 ms a claim); in the
+-- index's order the scan stops after :batch_size rows. Rows held by a parallel claimer
+-- are skipped, not waited on.
+-- Run in the claim's transaction, or alone on a drain's autocommit connection (its row
+-- locks then last for this statement only: mark_claimed's stamp condition is what makes
+-- the claim exclusive). Committed without waiting for the WAL flush (set_config: no
+-- extra round trip): a claim lost to a crash only means one more (idempotent) call.
 -- name: lock_due
 SELECT id, snapshot_id, post_id, reason, attempts, next_attempt_at,
        set_config('synchronous_commit', 'off', true) AS commit_mode
 FROM news.snapshot_detach_outbox
 WHERE status = 'Pending' AND next_attempt_at <= now()
-ORDER BY next_attempt_at, id
+ORDER BY next_attempt_at
 LIMIT :batch_size
 FOR UPDATE SKIP LOCKED
 
 -- The claim stamp: attempts + 1 and the lease (the call's timeout + the backoff, per row)
--- from the database's now(); returned, as the row's version for the outcome.
+-- from the database's now(); returned, as the row's version for the outcome. Only a row
+-- that still carries what lock_due read is stamped: one a parallel claimer (or an
+-- operator) changed in between is left to it, so two claims never share a row even when
+-- lock_due's row locks were not held until here.
 -- name: mark_claimed
 UPDATE news.snapshot_detach_outbox AS o
 SET attempts = c.attempts,
     next_attempt_at = now() + make_interval(secs => c.lease_seconds),
     updated_at = now()
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]),
-            CAST(:lease_seconds AS double precision[])) AS c (id, attempts, lease_seconds)
-WHERE o.id = c.id
+            CAST(:lease_seconds AS double precision[]),
+            CAST(:previous_next_attempt_ats AS timestamptz[]))
+     AS c (id, attempts, lease_seconds, previous_next_attempt_at),
+     (SELECT set_config('synchronous_commit', 'off', true)) AS commit_mode
+WHERE o.id = c.id AND o.status = 'Pending'
+  AND o.attempts = c.attempts - 1 AND o.next_attempt_at = c.previous_next_attempt_at
 RETURNING o.id, o.next_attempt_at
 
 -- A failed call's row gets its next attempt counted from the end of the call: now() plus

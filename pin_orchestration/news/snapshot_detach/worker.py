@@ -20,6 +20,7 @@ from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
 from pin_orchestration.coordination.locks import renewed_lock
 from pin_orchestration.news.selections import CallKind, CallResult, DetachCaller
 from pin_orchestration.news.snapshot_detach.outbox import (
+    autocommit,
     claim_batch,
     record_outcomes,
     release_claims,
@@ -40,6 +41,13 @@ from pin_orchestration.platform import tracing
 # Outcomes of calls that finish close together are written in one transaction: at most
 # this long after the first of them (or once max_concurrency of them are waiting).
 OUTCOME_WRITE_INTERVAL_SECONDS = 0.05
+# Rounds of calls (max_concurrency rows each) claimed ahead into the pool's queue, behind
+# the calls in flight: the calls go on while the drain thread claims and writes outcomes,
+# however long a claim or a write takes (the drain thread also waits for the GIL after
+# each round trip while 16 call threads use it). A row claimed behind QUEUED_ROUNDS
+# rounds starts within QUEUED_ROUNDS call timeouts, so its lease is QUEUED_ROUNDS + 1 of
+# them + the backoff.
+QUEUED_ROUNDS = 2
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +118,16 @@ def drain(
     retry, quarantined) to this module's logger, which a run shows as captured stderr —
     a large backlog must not turn into one event-log write per row.
 
-    At most `max_concurrency` calls are in flight, and at most as many more claimed rows
-    wait in the pool's queue, so the calls go on while the next claim or the outcomes are
-    written. A queued row's call starts within one call timeout of its claim (every call
-    ahead of it started before the claim), so its lease — two call timeouts + the backoff
-    — covers its whole call; a failure's next attempt counts from the end of the call.
+    At most `max_concurrency` calls are in flight, and at most QUEUED_ROUNDS times as many
+    claimed rows wait in the pool's queue, so the calls go on while the next claim or the
+    outcomes are written. A queued row's call starts within QUEUED_ROUNDS call timeouts
+    of its claim (the threads take the queue in order, each call ahead of it taking at
+    most one timeout), so its lease — QUEUED_ROUNDS + 1 call timeouts + the backoff —
+    covers its whole call; a failure's next attempt counts from the end of the call.
     No transaction is open while a call is in flight: each claim and each group of
     outcomes (written every OUTCOME_WRITE_INTERVAL_SECONDS at most) is its own short
-    transaction, made on this thread. Due times are the database's (see queries.sql):
+    transaction, made on this thread's autocommit connection (a claim is two statements,
+    a group of outcomes one). Due times are the database's (see queries.sql):
     the worker's wall clock is never read.
     """
     options.validate()
@@ -169,15 +179,18 @@ def drain(
 
     # One connection for the run, used on this thread only: a pooled connection per
     # transaction cost a checkout ping and a SET on top of BEGIN, the statements, COMMIT.
+    # In autocommit, each statement its own transaction: no BEGIN / COMMIT round trips.
+    # This thread is the calls' only feeder, and after each round trip it waits for the
+    # GIL behind the call threads, so every round trip it saves keeps the pool busier.
     with (
-        engine.connect() as db,
+        autocommit(engine.connect()) as db,
         ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool,
     ):
         try:
             while True:
                 if should_stop():
                     _release_unstarted(db, inflight, result)
-                elif more_due and len(inflight) <= options.max_concurrency:
+                elif more_due and len(inflight) <= QUEUED_ROUNDS * options.max_concurrency:
                     if time.monotonic() >= deadline:
                         more_due = False
                         result.backlog_remaining = True
@@ -195,8 +208,8 @@ def drain(
                             db,
                             options,
                             rand,
-                            limit=2 * options.max_concurrency - len(inflight),
-                            call_timeout_seconds=2 * caller.timeout_seconds,
+                            limit=(QUEUED_ROUNDS + 1) * options.max_concurrency - len(inflight),
+                            call_timeout_seconds=(QUEUED_ROUNDS + 1) * caller.timeout_seconds,
                         )
                         # Claim again until a claim comes back empty: under SKIP LOCKED
                         # a short batch may only mean a parallel runner held some rows.
