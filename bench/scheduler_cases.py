@@ -1,13 +1,16 @@
 """Benchmark of the claim at scale (issue 15): the issue's four cases, the claim at head
-(`scraping.claim_jobs`, migration 0011) beside the 0007 claim it replaced, in the same run.
+(`scraping.claim_jobs`) beside the claim of migrations 0011-0016 and the 0007 claim, in
+the same run.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
         .venv/bin/python bench/scheduler_cases.py [--cases tenants,deep,paused,throughput]
             [--tenants 100,1000,5000,20000] [--deep 1000,10000,30000]
             [--paused 1000,10000,50000] [--seconds 8] [--repeat 7]
+            [--claims head,0016,0007] [--database pin_bench_scheduler]
 
-Database `pin_bench_scheduler` of its own. The 0007 claim is created there as
-`bench_0007.claim_jobs` from migration 0007's own text, with the two indexes it reads
+Database `pin_bench_scheduler` of its own. The 0016 claim is created there as
+`bench_0016.claim_jobs` from migration 0017's down step (the body it restores); the 0007
+claim as `bench_0007.claim_jobs` from migration 0007's own text, with the two indexes it reads
 (0011 dropped them; both contenders pay their upkeep). Cases:
 
 - tenants: N active tenants, 5 due jobs each on a domain of their own; claim of 64 and of 1;
@@ -38,7 +41,32 @@ from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
 DATABASE = "pin_bench_scheduler"
 ROOT = Path(__file__).resolve().parent.parent
-CLAIMS = {"0011": "scraping.claim_jobs", "0007": "bench_0007.claim_jobs"}
+CLAIMS = {
+    "head": "scraping.claim_jobs",
+    "0016": "bench_0016.claim_jobs",
+    "0007": "bench_0007.claim_jobs",
+}
+
+
+def install_0016(engine: Engine) -> None:
+    """The claim of migrations 0011-0016 (a pick in about eight statements), as migration
+    0017's down step restores it, under another schema: the baseline of issue 15's
+    per-pick work."""
+    frozen = (
+        ROOT / "pin_orchestration/migrations/versions/0017_scraping_claim_statements.down.sql"
+    ).read_text(encoding="utf-8")
+    start = frozen.index("CREATE OR REPLACE FUNCTION scraping.claim_jobs(")
+    end = frozen.index("$fn$;", start) + len("$fn$;")
+    body = frozen[start:end].replace(
+        "FUNCTION scraping.claim_jobs(", "FUNCTION bench_0016.claim_jobs(", 1
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA bench_0016")
+        conn.exec_driver_sql(body)
+
+
+# the contenders of this run (--claims)
+claims: dict[str, str] = {}
 
 
 def install_0007(engine: Engine) -> None:
@@ -146,7 +174,7 @@ def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
             "FROM generate_series(0, 5 * :n - 1) AS g",
             {"n": n},
         )
-        for name, claim in CLAIMS.items():
+        for name, claim in claims.items():
             ms64, got64 = timed_claims(engine, claim, 64, repeat)
             ms1, _ = timed_claims(engine, claim, 1, repeat)
             print(
@@ -173,7 +201,7 @@ def case_deep(engine: Engine, sizes: list[int], repeat: int) -> None:
                 ":keep", str(max(n - 64, 0))
             ),
         )
-        for name, claim in CLAIMS.items():
+        for name, claim in claims.items():
             ms, got = timed_claims(engine, claim, 64, repeat)
             print(f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs)")
 
@@ -188,7 +216,7 @@ def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
             {"n": n},
         )
         pause(engine, "true")
-        for name, claim in CLAIMS.items():
+        for name, claim in claims.items():
             ms, got = timed_claims(engine, claim, 64, repeat)
             assert got == 0
             print(f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms")
@@ -215,7 +243,7 @@ def _claim_for(
 
 
 def case_throughput(engine: Engine, url: str, seconds: float) -> None:
-    for name, claim in CLAIMS.items():
+    for name, claim in claims.items():
         for claimers in (1, 4):
             clear(engine)
             tenants(engine, 2000)
@@ -252,14 +280,20 @@ def main() -> None:
     parser.add_argument("--paused", default="1000,10000,50000")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--claims", default="head,0016,0007", help="contenders, in this order: head,0016,0007"
+    )
+    parser.add_argument("--database", default=DATABASE, help=f"default {DATABASE}")
     args = parser.parse_args()
+    claims.update({name: CLAIMS[name] for name in args.claims.split(",") if name})
 
     def sizes(raw: str) -> list[int]:
         return [int(s) for s in raw.split(",") if s]
 
-    url = fresh_bench_database(DATABASE)
+    url = fresh_bench_database(args.database)
     engine = create_db_engine(url)
     install_0007(engine)
+    install_0016(engine)
     cases: dict[str, Callable[[], None]] = {
         "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
         "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),

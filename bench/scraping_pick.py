@@ -200,17 +200,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--reuse", action="store_true", help="keep the queue built earlier")
+    parser.add_argument("--database", default=DATABASE, help=f"default {DATABASE}")
     args = parser.parse_args()
 
     if args.reuse:
         from sqlalchemy.engine import make_url
 
         server = resolve_database_url(Settings.from_env())
-        url = make_url(server).set(database=DATABASE).render_as_string(hide_password=False)
+        url = make_url(server).set(database=args.database).render_as_string(hide_password=False)
         upgrade_database(url)
         engine = create_db_engine(url)
     else:
-        url = fresh_bench_database(DATABASE)
+        url = fresh_bench_database(args.database)
         engine = create_db_engine(url)
         print(f"building {args.jobs:,} queued jobs ...")
         build(engine, args.jobs)
