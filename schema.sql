@@ -286,6 +286,7 @@ CREATE TABLE scraping.jobs (
 
 CREATE FUNCTION scraping.claim_jobs(p_worker text, p_limit integer, p_lease_seconds double precision, p_default_rps double precision, p_default_concurrency integer) RETURNS SETOF scraping.jobs
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     c_name text[] := ARRAY['high', 'normal', 'low'];

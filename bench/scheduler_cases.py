@@ -36,7 +36,7 @@ from sqlalchemy import Engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import backend_cpu_ms, fresh_bench_database, install_claim_0016  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
 DATABASE = "pin_bench_scheduler"
@@ -46,23 +46,6 @@ CLAIMS = {
     "0016": "bench_0016.claim_jobs",
     "0007": "bench_0007.claim_jobs",
 }
-
-
-def install_0016(engine: Engine) -> None:
-    """The claim of migrations 0011-0016 (a pick in about eight statements), as migration
-    0017's down step restores it, under another schema: the baseline of issue 15's
-    per-pick work."""
-    frozen = (
-        ROOT / "pin_orchestration/migrations/versions/0017_scraping_claim_statements.down.sql"
-    ).read_text(encoding="utf-8")
-    start = frozen.index("CREATE OR REPLACE FUNCTION scraping.claim_jobs(")
-    end = frozen.index("$fn$;", start) + len("$fn$;")
-    body = frozen[start:end].replace(
-        "FUNCTION scraping.claim_jobs(", "FUNCTION bench_0016.claim_jobs(", 1
-    )
-    with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE SCHEMA bench_0016")
-        conn.exec_driver_sql(body)
 
 
 # the contenders of this run (--claims)
@@ -147,21 +130,33 @@ def pause(engine: Engine, where: str) -> None:
         )
 
 
-def timed_claims(engine: Engine, claim: str, limit: int, repeat: int) -> tuple[float, int]:
-    """Median ms of `repeat` claims, each rolled back; jobs the claim returned."""
-    times, got = [], 0
+def timed_claims(engine: Engine, limit: int, repeat: int) -> dict[str, tuple[float, int, float]]:
+    """Per contender: median ms of `repeat` claims, each rolled back; jobs the claim
+    returned; median ms of CPU its backend ran for it (the machine's load aside). The
+    contenders take turns, one claim each, so a burst of load falls on all of them."""
+    times: dict[str, list[float]] = {name: [] for name in claims}
+    cpu: dict[str, list[float]] = {name: [] for name in claims}
+    got: dict[str, int] = {}
     with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
         for _ in range(repeat):
-            with conn.begin() as tx:
-                began = time.perf_counter()
-                got = len(
-                    conn.execute(
-                        text(f"SELECT id FROM {claim}('bench', :n, 600, 2, 4)"), {"n": limit}
-                    ).all()
-                )
-                times.append((time.perf_counter() - began) * 1000)
-                tx.rollback()
-    return statistics.median(times), got
+            for name, claim in claims.items():
+                with conn.begin() as tx:
+                    cpu_before = backend_cpu_ms(pid)
+                    began = time.perf_counter()
+                    got[name] = len(
+                        conn.execute(
+                            text(f"SELECT id FROM {claim}('bench', :n, 600, 2, 4)"), {"n": limit}
+                        ).all()
+                    )
+                    times[name].append((time.perf_counter() - began) * 1000)
+                    cpu[name].append(backend_cpu_ms(pid) - cpu_before)
+                    tx.rollback()
+    return {
+        name: (statistics.median(times[name]), got[name], statistics.median(cpu[name]))
+        for name in claims
+    }
 
 
 def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
@@ -174,12 +169,12 @@ def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
             "FROM generate_series(0, 5 * :n - 1) AS g",
             {"n": n},
         )
-        for name, claim in claims.items():
-            ms64, got64 = timed_claims(engine, claim, 64, repeat)
-            ms1, _ = timed_claims(engine, claim, 1, repeat)
+        of64, of1 = timed_claims(engine, 64, repeat), timed_claims(engine, 1, repeat)
+        for name in claims:
+            (ms64, got64, cpu64), (ms1, _, cpu1) = of64[name], of1[name]
             print(
-                f"tenants {n:>6,}  {name}: claim of 64 {ms64:8.1f} ms ({got64} jobs)"
-                f"   claim of 1 {ms1:7.1f} ms"
+                f"tenants {n:>6,}  {name}: claim of 64 {ms64:8.1f} ms ({got64} jobs,"
+                f" cpu {cpu64:.1f} ms)   claim of 1 {ms1:7.1f} ms (cpu {cpu1:.1f} ms)"
             )
 
 
@@ -201,9 +196,11 @@ def case_deep(engine: Engine, sizes: list[int], repeat: int) -> None:
                 ":keep", str(max(n - 64, 0))
             ),
         )
-        for name, claim in claims.items():
-            ms, got = timed_claims(engine, claim, 64, repeat)
-            print(f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs)")
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
+            print(
+                f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs,"
+                f" cpu {cpu:.1f} ms)"
+            )
 
 
 def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
@@ -216,10 +213,11 @@ def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
             {"n": n},
         )
         pause(engine, "true")
-        for name, claim in claims.items():
-            ms, got = timed_claims(engine, claim, 64, repeat)
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
             assert got == 0
-            print(f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms")
+            print(
+                f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms (cpu {cpu:.1f} ms)"
+            )
 
 
 def _claim_for(
@@ -293,7 +291,7 @@ def main() -> None:
     url = fresh_bench_database(args.database)
     engine = create_db_engine(url)
     install_0007(engine)
-    install_0016(engine)
+    install_claim_0016(engine)
     cases: dict[str, Callable[[], None]] = {
         "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
         "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),
