@@ -349,12 +349,15 @@ BEGIN
     END IF;
 
     -- Domain queues whose wait is over come back into the pick (a bounded batch per call;
-    -- rows another claim is waking are skipped, not waited for).
+    -- rows another claim is waking are skipped, not waited for). The clock is read into a
+    -- variable first: compared with clock_timestamp() itself (volatile) the wake time is
+    -- no index bound, and the scan of ix_domain_queues_wake read every queue set aside.
+    v_now := clock_timestamp();
     UPDATE scraping.domain_queues q
     SET ready = true, wake_at = NULL, waiting_for = NULL
     FROM (
         SELECT w.domain, w.priority FROM scraping.domain_queues w
-        WHERE NOT w.ready AND w.wake_at <= clock_timestamp()
+        WHERE NOT w.ready AND w.wake_at <= v_now
         ORDER BY w.wake_at
         LIMIT 1000
         FOR UPDATE SKIP LOCKED

@@ -6,11 +6,12 @@ the same run.
         .venv/bin/python bench/scheduler_cases.py [--cases tenants,deep,paused,throughput]
             [--tenants 100,1000,5000,20000] [--deep 1000,10000,30000]
             [--paused 1000,10000,50000] [--seconds 8] [--repeat 7]
-            [--claims head,0016,0007] [--database pin_bench_scheduler]
+            [--claims head,0016,0007,fifo] [--database pin_bench_scheduler]
 
 Database `pin_bench_scheduler` of its own. The 0016 claim is created there as
 `bench_0016.claim_jobs` from migration 0017's down step (the body it restores); the 0007
-claim as `bench_0007.claim_jobs` from migration 0007's own text, with the two indexes it reads
+claim as `bench_0007.claim_jobs` from migration 0007's own text; FIFO (the floor) as
+`bench_fifo.claim_jobs` from bench/fifo_claim.sql, with the two indexes it reads
 (0011 dropped them; both contenders pay their upkeep). Cases:
 
 - tenants: N active tenants, 5 due jobs each on a domain of their own; claim of 64 and of 1;
@@ -45,7 +46,26 @@ CLAIMS = {
     "head": "scraping.claim_jobs",
     "0016": "bench_0016.claim_jobs",
     "0007": "bench_0007.claim_jobs",
+    "fifo": "bench_fifo.claim_jobs",
 }
+
+
+def install_fifo(engine: Engine) -> None:
+    """The FIFO claim (`bench/fifo_claim.sql`: oldest due first, nothing else) as a function
+    of the claim's signature: the floor, what claiming a batch costs without any pick."""
+    fifo = (ROOT / "bench/fifo_claim.sql").read_text(encoding="utf-8")
+    body = fifo[fifo.index("WITH picked AS (") :].rstrip().rstrip(";")
+    body = body.replace(":limit", "p_limit").replace(":worker", "p_worker")
+    body = body.replace(":lease_seconds", "p_lease_seconds")
+    body = body[: body.index("SELECT id, tenant_id, url")] + "SELECT * FROM claimed"
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA bench_fifo")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION bench_fifo.claim_jobs(p_worker text, p_limit integer, "
+            "p_lease_seconds double precision, p_default_rps double precision, "
+            "p_default_concurrency integer) RETURNS SETOF scraping.jobs LANGUAGE sql AS "
+            f"$fn$ {body} $fn$"
+        )
 
 
 # the contenders of this run (--claims)
@@ -279,7 +299,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument(
-        "--claims", default="head,0016,0007", help="contenders, in this order: head,0016,0007"
+        "--claims",
+        default="head,0016,0007",
+        help="contenders, in this order, of head,0016,0007,fifo",
     )
     parser.add_argument("--database", default=DATABASE, help=f"default {DATABASE}")
     args = parser.parse_args()
@@ -292,6 +314,7 @@ def main() -> None:
     engine = create_db_engine(url)
     install_0007(engine)
     install_claim_0016(engine)
+    install_fifo(engine)
     cases: dict[str, Callable[[], None]] = {
         "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
         "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),
