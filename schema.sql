@@ -352,17 +352,18 @@ BEGIN
     -- rows another claim is waking are skipped, not waited for). The clock is read into a
     -- variable first: compared with clock_timestamp() itself (volatile) the wake time is
     -- no index bound, and the scan of ix_domain_queues_wake read every queue set aside.
+    -- The rows are updated by their ctids (locked here, so they stay put): joined back by
+    -- key, the generic plan hashed a sequential scan of every queue.
     v_now := clock_timestamp();
     UPDATE scraping.domain_queues q
     SET ready = true, wake_at = NULL, waiting_for = NULL
-    FROM (
-        SELECT w.domain, w.priority FROM scraping.domain_queues w
+    WHERE q.ctid = ANY (ARRAY(
+        SELECT w.ctid FROM scraping.domain_queues w
         WHERE NOT w.ready AND w.wake_at <= v_now
         ORDER BY w.wake_at
         LIMIT 1000
         FOR UPDATE SKIP LOCKED
-    ) due
-    WHERE q.domain = due.domain AND q.priority = due.priority;
+    ));
     v_holds_locks := FOUND;
 
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),

@@ -234,7 +234,7 @@ def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
         )
         pause(engine, "true")
         for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
-            assert got == 0
+            assert got == 0 or name == "fifo"  # FIFO knows no pauses
             print(
                 f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms (cpu {cpu:.1f} ms)"
             )
