@@ -233,8 +233,14 @@ BEGIN
                 ORDER BY q.head_tag, q.domain
                 LIMIT 1
                 FOR UPDATE;
-                v_holds_locks := true;
-                CONTINUE domains;
+                IF FOUND THEN
+                    v_holds_locks := true;
+                    CONTINUE domains;
+                END IF;
+                -- nothing of this class to wait for: it is done, and this claim may still
+                -- wait for another class's queue
+                c_done[ci] := true;
+                CONTINUE picks;
             ELSE
                 c_done[ci] := true;
                 CONTINUE picks;
