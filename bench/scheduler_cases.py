@@ -1,13 +1,17 @@
 """Benchmark of the claim at scale (issue 15): the issue's four cases, the claim at head
-(`scraping.claim_jobs`, migration 0011) beside the 0007 claim it replaced, in the same run.
+(`scraping.claim_jobs`) beside the claim of migrations 0011-0016 and the 0007 claim, in
+the same run.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
         .venv/bin/python bench/scheduler_cases.py [--cases tenants,deep,paused,throughput]
             [--tenants 100,1000,5000,20000] [--deep 1000,10000,30000]
             [--paused 1000,10000,50000] [--seconds 8] [--repeat 7]
+            [--claims head,0016,0007,fifo] [--database pin_bench_scheduler]
 
-Database `pin_bench_scheduler` of its own. The 0007 claim is created there as
-`bench_0007.claim_jobs` from migration 0007's own text, with the two indexes it reads
+Database `pin_bench_scheduler` of its own. The 0016 claim is created there as
+`bench_0016.claim_jobs` from migration 0017's down step (the body it restores); the 0007
+claim as `bench_0007.claim_jobs` from migration 0007's own text; FIFO (the floor) as
+`bench_fifo.claim_jobs` from bench/fifo_claim.sql, with the two indexes it reads
 (0011 dropped them; both contenders pay their upkeep). Cases:
 
 - tenants: N active tenants, 5 due jobs each on a domain of their own; claim of 64 and of 1;
@@ -33,12 +37,39 @@ from sqlalchemy import Engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import backend_cpu_ms, fresh_bench_database, install_claim_0016  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
 DATABASE = "pin_bench_scheduler"
 ROOT = Path(__file__).resolve().parent.parent
-CLAIMS = {"0011": "scraping.claim_jobs", "0007": "bench_0007.claim_jobs"}
+CLAIMS = {
+    "head": "scraping.claim_jobs",
+    "0016": "bench_0016.claim_jobs",
+    "0007": "bench_0007.claim_jobs",
+    "fifo": "bench_fifo.claim_jobs",
+}
+
+
+def install_fifo(engine: Engine) -> None:
+    """The FIFO claim (`bench/fifo_claim.sql`: oldest due first, nothing else) as a function
+    of the claim's signature: the floor, what claiming a batch costs without any pick."""
+    fifo = (ROOT / "bench/fifo_claim.sql").read_text(encoding="utf-8")
+    body = fifo[fifo.index("WITH picked AS (") :].rstrip().rstrip(";")
+    body = body.replace(":limit", "p_limit").replace(":worker", "p_worker")
+    body = body.replace(":lease_seconds", "p_lease_seconds")
+    body = body[: body.index("SELECT id, tenant_id, url")] + "SELECT * FROM claimed"
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SCHEMA bench_fifo")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION bench_fifo.claim_jobs(p_worker text, p_limit integer, "
+            "p_lease_seconds double precision, p_default_rps double precision, "
+            "p_default_concurrency integer) RETURNS SETOF scraping.jobs LANGUAGE sql AS "
+            f"$fn$ {body} $fn$"
+        )
+
+
+# the contenders of this run (--claims)
+claims: dict[str, str] = {}
 
 
 def install_0007(engine: Engine) -> None:
@@ -119,21 +150,33 @@ def pause(engine: Engine, where: str) -> None:
         )
 
 
-def timed_claims(engine: Engine, claim: str, limit: int, repeat: int) -> tuple[float, int]:
-    """Median ms of `repeat` claims, each rolled back; jobs the claim returned."""
-    times, got = [], 0
+def timed_claims(engine: Engine, limit: int, repeat: int) -> dict[str, tuple[float, int, float]]:
+    """Per contender: median ms of `repeat` claims, each rolled back; jobs the claim
+    returned; median ms of CPU its backend ran for it (the machine's load aside). The
+    contenders take turns, one claim each, so a burst of load falls on all of them."""
+    times: dict[str, list[float]] = {name: [] for name in claims}
+    cpu: dict[str, list[float]] = {name: [] for name in claims}
+    got: dict[str, int] = {}
     with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
         for _ in range(repeat):
-            with conn.begin() as tx:
-                began = time.perf_counter()
-                got = len(
-                    conn.execute(
-                        text(f"SELECT id FROM {claim}('bench', :n, 600, 2, 4)"), {"n": limit}
-                    ).all()
-                )
-                times.append((time.perf_counter() - began) * 1000)
-                tx.rollback()
-    return statistics.median(times), got
+            for name, claim in claims.items():
+                with conn.begin() as tx:
+                    cpu_before = backend_cpu_ms(pid)
+                    began = time.perf_counter()
+                    got[name] = len(
+                        conn.execute(
+                            text(f"SELECT id FROM {claim}('bench', :n, 600, 2, 4)"), {"n": limit}
+                        ).all()
+                    )
+                    times[name].append((time.perf_counter() - began) * 1000)
+                    cpu[name].append(backend_cpu_ms(pid) - cpu_before)
+                    tx.rollback()
+    return {
+        name: (statistics.median(times[name]), got[name], statistics.median(cpu[name]))
+        for name in claims
+    }
 
 
 def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
@@ -146,12 +189,12 @@ def case_tenants(engine: Engine, sizes: list[int], repeat: int) -> None:
             "FROM generate_series(0, 5 * :n - 1) AS g",
             {"n": n},
         )
-        for name, claim in CLAIMS.items():
-            ms64, got64 = timed_claims(engine, claim, 64, repeat)
-            ms1, _ = timed_claims(engine, claim, 1, repeat)
+        of64, of1 = timed_claims(engine, 64, repeat), timed_claims(engine, 1, repeat)
+        for name in claims:
+            (ms64, got64, cpu64), (ms1, _, cpu1) = of64[name], of1[name]
             print(
-                f"tenants {n:>6,}  {name}: claim of 64 {ms64:8.1f} ms ({got64} jobs)"
-                f"   claim of 1 {ms1:7.1f} ms"
+                f"tenants {n:>6,}  {name}: claim of 64 {ms64:8.1f} ms ({got64} jobs,"
+                f" cpu {cpu64:.1f} ms)   claim of 1 {ms1:7.1f} ms (cpu {cpu1:.1f} ms)"
             )
 
 
@@ -173,9 +216,11 @@ def case_deep(engine: Engine, sizes: list[int], repeat: int) -> None:
                 ":keep", str(max(n - 64, 0))
             ),
         )
-        for name, claim in CLAIMS.items():
-            ms, got = timed_claims(engine, claim, 64, repeat)
-            print(f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs)")
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
+            print(
+                f"deep walk {n:>6,} domains  {name}: claim of 64 {ms:8.1f} ms ({got} jobs,"
+                f" cpu {cpu:.1f} ms)"
+            )
 
 
 def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
@@ -188,10 +233,11 @@ def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
             {"n": n},
         )
         pause(engine, "true")
-        for name, claim in CLAIMS.items():
-            ms, got = timed_claims(engine, claim, 64, repeat)
-            assert got == 0
-            print(f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms")
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
+            assert got == 0 or name == "fifo"  # FIFO knows no pauses
+            print(
+                f"all {n:>6,} domains paused  {name}: empty claim {ms:8.1f} ms (cpu {cpu:.1f} ms)"
+            )
 
 
 def _claim_for(
@@ -215,7 +261,7 @@ def _claim_for(
 
 
 def case_throughput(engine: Engine, url: str, seconds: float) -> None:
-    for name, claim in CLAIMS.items():
+    for name, claim in claims.items():
         for claimers in (1, 4):
             clear(engine)
             tenants(engine, 2000)
@@ -252,14 +298,23 @@ def main() -> None:
     parser.add_argument("--paused", default="1000,10000,50000")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--claims",
+        default="head,0016,0007",
+        help="contenders, in this order, of head,0016,0007,fifo",
+    )
+    parser.add_argument("--database", default=DATABASE, help=f"default {DATABASE}")
     args = parser.parse_args()
+    claims.update({name: CLAIMS[name] for name in args.claims.split(",") if name})
 
     def sizes(raw: str) -> list[int]:
         return [int(s) for s in raw.split(",") if s]
 
-    url = fresh_bench_database(DATABASE)
+    url = fresh_bench_database(args.database)
     engine = create_db_engine(url)
     install_0007(engine)
+    install_claim_0016(engine)
+    install_fifo(engine)
     cases: dict[str, Callable[[], None]] = {
         "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
         "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),

@@ -1,8 +1,10 @@
 """Benchmark of the pick at depth: claims of 64 from 1,000,000 queued scraping jobs, the fair
-pick (`scraping.claim_jobs`) beside the FIFO claim it replaced, in the same run.
+pick (`scraping.claim_jobs`) beside the FIFO claim it replaced and the claim of migrations
+0011-0016 (`bench_0016.claim_jobs`), in the same run.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \
         .venv/bin/python bench/scraping_pick.py [--jobs 1000000] [--rounds 200] [--reuse]
+            [--passes 1] [--database pin_bench_scraping_pick]
 
 Database `pin_bench_scraping_pick` of its own (built set-based on the first run, kept for
 `--reuse`). The queue: 200 tenants; tenant 0 is a crawler with 30 % of the jobs on 3
@@ -13,7 +15,9 @@ jobs in backoff (due in an hour). Default limits (2 rps, 4 concurrent).
 Each contender starts from the same state (everything queued, no domain state, clocks at
 zero) and then runs `--rounds` rounds of the worker's pattern: once 556 jobs are running
 (the seed's whole-pool peak) each round first finishes the 64 oldest running jobs, then
-times one claim of 64. Prints per contender: claim p50 / p95 / max and jobs per claim;
+times one claim of 64 (on one connection; also the CPU time its backend ran for it, read
+from /proc: what the claim costs whatever else loads the machine). Prints per contender:
+claim p50 / p95 / max, backend CPU p50 and jobs per claim;
 then the sensor's queue_stats time and EXPLAIN ANALYZE of the pick's statements.
 """
 
@@ -29,11 +33,11 @@ from sqlalchemy import Engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
-from bench.fifo_claim import fifo_claim  # noqa: E402
+from bench._db import backend_cpu_ms, fresh_bench_database, install_claim_0016  # noqa: E402
 from pin_orchestration.migrations import upgrade_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, resolve_database_url  # noqa: E402
 from pin_orchestration.platform.settings import Settings  # noqa: E402
+from pin_orchestration.platform.sql import load_queries  # noqa: E402
 from pin_orchestration.scraping.repository import DomainDefaults, queue_stats  # noqa: E402
 from pin_orchestration.scraping.worker import claim_due_jobs  # noqa: E402
 
@@ -57,7 +61,11 @@ def build(engine: Engine, jobs: int) -> None:
             ),
             {"tenants": TENANTS},
         )
-    chunk = 100_000
+    # Small transactions: each job's trigger updates its tenant's tenant_vtimes row, and
+    # within one transaction every update of a row lengthens the chain of versions the
+    # next one walks (the crawler's row: 30,000 updates in a chunk of 100,000, which made
+    # the build quadratic: 100,000 jobs took 5 minutes, the next 100,000 more than 10).
+    chunk = 5_000
     for start in range(0, jobs, chunk):
         with engine.begin() as conn:
             conn.execute(
@@ -97,14 +105,17 @@ def build(engine: Engine, jobs: int) -> None:
                     "jobs": jobs,
                 },
             )
-        print(f"  {min(jobs, start + chunk):>9,} jobs ({time.monotonic() - started:.0f} s)")
+        if (start + chunk) % 100_000 == 0 or start + chunk >= jobs:
+            print(f"  {min(jobs, start + chunk):>9,} jobs ({time.monotonic() - started:.0f} s)")
     vacuum(engine)
 
 
 def vacuum(engine: Engine) -> None:
+    """Every table a claim writes, so each contender starts without the dead rows and index
+    entries the one before it left (the queues' pick index above all)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("VACUUM ANALYZE scraping.jobs"))
-        conn.execute(text("VACUUM ANALYZE scraping.job_attempts"))
+        for table in ("jobs", "job_attempts", "domain_queues", "domains", "pick_classes"):
+            conn.execute(text(f"VACUUM ANALYZE scraping.{table}"))
 
 
 def reset(engine: Engine) -> None:
@@ -139,24 +150,51 @@ def finish_oldest(engine: Engine, n: int) -> None:
         )
 
 
-def run(engine: Engine, claim, rounds: int) -> tuple[list[float], list[int]]:
+def contenders(engine: Engine) -> dict[str, str]:
+    """The claims compared, as the statement a worker sends: FIFO (`bench/fifo_claim.sql`),
+    the claim of migrations 0011-0016 (`bench_0016.claim_jobs`) and the claim at head."""
+    head = load_queries("pin_orchestration.scraping", "queries.sql")["claim_due_jobs"]
+    baseline = install_claim_0016(engine)
+    return {
+        "fifo": load_queries("bench", "fifo_claim.sql")["fifo_claim"],
+        "0016": head.replace("scraping.claim_jobs(", f"{baseline}(", 1),
+        "head": head,
+    }
+
+
+def run(engine: Engine, claim: str, rounds: int) -> tuple[list[float], list[int], list[float]]:
+    """`rounds` timed claims of the worker's pattern, on one connection: wall ms, jobs, and
+    the CPU ms its backend ran for each (the machine's load aside)."""
     timings: list[float] = []
     sizes: list[int] = []
+    cpu: list[float] = []
     running = 0
-    while len(timings) < rounds:
-        if running >= IN_FLIGHT:
-            finish_oldest(engine, BATCH)
-            running -= BATCH
-        began = time.perf_counter()
-        got = claim(
-            engine, worker="bench", limit=BATCH, lease_seconds=600, domain_defaults=DEFAULTS
-        )
-        elapsed = time.perf_counter() - began
-        running += len(got)
-        if running >= IN_FLIGHT - BATCH:  # time the steady state, not the first fill
-            timings.append(elapsed * 1000)
-            sizes.append(len(got))
-    return timings, sizes
+    params = {
+        "worker": "bench",
+        "limit": BATCH,
+        "lease_seconds": 600,
+        "default_rps": DEFAULTS.rps,
+        "default_concurrency": DEFAULTS.concurrency,
+    }
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
+        while len(timings) < rounds:
+            if running >= IN_FLIGHT:
+                finish_oldest(engine, BATCH)
+                running -= BATCH
+            cpu_before = backend_cpu_ms(pid)
+            began = time.perf_counter()
+            with conn.begin():
+                got = len(conn.execute(text(claim), params).all())
+            elapsed = time.perf_counter() - began
+            spent = backend_cpu_ms(pid) - cpu_before
+            running += got
+            if running >= IN_FLIGHT - BATCH:  # time the steady state, not the first fill
+                timings.append(elapsed * 1000)
+                sizes.append(got)
+                cpu.append(spent)
+    return timings, sizes, cpu
 
 
 def pct(values: list[float], q: float) -> float:
@@ -200,33 +238,48 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--reuse", action="store_true", help="keep the queue built earlier")
+    parser.add_argument("--database", default=DATABASE, help=f"default {DATABASE}")
+    parser.add_argument("--passes", type=int, default=1, help="runs of 0016 and head, in turns")
     args = parser.parse_args()
 
     if args.reuse:
         from sqlalchemy.engine import make_url
 
         server = resolve_database_url(Settings.from_env())
-        url = make_url(server).set(database=DATABASE).render_as_string(hide_password=False)
+        url = make_url(server).set(database=args.database).render_as_string(hide_password=False)
         upgrade_database(url)
         engine = create_db_engine(url)
     else:
-        url = fresh_bench_database(DATABASE)
+        url = fresh_bench_database(args.database)
         engine = create_db_engine(url)
         print(f"building {args.jobs:,} queued jobs ...")
         build(engine, args.jobs)
 
-    results = {}
-    for name, claim in (("fifo", fifo_claim), ("fair pick", claim_due_jobs)):
+    results: dict[str, list[float]] = {}
+    claims = contenders(engine)
+    # head and 0016 in turns (--passes), so a stretch of load falls on both
+    order = ["fifo"] + ["0016", "head"] * args.passes
+    for name in order:
         reset(engine)
-        timings, sizes = run(engine, claim, args.rounds)
-        results[name] = timings
+        timings, sizes, cpu = run(engine, claims[name], args.rounds)
+        results.setdefault(name, []).extend(timings)
+        results.setdefault(f"{name} cpu", []).extend(cpu)
         print(
-            f"{name:>10}: claim of {BATCH}: p50 {statistics.median(timings):6.1f} ms  "
+            f"{name:>5}: claim of {BATCH}: p50 {statistics.median(timings):6.1f} ms  "
             f"p95 {pct(timings, 0.95):6.1f} ms  max {max(timings):6.1f} ms  "
-            f"jobs/claim {statistics.mean(sizes):.1f}  ({len(timings)} claims)"
+            f"backend cpu p50 {statistics.median(cpu):6.1f} ms  "
+            f"jobs/claim {statistics.mean(sizes):.1f}  ({len(timings)} claims)",
+            flush=True,
         )
-    ratio = statistics.median(results["fair pick"]) / statistics.median(results["fifo"])
-    print(f"fair pick / fifo, medians: {ratio:.2f}x")
+
+    def median_ratio(a: str, b: str) -> float:
+        return statistics.median(results[a]) / statistics.median(results[b])
+
+    for name in ("0016", "head"):
+        print(
+            f"{name} / fifo, medians: wall {median_ratio(name, 'fifo'):.2f}x"
+            f"  backend cpu {median_ratio(name + ' cpu', 'fifo cpu'):.2f}x"
+        )
 
     # The worst case of the 0007 pick: every domain paused (0011: their queues are set
     # aside, so the claim looks at none of them), and the claim comes back empty.
