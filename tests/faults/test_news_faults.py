@@ -1,11 +1,12 @@
 """The news scenarios (reconcile, detach) hold in quick mode, and fail naming
-`detach.one_call_at_a_time` when the detach claim stops locking the rows it claims.
+`detach.one_call_at_a_time` when the detach claim stops checking that a row is still as
+it read it.
 
-Only removing SKIP LOCKED (keeping FOR UPDATE) is not observable as a duplicate, by
-design: a second claimer then waits for the first's commit and PostgreSQL re-checks
-`next_attempt_at <= now` on the row the first claim stamped with its lease, so it skips
-it — slower, never twice. Without the row lock both claimers read the same due rows and
-both call selections for them at once."""
+A drain claims on an autocommit connection: lock_due's FOR UPDATE SKIP LOCKED holds its
+rows only for that statement, and mark_claimed stamps a row only while it still carries
+what lock_due read (attempts, next_attempt_at). That stamp condition is what keeps two
+claimers from claiming one row; without it both stamp the same due rows and both call
+selections for them at once."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from pathlib import Path
 from tests.faults.broken_build import broken_copy, run_suite
 
 
-def test_claim_without_its_row_lock_breaks_one_call_at_a_time(tmp_path: Path) -> None:
+def test_claim_without_its_stamp_check_breaks_one_call_at_a_time(tmp_path: Path) -> None:
     root = broken_copy(
         tmp_path,
         "news/snapshot_detach/queries.sql",
-        "LIMIT :batch_size\nFOR UPDATE SKIP LOCKED\n",
-        "LIMIT :batch_size\n",
+        "  AND o.attempts = c.attempts - 1 AND o.next_attempt_at = c.previous_next_attempt_at\n",
+        "",
     )
     # Two claimers reading the same due rows is a race the scenario lines up (a start line)
     # but cannot force on a loaded machine: up to three runs, the first that catches it
