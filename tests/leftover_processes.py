@@ -12,6 +12,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -59,6 +60,22 @@ def describe(process: psutil.Process) -> str:
         return f"pid {process.pid}: {' '.join(process.cmdline())}"
     except psutil.Error:
         return f"pid {process.pid}: (ended while being described)"
+
+
+def stuck_state(pid: int) -> str:
+    """What a process that will not end is doing: its state, signal masks and each
+    thread's kernel wait channel (for a test's failure message)."""
+    base = Path(f"/proc/{pid}")
+    try:
+        status = [
+            line
+            for line in (base / "status").read_text().splitlines()
+            if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "Threads"))
+        ]
+        waits = sorted({(task / "wchan").read_text() for task in (base / "task").iterdir()})
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    return f"pid {pid}: {'; '.join(status)}; threads wait in {waits}"
 
 
 def end_survivors(marker: str, grace: float = GRACE_SECONDS) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.leftover_processes import MARKER_VARIABLE, no_survivors
+from tests.leftover_processes import MARKER_VARIABLE, no_survivors, stuck_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_leaves_a_process_behind(tmp_path: Path) -> None:
 
 def _session(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(test_source))
-    return subprocess.run(
+    session = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -50,10 +50,21 @@ def _session(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess[st
             str(tmp_path / "test_inner.py"),
         ],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
+    try:
+        stdout, stderr = session.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # Say what the inner session and its children wait on before ending them.
+        stuck = [stuck_state(session.pid)] + [
+            stuck_state(child.pid) for child in psutil.Process(session.pid).children(True)
+        ]
+        session.kill()
+        session.communicate()
+        raise AssertionError(f"the inner session did not end: {stuck}") from None
+    return subprocess.CompletedProcess(session.args, session.returncode, stdout, stderr)
 
 
 def test_a_leaked_process_fails_the_session_naming_it_and_is_killed(tmp_path: Path) -> None:

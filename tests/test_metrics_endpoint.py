@@ -13,6 +13,8 @@ import time
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.leftover_processes import stuck_state
+
 # The names exactly as seeds 000, 001 and 002 write them (the scraping service's, seed 004,
 # are the scraping area's own).
 SEED_METRICS = {
@@ -66,7 +68,12 @@ def test_metrics_serve_exposes_every_seed_metric(db_url: str) -> None:
         exposition = scrape(f"http://127.0.0.1:{port}/metrics")
     finally:
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            state = stuck_state(server.pid)
+            server.kill()
+            raise AssertionError(f"pin metrics serve did not stop on SIGINT: {state}") from None
     # Sample names carry the type's suffixes (_total, _bucket, ...): compare families too.
     names = set()
     for family in text_string_to_metric_families(exposition):
