@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,19 @@ from sqlalchemy.engine import make_url
 
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.platform.db import create_db_engine
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the stop signals back their defaults. A suite started in the background
+    (`nohup … &`) inherits SIGHUP, SIGINT and SIGQUIT ignored, an ignored disposition
+    survives exec, and every process a test starts would inherit it: a `sleep` that
+    ignores the SIGTERM meant to stop it, a `pin metrics serve` deaf to SIGINT."""
+    for stop_signal in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
+        if signal.getsignal(stop_signal) == signal.SIG_IGN:
+            signal.signal(stop_signal, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Checks every event a test publishes against contracts/events (issue 12); fails the
 # session naming any process it started that is still alive at its end (issue 20).
