@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from pin_orchestration.coordination.locks import try_acquire_lock
+from pin_orchestration.coordination.locks import list_locks, try_acquire_lock
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
     LOCK_KEY,
@@ -503,14 +503,6 @@ def gated_updates(engine: Engine) -> None:
         )
 
 
-def lock_expires_at(engine: Engine) -> datetime | None:
-    with engine.connect() as conn:
-        return conn.execute(
-            text("SELECT expires_at FROM pin.distributed_locks WHERE lock_key = :k"),
-            {"k": LOCK_KEY},
-        ).scalar_one_or_none()
-
-
 def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
     """The run is held mid-batch at a gate until its lock has been renewed past two TTLs;
     meanwhile a second runner never gets the lock, and the run then ends SUCCEEDED."""
@@ -524,10 +516,9 @@ def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None
         worker.start()
         try:
             wait_for_backend_waiting_on(db_engine, "advisory")  # the first batch, at the gate
-            first_expiry = lock_expires_at(db_engine)
-            assert first_expiry is not None
+            (first,) = list_locks(db_engine)
             deadline = time.monotonic() + 30
-            while (lock_expires_at(db_engine) or first_expiry) < first_expiry + timedelta(
+            while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
                 seconds=2 * options.lock_ttl_seconds
             ):
                 assert not try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"), (
