@@ -195,6 +195,47 @@ CREATE FUNCTION scraping.advance_job_updated_at() RETURNS trigger
         $$;
 
 --
+-- Name: announce_queued_jobs(text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.announce_queued_jobs(p_domain text, p_priority text, p_head_tag double precision, p_due_at timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_blocked timestamptz;
+BEGIN
+    -- The common case writes nothing: a queue that already sorts at or before these jobs
+    -- and is not waiting for a later due time (so intake does not lock a row a claim may
+    -- be holding).
+    PERFORM 1 FROM scraping.domain_queues q
+    WHERE q.domain = p_domain AND q.priority = p_priority
+      AND q.head_tag <= p_head_tag
+      AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at);
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO scraping.domains (domain) VALUES (p_domain)
+    ON CONFLICT (domain) DO NOTHING;
+    SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+    WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
+    INSERT INTO scraping.domain_queues AS q
+        (domain, priority, head_tag, ready, waiting_for, wake_at)
+    SELECT p_domain, p_priority, p_head_tag, s.waiting_for IS NULL,
+           s.waiting_for, s.wake_at
+    FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                      WHEN p_due_at > clock_timestamp() THEN 'due'
+                 END AS waiting_for,
+                 coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
+                                          THEN p_due_at END) AS wake_at) s
+    ON CONFLICT (domain, priority) DO UPDATE
+    SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+        wake_at = CASE WHEN q.waiting_for = 'due'
+                       THEN least(q.wake_at, p_due_at)
+                       ELSE q.wake_at END;
+END
+$$;
+
+--
 -- Name: check_job_url(text, text); Type: FUNCTION; Schema: scraping; Owner: -
 --
 
@@ -849,39 +890,12 @@ $_$;
 CREATE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    v_blocked timestamptz;
 BEGIN
-    IF NEW.status = 'queued' AND (TG_OP = 'INSERT' OR OLD.status <> 'queued') THEN
-        -- The common case writes nothing: a queue that already sorts at or before this
-        -- job and is not waiting for a later due time (so intake does not lock a row a
-        -- claim may be holding).
-        PERFORM 1 FROM scraping.domain_queues q
-        WHERE q.domain = NEW.domain AND q.priority = NEW.priority
-          AND q.head_tag <= NEW.fair_tag
-          AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= NEW.next_attempt_at);
-        IF NOT FOUND THEN
-            INSERT INTO scraping.domains (domain) VALUES (NEW.domain)
-            ON CONFLICT (domain) DO NOTHING;
-            SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
-            WHERE d.domain = NEW.domain AND d.blocked_until > clock_timestamp();
-            INSERT INTO scraping.domain_queues AS q
-                (domain, priority, head_tag, ready, waiting_for, wake_at)
-            SELECT NEW.domain, NEW.priority, NEW.fair_tag, s.waiting_for IS NULL,
-                   s.waiting_for, s.wake_at
-            FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
-                              WHEN NEW.next_attempt_at > clock_timestamp() THEN 'due'
-                         END AS waiting_for,
-                         coalesce(v_blocked, CASE WHEN NEW.next_attempt_at > clock_timestamp()
-                                                  THEN NEW.next_attempt_at END) AS wake_at) s
-            ON CONFLICT (domain, priority) DO UPDATE
-            SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
-                wake_at = CASE WHEN q.waiting_for = 'due'
-                               THEN least(q.wake_at, NEW.next_attempt_at)
-                               ELSE q.wake_at END;
-        END IF;
+    IF NEW.status = 'queued' AND OLD.status <> 'queued' THEN
+        PERFORM scraping.announce_queued_jobs(
+            NEW.domain, NEW.priority, NEW.fair_tag, NEW.next_attempt_at);
     END IF;
-    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status <> 'running' THEN
+    IF OLD.status = 'running' AND NEW.status <> 'running' THEN
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
         WHERE q.domain = OLD.domain AND NOT q.ready AND q.waiting_for = 'room'
           AND q.wake_at > clock_timestamp()
@@ -899,19 +913,28 @@ $$;
 CREATE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    v_step double precision;
-    v_clock double precision;
 BEGIN
-    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = NEW.tenant_id;
-    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
-    WHERE c.priority = NEW.priority;
-    INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
-    VALUES (NEW.priority, NEW.tenant_id, v_clock + v_step)
-    ON CONFLICT (priority, tenant_id) DO UPDATE
-    SET vtime = greatest(v.vtime, v_clock) + v_step
-    RETURNING v.vtime - v_step INTO NEW.fair_tag;
+    NEW.fair_tag := scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1);
     RETURN NEW;
+END
+$$;
+
+--
+-- Name: jobs_inserted_domain_queues(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.jobs_inserted_domain_queues() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.head_tag, a.due_at)
+    FROM (SELECT n.domain, n.priority, min(n.fair_tag) AS head_tag,
+                 min(n.next_attempt_at) AS due_at
+          FROM new_jobs n
+          WHERE n.status = 'queued'
+          GROUP BY n.domain, n.priority
+          ORDER BY n.domain, n.priority) a;
+    RETURN NULL;
 END
 $$;
 
@@ -1102,6 +1125,30 @@ BEGIN
             USING ERRCODE = '23505', HINT = 'use a new key for a new job';
     END IF;
     RETURN v_existing.id;
+END
+$$;
+
+--
+-- Name: take_fair_tags(uuid, text, integer); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.take_fair_tags(p_tenant_id uuid, p_priority text, p_count integer) RETURNS double precision
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_step double precision;
+    v_clock double precision;
+    v_first double precision;
+BEGIN
+    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = p_tenant_id;
+    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
+    WHERE c.priority = p_priority;
+    INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
+    VALUES (p_priority, p_tenant_id, v_clock + p_count * v_step)
+    ON CONFLICT (priority, tenant_id) DO UPDATE
+    SET vtime = greatest(v.vtime, v_clock) + p_count * v_step
+    RETURNING v.vtime - p_count * v_step INTO v_first;
+    RETURN v_first;
 END
 $$;
 
@@ -2022,7 +2069,7 @@ CREATE TRIGGER domains_domain_queue_update AFTER UPDATE OF blocked_until, rps, c
 -- Name: jobs jobs_domain_queue_insert; Type: TRIGGER; Schema: scraping; Owner: -
 --
 
-CREATE TRIGGER jobs_domain_queue_insert AFTER INSERT ON scraping.jobs FOR EACH ROW WHEN ((new.status = 'queued'::text)) EXECUTE FUNCTION scraping.jobs_domain_queue();
+CREATE TRIGGER jobs_domain_queue_insert AFTER INSERT ON scraping.jobs REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION scraping.jobs_inserted_domain_queues();
 
 --
 -- Name: jobs jobs_domain_queue_update; Type: TRIGGER; Schema: scraping; Owner: -
@@ -2034,7 +2081,7 @@ CREATE TRIGGER jobs_domain_queue_update AFTER UPDATE OF status ON scraping.jobs 
 -- Name: jobs jobs_fair_tag_insert; Type: TRIGGER; Schema: scraping; Owner: -
 --
 
-CREATE TRIGGER jobs_fair_tag_insert BEFORE INSERT ON scraping.jobs FOR EACH ROW WHEN ((new.status = 'queued'::text)) EXECUTE FUNCTION scraping.jobs_fair_tag();
+CREATE TRIGGER jobs_fair_tag_insert BEFORE INSERT ON scraping.jobs FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (new.fair_tag IS NULL))) EXECUTE FUNCTION scraping.jobs_fair_tag();
 
 --
 -- Name: jobs jobs_fair_tag_requeue; Type: TRIGGER; Schema: scraping; Owner: -

@@ -41,19 +41,34 @@ WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
 -- name: insert_jobs
 -- submit_job for a batch, in one statement: the same columns, the same fingerprint
 -- (scraping.request_sha256) and the same conflict rule (a key already taken, by an earlier
--- request or an earlier job of the batch, yields no row; the caller reads the winner); the
--- fair tag and domain queue come from the same triggers. Rows in the batch's order.
+-- request or an earlier job of the batch, yields no row; the caller reads the winner). The
+-- fair tags are reserved a run per class (scraping.take_fair_tags, classes in name order:
+-- the lock order of the tenant's tenant_vtimes rows), the k-th job of a class taking the
+-- first + k/weight, as k jobs submitted one by one would; the domain queues come from the
+-- insert's statement trigger. Rows in the batch's order.
+WITH batch AS (
+    SELECT j.*, row_number() OVER (PARTITION BY j.priority ORDER BY j.ord) - 1 AS k
+    FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
+        ord integer, id uuid, url text, domain text, params jsonb, priority text,
+        callback_url text, idempotency_key text
+    )
+),
+tags AS MATERIALIZED (
+    SELECT c.priority, scraping.take_fair_tags(:tenant_id, c.priority, c.jobs) AS first_tag
+    FROM (SELECT b.priority, count(*)::integer AS jobs FROM batch b
+          GROUP BY b.priority ORDER BY b.priority) c
+)
 INSERT INTO scraping.jobs (
     id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
-    request_sha256
+    request_sha256, fair_tag
 )
-SELECT j.id, :tenant_id, j.url, j.domain, j.params, j.priority, j.callback_url,
-       j.idempotency_key, scraping.request_sha256(j.url, j.params, j.priority, j.callback_url)
-FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
-    ord integer, id uuid, url text, domain text, params jsonb, priority text,
-    callback_url text, idempotency_key text
-)
-ORDER BY j.ord
+SELECT b.id, :tenant_id, b.url, b.domain, b.params, b.priority, b.callback_url,
+       b.idempotency_key, scraping.request_sha256(b.url, b.params, b.priority, b.callback_url),
+       t.first_tag + b.k / w.weight
+FROM batch b
+JOIN tags t ON t.priority = b.priority
+CROSS JOIN (SELECT weight FROM scraping.tenants WHERE id = :tenant_id) w
+ORDER BY b.ord
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, status
 

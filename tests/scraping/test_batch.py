@@ -142,3 +142,87 @@ def test_a_thousand_jobs_fit_and_a_thousand_and_one_do_not(
         assert answer.json()["accepted"] == 1000
         assert len(answer.request.content) > 64 * 1024
     assert len(stored(db_engine)) == 1000
+
+
+def test_a_batch_takes_the_fair_tags_and_queues_of_the_same_jobs_submitted_one_by_one(
+    make_tenant, db_engine: Engine
+) -> None:
+    """The batch reserves its fair tags a run per class and announces its domain queues
+    once per (domain, class) (migration 0018): the scheduler's state it leaves is what the
+    same jobs accepted one at a time leave, paused domains, new domains, weights and a
+    tenant already ahead of the class clock included."""
+    from pin_orchestration.scraping import repository
+
+    batcher, _ = make_tenant("batcher")
+    single, _ = make_tenant("one-by-one")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scraping.tenants SET weight = 2.5 WHERE id = ANY(:ids)"),
+            {"ids": [batcher.id, single.id]},
+        )
+        for prefix in ("a", "b"):
+            conn.execute(
+                text("SELECT scraping.pause_domain(:d, now() + interval '5 minutes')"),
+                {"d": f"{prefix}0.example"},
+            )
+
+    def requests(prefix: str) -> list[repository.JobRequest]:
+        return [
+            repository.JobRequest(
+                url=f"https://{prefix}{n % 7}.example/{n}",
+                params={"n": n},
+                priority=("high", "normal", "normal", "low")[n % 4],
+            )
+            for n in range(60)
+        ]
+
+    # Both tenants start ahead of the class clock by the same earlier job.
+    for tenant, prefix in ((batcher, "a"), (single, "b")):
+        repository.submit_job(db_engine, tenant.id, requests(prefix)[5], None)
+    answers = repository.submit_jobs(
+        db_engine, batcher.id, [(r, None) for r in requests("a")], atomic=False
+    )
+    assert len(answers) == 60
+    for request in requests("b"):
+        repository.submit_job(db_engine, single.id, request, None)
+
+    def scheduler_state(tenant_id: uuid.UUID, prefix: str) -> tuple[list, list]:
+        with db_engine.connect() as conn:
+            tags = conn.execute(
+                text(
+                    "SELECT priority, (params->>'n')::int AS n, fair_tag FROM scraping.jobs"
+                    " WHERE tenant_id = :t ORDER BY n, fair_tag"
+                ),
+                {"t": tenant_id},
+            ).all()
+            queues = conn.execute(
+                text(
+                    "SELECT substr(domain, 2) AS host, priority, head_tag, ready, waiting_for,"
+                    " wake_at FROM scraping.domain_queues WHERE domain LIKE :p"
+                    " ORDER BY 1, 2"
+                ),
+                {"p": f"{prefix}%"},
+            ).all()
+        return [tuple(r) for r in tags], [tuple(r) for r in queues]
+
+    batch_tags, batch_queues = scheduler_state(batcher.id, "a")
+    single_tags, single_queues = scheduler_state(single.id, "b")
+    assert [t[:2] for t in batch_tags] == [t[:2] for t in single_tags]
+    for got, expected in zip(batch_tags, single_tags, strict=True):
+        assert abs(got[2] - expected[2]) < 1e-9, (got, expected)
+    assert len(batch_queues) == len(single_queues) == 7 * 3
+    for got, expected in zip(batch_queues, single_queues, strict=True):
+        assert got[:2] == expected[:2] and got[3:] == expected[3:], (got, expected)
+        assert abs(got[2] - expected[2]) < 1e-9, (got, expected)
+    paused = [q for q in batch_queues if q[0] == "0.example"]
+    assert paused and all(q[4] == "room" and not q[3] for q in paused)
+    with db_engine.connect() as conn:
+        vtimes = conn.execute(
+            text(
+                "SELECT tenant_id = :a AS batcher, priority, vtime FROM scraping.tenant_vtimes"
+                " WHERE tenant_id IN (:a, :b) ORDER BY priority, 1"
+            ),
+            {"a": batcher.id, "b": single.id},
+        ).all()
+    for one, batch in zip(vtimes[0::2], vtimes[1::2], strict=True):
+        assert abs(one.vtime - batch.vtime) < 1e-9, vtimes

@@ -7,20 +7,36 @@
 -- last finish tag or the class clock (the largest tag picked), whichever is later; the
 -- finish tag then grows by 1/weight. Concurrent intake of one tenant into one class
 -- serialises on its tenant_vtimes row, nothing else.
-CREATE OR REPLACE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
+--
+-- scraping.take_fair_tags reserves p_count consecutive tags at once and returns the first
+-- (the k-th job of the run gets first + k/weight): a batch pays one upsert per class, not
+-- one per job (migration 0018). A job inserted with its tag given (insert_jobs) is left as
+-- it is; every other insert, and every requeue, takes one tag here.
+CREATE OR REPLACE FUNCTION scraping.take_fair_tags(
+    p_tenant_id uuid, p_priority text, p_count integer
+) RETURNS double precision
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_step double precision;
     v_clock double precision;
+    v_first double precision;
 BEGIN
-    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = NEW.tenant_id;
+    SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = p_tenant_id;
     SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
-    WHERE c.priority = NEW.priority;
+    WHERE c.priority = p_priority;
     INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
-    VALUES (NEW.priority, NEW.tenant_id, v_clock + v_step)
+    VALUES (p_priority, p_tenant_id, v_clock + p_count * v_step)
     ON CONFLICT (priority, tenant_id) DO UPDATE
-    SET vtime = greatest(v.vtime, v_clock) + v_step
-    RETURNING v.vtime - v_step INTO NEW.fair_tag;
+    SET vtime = greatest(v.vtime, v_clock) + p_count * v_step
+    RETURNING v.vtime - p_count * v_step INTO v_first;
+    RETURN v_first;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    NEW.fair_tag := scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1);
     RETURN NEW;
 END
 $fn$;
@@ -36,45 +52,75 @@ LANGUAGE sql AS $fn$
     WHERE q.domain = p_domain AND q.priority = p_priority;
 $fn$;
 
--- After a job's status changes: a job entering the queue is announced to its (domain,
--- class) queue (made, its head lowered, or woken early when it waited for a due job); a
--- job leaving `running` frees a connection, so the domain's queues waiting for room look
--- again at the next claim.
-CREATE OR REPLACE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
+-- Jobs entering the queue are announced to their (domain, class) queue: made, its head
+-- lowered, or woken early when it waited for a later due time. p_head_tag and p_due_at are
+-- the smallest tag and due time among the jobs announced together.
+CREATE OR REPLACE FUNCTION scraping.announce_queued_jobs(
+    p_domain text, p_priority text, p_head_tag double precision, p_due_at timestamptz
+) RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_blocked timestamptz;
 BEGIN
-    IF NEW.status = 'queued' AND (TG_OP = 'INSERT' OR OLD.status <> 'queued') THEN
-        -- The common case writes nothing: a queue that already sorts at or before this
-        -- job and is not waiting for a later due time (so intake does not lock a row a
-        -- claim may be holding).
-        PERFORM 1 FROM scraping.domain_queues q
-        WHERE q.domain = NEW.domain AND q.priority = NEW.priority
-          AND q.head_tag <= NEW.fair_tag
-          AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= NEW.next_attempt_at);
-        IF NOT FOUND THEN
-            INSERT INTO scraping.domains (domain) VALUES (NEW.domain)
-            ON CONFLICT (domain) DO NOTHING;
-            SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
-            WHERE d.domain = NEW.domain AND d.blocked_until > clock_timestamp();
-            INSERT INTO scraping.domain_queues AS q
-                (domain, priority, head_tag, ready, waiting_for, wake_at)
-            SELECT NEW.domain, NEW.priority, NEW.fair_tag, s.waiting_for IS NULL,
-                   s.waiting_for, s.wake_at
-            FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
-                              WHEN NEW.next_attempt_at > clock_timestamp() THEN 'due'
-                         END AS waiting_for,
-                         coalesce(v_blocked, CASE WHEN NEW.next_attempt_at > clock_timestamp()
-                                                  THEN NEW.next_attempt_at END) AS wake_at) s
-            ON CONFLICT (domain, priority) DO UPDATE
-            SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
-                wake_at = CASE WHEN q.waiting_for = 'due'
-                               THEN least(q.wake_at, NEW.next_attempt_at)
-                               ELSE q.wake_at END;
-        END IF;
+    -- The common case writes nothing: a queue that already sorts at or before these jobs
+    -- and is not waiting for a later due time (so intake does not lock a row a claim may
+    -- be holding).
+    PERFORM 1 FROM scraping.domain_queues q
+    WHERE q.domain = p_domain AND q.priority = p_priority
+      AND q.head_tag <= p_head_tag
+      AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at);
+    IF FOUND THEN
+        RETURN;
     END IF;
-    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status <> 'running' THEN
+    INSERT INTO scraping.domains (domain) VALUES (p_domain)
+    ON CONFLICT (domain) DO NOTHING;
+    SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+    WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
+    INSERT INTO scraping.domain_queues AS q
+        (domain, priority, head_tag, ready, waiting_for, wake_at)
+    SELECT p_domain, p_priority, p_head_tag, s.waiting_for IS NULL,
+           s.waiting_for, s.wake_at
+    FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                      WHEN p_due_at > clock_timestamp() THEN 'due'
+                 END AS waiting_for,
+                 coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
+                                          THEN p_due_at END) AS wake_at) s
+    ON CONFLICT (domain, priority) DO UPDATE
+    SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+        wake_at = CASE WHEN q.waiting_for = 'due'
+                       THEN least(q.wake_at, p_due_at)
+                       ELSE q.wake_at END;
+END
+$fn$;
+
+-- After an INSERT statement: its queued jobs announced once per (domain, class), in that
+-- order (two batches sharing domains lock their queues in the same order), so a batch of
+-- 400 jobs on 50 domains makes 50 announcements, not 400 (migration 0018).
+CREATE OR REPLACE FUNCTION scraping.jobs_inserted_domain_queues() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.head_tag, a.due_at)
+    FROM (SELECT n.domain, n.priority, min(n.fair_tag) AS head_tag,
+                 min(n.next_attempt_at) AS due_at
+          FROM new_jobs n
+          WHERE n.status = 'queued'
+          GROUP BY n.domain, n.priority
+          ORDER BY n.domain, n.priority) a;
+    RETURN NULL;
+END
+$fn$;
+
+-- After a job's status changes: a job back in the queue (a retry, a requeue) is announced
+-- to its queue; a job leaving `running` frees a connection, so the domain's queues waiting
+-- for room look again at the next claim.
+CREATE OR REPLACE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.status = 'queued' AND OLD.status <> 'queued' THEN
+        PERFORM scraping.announce_queued_jobs(
+            NEW.domain, NEW.priority, NEW.fair_tag, NEW.next_attempt_at);
+    END IF;
+    IF OLD.status = 'running' AND NEW.status <> 'running' THEN
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
         WHERE q.domain = OLD.domain AND NOT q.ready AND q.waiting_for = 'room'
           AND q.wake_at > clock_timestamp()
