@@ -771,3 +771,29 @@ def test_a_lease_is_stamped_when_the_claim_runs_not_when_its_transaction_began(
         ).one()
     assert (row.started_at - began).total_seconds() >= 0.3
     assert (row.lease_expires_at - row.started_at).total_seconds() == 60
+
+
+def test_a_domain_whose_row_another_claim_holds_is_passed_over_not_waited_for(
+    db_engine: Engine, make_tenant
+) -> None:
+    """A claim holding a domain's state row (it picked from that domain's other class)
+    keeps the domain: a second claim neither waits for it nor picks from it, and takes the
+    next domain instead; once the first ends the domain is claimable again."""
+    tenant, _ = make_tenant("shop")
+    held = enqueue(db_engine, tenant.id, "http://held.example/1")
+    other = enqueue(db_engine, tenant.id, "http://other.example/1")
+    with db_engine.connect() as holder:
+        holder.execute(
+            text("SELECT 1 FROM scraping.domains WHERE domain = 'held.example' FOR UPDATE")
+        )
+        with db_engine.begin() as conn:
+            # Waiting for the holder would fail here, not hang.
+            conn.execute(text("SET LOCAL lock_timeout = '5s'"))
+            got = (
+                conn.execute(text("SELECT id FROM scraping.claim_jobs('w', 2, 60, 100, 10)"))
+                .scalars()
+                .all()
+            )
+        assert got == [other]
+        holder.rollback()
+    assert [job.id for job in claim(db_engine, 2)] == [held]

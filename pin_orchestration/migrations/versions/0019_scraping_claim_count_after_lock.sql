@@ -1,0 +1,441 @@
+-- 0019: the claim's probe locks the queue first and its domain's row after it, and counts
+-- a domain's connections for the queue it locked only. In 0017 queue and domain were
+-- locked together in one join whose target list held the count: the join and the count
+-- were computed for every row the query read, the rows it then skipped as locked by
+-- another claimer included, so each claimer more made every probe of the others dearer
+-- (4 claimers moved about as many jobs as one: bench/scheduler_cases.py throughput).
+-- Same signature and behaviour.
+
+CREATE OR REPLACE FUNCTION scraping.claim_jobs(
+    p_worker text,
+    p_limit integer,
+    p_lease_seconds double precision,
+    p_default_rps double precision,
+    p_default_concurrency integer
+) RETURNS SETOF scraping.jobs
+LANGUAGE plpgsql VOLATILE
+-- Every statement here is an index probe whose plan does not depend on its values; left to
+-- choose, PL/pgSQL planned the probe afresh at every pick (with no change to write, its
+-- CTEs fold away and the custom plan looks cheaper than the generic one): ~1/3 of a claim.
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+DECLARE
+    c_name text[] := ARRAY['high', 'normal', 'low'];
+    c_step bigint[];
+    c_finish bigint[];
+    c_start bigint[];
+    c_tclock double precision[];
+    c_done boolean[] := ARRAY[false, false, false];
+    v_clock bigint;
+    ci integer;
+    n_picked integer := 0;
+    v_now timestamptz;
+    v_probe record;
+    v_qdomain text;
+    v_qhead double precision;
+    v_domain scraping.domains;
+    v_rps double precision;
+    v_concurrency integer;
+    v_tokens double precision;
+    v_running integer;
+    v_job_id uuid;
+    v_tag double precision;
+    v_next double precision;
+    v_due timestamptz;
+    n_locked integer;
+    k integer;
+    picked uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
+    -- the domains this call holds locked, and their state as this call left it: tokens
+    -- and tokens_at after its spends, rps, concurrency, pause, connections counted when
+    -- locked (without this call's picks), this call's picks
+    dc_domain text[] := '{}';
+    dc_tokens double precision[] := '{}';
+    dc_tokens_at timestamptz[] := '{}';
+    dc_rps double precision[] := '{}';
+    dc_concurrency integer[] := '{}';
+    dc_blocked timestamptz[] := '{}';
+    dc_running integer[] := '{}';
+    dc_picks integer[] := '{}';
+    -- the queue change not yet written (written by the next probe, or at the end)
+    pq_domain text;
+    pq_priority text;
+    pq_delete boolean;
+    pq_head double precision;
+    pq_ready boolean;
+    pq_waiting_for text;
+    pq_wake_at timestamptz;
+    -- the probe's exclusion and bound for the queue of that change
+    v_excluded text;
+    v_bound_head double precision;
+    v_bound_domain text;
+    -- whether this call holds a row lock yet: until it does, it may wait for one without
+    -- any risk of a deadlock (a waiter holding nothing is in no cycle)
+    v_holds_locks boolean := false;
+    v_found boolean;
+    -- domains whose state row another claim holds: left to it for the rest of this call
+    v_domains_taken text[] := '{}';
+    v_counted_now boolean;
+BEGIN
+    IF p_limit IS NULL OR p_limit <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Domain queues whose wait is over come back into the pick (a bounded batch per call;
+    -- rows another claim is waking are skipped, not waited for). The clock is read into a
+    -- variable first: compared with clock_timestamp() itself (volatile) the wake time is
+    -- no index bound, and the scan of ix_domain_queues_wake read every queue set aside.
+    -- The rows are updated by their ctids (locked here, so they stay put): joined back by
+    -- key, the generic plan hashed a sequential scan of every queue.
+    v_now := clock_timestamp();
+    UPDATE scraping.domain_queues q
+    SET ready = true, wake_at = NULL, waiting_for = NULL
+    WHERE q.ctid = ANY (ARRAY(
+        SELECT w.ctid FROM scraping.domain_queues w
+        WHERE NOT w.ready AND w.wake_at <= v_now
+        ORDER BY w.wake_at
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ));
+    v_holds_locks := FOUND;
+
+    SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
+           array_agg(vtime ORDER BY array_position(c_name, priority)),
+           array_agg(last_start ORDER BY array_position(c_name, priority)),
+           array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
+           max(last_start)
+    INTO c_step, c_finish, c_start, c_tclock, v_clock
+    FROM scraping.pick_classes;
+
+    <<picks>>
+    WHILE n_picked < p_limit LOOP
+        -- 1. the class with the smallest start tag (ties: the higher class)
+        ci := NULL;
+        FOR k2 IN 1..3 LOOP
+            CONTINUE WHEN c_done[k2];
+            IF ci IS NULL OR greatest(c_finish[k2], v_clock) < greatest(c_finish[ci], v_clock)
+            THEN
+                ci := k2;
+            END IF;
+        END LOOP;
+        EXIT picks WHEN ci IS NULL;
+
+        <<domains>>
+        LOOP
+            -- 2. the class's domain queue with the smallest head tag. The queue of the
+            -- change not yet written is left out; when it is of this class and stays in
+            -- the pick, it is the pick unless the probe finds a queue before its new head.
+            v_excluded := '';
+            v_bound_head := 'Infinity';
+            v_bound_domain := '';
+            IF pq_priority = c_name[ci] THEN
+                v_excluded := pq_domain;
+                IF pq_ready THEN
+                    v_bound_head := pq_head;
+                    v_bound_domain := pq_domain;
+                END IF;
+            END IF;
+            WITH write_change AS (
+                UPDATE scraping.domain_queues q
+                SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
+                    wake_at = pq_wake_at
+                WHERE q.domain = pq_domain AND q.priority = pq_priority AND NOT pq_delete
+            ), delete_queue AS (
+                DELETE FROM scraping.domain_queues q
+                WHERE q.domain = pq_domain AND q.priority = pq_priority AND pq_delete
+            )
+            -- The queue is locked first and its domain's row after it (LATERAL): a queue
+            -- another claimer holds is passed over at the cost of its own row, and the
+            -- connections are counted for the queue locked only. (Locked together in one
+            -- join, 0017, every queue passed over cost a domains lookup and a count too,
+            -- so each claimer more made every probe of the others dearer: 0019.) A queue
+            -- whose domain row another claim holds (its other class) is left to it for
+            -- the rest of this call.
+            SELECT q1.domain, q1.head_tag, dd.domain IS NOT NULL AS domain_locked,
+                   dd.tokens, dd.tokens_at, dd.blocked_until, dd.rps, dd.concurrency,
+                   CASE WHEN dd.domain IS NOT NULL AND q1.domain <> ALL (dc_domain) THEN
+                       (SELECT count(*) FROM scraping.jobs j
+                        WHERE j.status = 'running' AND j.domain = q1.domain)
+                       + (SELECT count(*) FROM scraping.redirect_slots s
+                          WHERE s.domain = q1.domain AND s.expires_at > clock_timestamp())
+                   END AS running,
+                   dd.locked_ctid = (SELECT d2.ctid FROM scraping.domains d2
+                                     WHERE d2.domain = q1.domain) AS counted_under_lock
+            INTO v_probe
+            FROM (
+                SELECT q.domain, q.head_tag
+                FROM scraping.domain_queues q
+                WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> v_excluded
+                  AND q.domain <> ALL (v_domains_taken)
+                  AND (q.head_tag, q.domain) < (v_bound_head, v_bound_domain)
+                ORDER BY q.head_tag, q.domain
+                LIMIT 1
+                FOR UPDATE OF q SKIP LOCKED
+            ) q1
+            LEFT JOIN LATERAL (
+                SELECT d.domain, d.tokens, d.tokens_at, d.blocked_until, d.rps,
+                       d.concurrency, d.ctid AS locked_ctid
+                FROM scraping.domains d
+                WHERE d.domain = q1.domain
+                FOR UPDATE SKIP LOCKED
+            ) dd ON true;
+            v_found := FOUND;
+            -- the change is written
+            pq_domain := NULL;
+            pq_priority := NULL;
+            IF v_found AND NOT v_probe.domain_locked THEN
+                v_holds_locks := true;
+                v_domains_taken := v_domains_taken || v_probe.domain;
+                CONTINUE domains;
+            ELSIF v_found THEN
+                v_qdomain := v_probe.domain;
+                v_qhead := v_probe.head_tag;
+            ELSIF v_bound_domain <> '' THEN
+                -- the queue just picked from is still the first: its row and its domain's
+                -- are this call's already
+                v_qdomain := v_bound_domain;
+                v_qhead := v_bound_head;
+            ELSIF NOT v_holds_locks THEN
+                -- Every queue with room is being picked from by other claims (one busy
+                -- site): wait for the first of them rather than answer "nothing to do",
+                -- then probe again (its domain's row is still taken SKIP LOCKED).
+                PERFORM 1 FROM scraping.domain_queues q
+                WHERE q.priority = c_name[ci] AND q.ready
+                ORDER BY q.head_tag, q.domain
+                LIMIT 1
+                FOR UPDATE;
+                IF FOUND THEN
+                    v_holds_locks := true;
+                    CONTINUE domains;
+                END IF;
+                -- nothing of this class to wait for: it is done, and this claim may still
+                -- wait for another class's queue
+                c_done[ci] := true;
+                CONTINUE picks;
+            ELSE
+                c_done[ci] := true;
+                CONTINUE picks;
+            END IF;
+            v_holds_locks := true;
+            v_now := clock_timestamp();
+
+            k := array_position(dc_domain, v_qdomain);
+            v_counted_now := k IS NULL;
+            IF k IS NULL THEN
+                IF v_probe.counted_under_lock IS NOT TRUE THEN
+                    -- another claim committed on this domain after the probe's snapshot
+                    SELECT (SELECT count(*) FROM scraping.jobs j
+                            WHERE j.status = 'running' AND j.domain = v_qdomain)
+                         + (SELECT count(*) FROM scraping.redirect_slots s
+                            WHERE s.domain = v_qdomain AND s.expires_at > v_now)
+                    INTO v_running;
+                ELSE
+                    v_running := v_probe.running;
+                END IF;
+                dc_domain := dc_domain || v_qdomain;
+                dc_tokens := dc_tokens || v_probe.tokens;
+                dc_tokens_at := dc_tokens_at || v_probe.tokens_at;
+                dc_rps := dc_rps || coalesce(v_probe.rps, p_default_rps);
+                dc_concurrency := dc_concurrency
+                    || coalesce(v_probe.concurrency, p_default_concurrency);
+                dc_blocked := dc_blocked || v_probe.blocked_until;
+                dc_running := dc_running || v_running;
+                dc_picks := dc_picks || 0;
+                k := cardinality(dc_domain);
+            END IF;
+
+            -- 3. room: no pause, a token in the bucket, a free connection
+            IF dc_blocked[k] > v_now THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_qhead;
+                pq_ready := false;
+                pq_waiting_for := 'room';
+                pq_wake_at := dc_blocked[k];
+                CONTINUE domains;
+            END IF;
+            v_rps := dc_rps[k];
+            v_concurrency := dc_concurrency[k];
+            v_domain.tokens := dc_tokens[k];
+            v_domain.tokens_at := dc_tokens_at[k];
+            v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
+            IF v_tokens < 1 THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_qhead;
+                pq_ready := false;
+                pq_waiting_for := 'room';
+                pq_wake_at := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
+                CONTINUE domains;
+            END IF;
+            -- connections: its running jobs, this call's picks, and redirect hops of
+            -- other domains' jobs to it (scraping.take_redirect_slot)
+            IF NOT v_counted_now AND dc_running[k] + dc_picks[k] >= v_concurrency THEN
+                -- counted when this call locked it: a job may have finished since
+                SELECT (SELECT count(*) FROM scraping.jobs j
+                        WHERE j.status = 'running' AND j.domain = v_qdomain)
+                     + (SELECT count(*) FROM scraping.redirect_slots s
+                        WHERE s.domain = v_qdomain AND s.expires_at > v_now)
+                INTO v_running;
+                dc_running[k] := v_running;
+            END IF;
+            v_running := dc_running[k] + dc_picks[k];
+            IF v_running >= v_concurrency THEN
+                -- A finishing job wakes it (trigger jobs_domain_queue); the second is a
+                -- safety net for a finish that committed while this claim was deciding.
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_qhead;
+                pq_ready := false;
+                pq_waiting_for := 'room';
+                pq_wake_at := v_now + interval '1 second';
+                CONTINUE domains;
+            END IF;
+
+            -- 4. the domain's due job with the smallest tag, never one asked to cancel, and
+            -- the tag the queue's head has once it is picked
+            SELECT h.id, h.fair_tag,
+                   (SELECT j.fair_tag FROM scraping.jobs j
+                    WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                      AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                    ORDER BY j.fair_tag, j.id
+                    LIMIT 1)
+            INTO v_job_id, v_tag, v_next
+            FROM (
+                SELECT j.id, j.fair_tag FROM scraping.jobs j
+                WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                  AND j.status = 'queued' AND j.next_attempt_at <= v_now
+                  AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
+                ORDER BY j.fair_tag, j.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ) h;
+            IF NOT FOUND THEN
+                SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
+                WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                  AND j.status = 'queued' AND j.cancel_requested_at IS NULL
+                  AND j.id <> ALL (picked);
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                IF v_due IS NULL THEN
+                    pq_delete := true;
+                    pq_ready := false;
+                ELSE
+                    -- Not due yet, or its due jobs held by another transaction (a cancel).
+                    pq_delete := false;
+                    pq_head := v_qhead;
+                    pq_ready := false;
+                    pq_waiting_for := 'due';
+                    pq_wake_at := greatest(v_due, v_now + interval '1 second');
+                END IF;
+                CONTINUE domains;
+            END IF;
+
+            -- The pick: spend the domain's token and connection (written at the end),
+            -- advance both clocks. The jobs are claimed together at the end, each stamped
+            -- with its pick's moment.
+            picked := picked || v_job_id;
+            picked_at := picked_at || v_now;
+            n_picked := n_picked + 1;
+            v_tokens := v_tokens - 1;
+            dc_tokens[k] := v_tokens;
+            dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
+            dc_picks[k] := dc_picks[k] + 1;
+
+            IF v_next IS NULL THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := true;
+                pq_ready := false;
+            ELSIF v_tokens < 1 THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_next;
+                pq_ready := false;
+                pq_waiting_for := 'room';
+                pq_wake_at := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
+            ELSIF v_running + 1 >= v_concurrency THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_next;
+                pq_ready := false;
+                pq_waiting_for := 'room';
+                pq_wake_at := v_now + interval '1 second';
+            ELSIF v_next <> v_qhead THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := v_next;
+                pq_ready := true;
+                pq_waiting_for := NULL;
+                pq_wake_at := NULL;
+            END IF;
+
+            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
+            v_clock := greatest(c_finish[ci], v_clock);
+            c_start[ci] := v_clock;
+            c_finish[ci] := v_clock + c_step[ci];
+            CONTINUE picks;
+        END LOOP domains;
+    END LOOP picks;
+
+    -- the last queue change, and the token spends of every domain picked from
+    IF pq_domain IS NOT NULL THEN
+        IF pq_delete THEN
+            DELETE FROM scraping.domain_queues q
+            WHERE q.domain = pq_domain AND q.priority = pq_priority;
+        ELSE
+            UPDATE scraping.domain_queues q
+            SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
+                wake_at = pq_wake_at
+            WHERE q.domain = pq_domain AND q.priority = pq_priority;
+        END IF;
+    END IF;
+    IF n_picked = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE scraping.domains d
+    SET tokens = u.tokens, tokens_at = greatest(u.tokens_at, d.tokens_at)
+    FROM unnest(dc_domain, dc_tokens, dc_tokens_at, dc_picks)
+        AS u(domain, tokens, tokens_at, picks)
+    WHERE d.domain = u.domain AND u.picks > 0;
+
+    -- The class state, unless another claim is writing it right now: then its write
+    -- stands (both continued the sequence from the same state), and this claim never
+    -- waits. All three rows or none, so the state stays one point of the sequence.
+    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
+    GET DIAGNOSTICS n_locked = ROW_COUNT;
+    IF n_locked = 3 THEN
+        UPDATE scraping.pick_classes c
+        SET vtime = c_finish[ck], last_start = c_start[ck],
+            tenant_clock = greatest(c.tenant_clock, c_tclock[ck])
+        FROM generate_subscripts(c_name, 1) AS ck
+        WHERE c.priority = c_name[ck];
+    END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE scraping.jobs j
+        SET status = 'running',
+            attempts = j.attempts + 1,
+            lease_owner = p_worker,
+            lease_expires_at = p.at + make_interval(secs => p_lease_seconds),
+            started_at = coalesce(j.started_at, p.at),
+            updated_at = p.at
+        FROM unnest(picked, picked_at) AS p(id, at)
+        WHERE j.id = p.id
+        RETURNING j.*
+    ), attempt AS (
+        INSERT INTO scraping.job_attempts (job_id, number, worker, started_at)
+        SELECT c.id, c.attempts, p_worker, c.updated_at FROM claimed c
+    )
+    SELECT c.* FROM claimed c
+    JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
+    ORDER BY p.o;
+END
+$fn$;
