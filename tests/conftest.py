@@ -36,6 +36,40 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The two files whose single tests run for minutes (`--durations` on a quiet fresh clone:
+# 256 s and 221 s), each loading the machine with a stack of processes. They run first and
+# on one worker, one after the other: `--dist loadfile` hands files out in collection order,
+# and its default reordering by test count (off in pyproject.toml) put these one-test files
+# last, where they ran side by side, alone, for the suite's last five minutes.
+MINUTES_LONG_FILES = ("tests/faults/test_quick_suite.py", "tests/test_devstack.py")
+# Then the files of about a minute each, so no worker is left with one at the end.
+MINUTE_LONG_FILES = (
+    "tests/news_reconcile/test_guards.py",
+    "tests/faults/test_recalc_faults.py",
+    "tests/faults/test_scraping_faults.py",
+    "tests/faults/test_locks_faults.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: n for n, path in enumerate(MINUTES_LONG_FILES + MINUTE_LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class MinutesLongFilesOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return MINUTES_LONG_FILES[0] if scope in MINUTES_LONG_FILES else scope
+
+    return MinutesLongFilesOnOneWorker(config, log)
+
+
 # Checks every event a test publishes against contracts/events (issue 12); fails the
 # session naming any process it started that is still alive at its end (issue 20).
 pytest_plugins = ("tests.contracts.plugin", "tests.leftover_processes")
