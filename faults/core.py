@@ -116,8 +116,7 @@ class FaultContext:
     @staticmethod
     def sigkill(child: subprocess.Popen[bytes]) -> None:
         """SIGKILL the child and everything in its process group (no cleanup runs)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _killpg_unless_reaped(child)
         child.wait()
 
     @staticmethod
@@ -133,8 +132,7 @@ class FaultContext:
         for process in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _killpg_unless_reaped(child)
         child.wait()
         psutil.wait_procs(tree, timeout=10)
         return len(tree) + 1
@@ -144,6 +142,25 @@ class FaultContext:
             if child.poll() is None:
                 self.sigkill_tree(child)
         self._children.clear()
+
+
+def _killpg_unless_reaped(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group. Once the child is reaped (by a thread waiting on
+    it) and its group is empty, the group's number may be another process's by now (PIDs
+    wrap at 32768 here) and killpg would kill that one: then nothing is sent. A group with
+    members left keeps its number, so those are still killed."""
+    import psutil
+
+    if child.poll() is not None:
+        members = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(process.pid) == child.pid:
+                    members.append(process)
+        if not members:
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
 
 
 def wait_until(

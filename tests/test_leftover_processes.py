@@ -22,12 +22,14 @@ from pathlib import Path
 
 
 def test_leaves_a_process_behind(tmp_path: Path) -> None:
-    # A grandchild in its own session, re-parented to init once its parent exits: not a
-    # descendant of the session any more, only its inherited marker tells.
+    # A grandchild re-parented to init once its parent exits: not a descendant of the
+    # session any more, only its inherited marker tells. (Not in a session of its own: a
+    # group leader's number is what a stale os.killpg elsewhere in a parallel suite, its
+    # child's PID reused, would hit; this one stays in the suite's process group.)
     subprocess.run(
         [sys.executable, "-c",
-         "import subprocess, sys; p = subprocess.Popen(['sleep', '{seconds}'], "
-         "start_new_session=True); print(p.pid)"],
+         "import subprocess, sys; p = subprocess.Popen(['sleep', '{seconds}']); "
+         "print(p.pid)"],
         check=True, stdout=open(Path("{pid_file}"), "w"),
     )
 """
@@ -72,7 +74,11 @@ def test_a_leaked_process_fails_the_session_naming_it_and_is_killed(tmp_path: Pa
     run = _session(tmp_path, LEAKING_TEST.format(seconds=4321, pid_file=pid_file))
     leaked = int(pid_file.read_text())
     try:
-        assert run.returncode == 1, run.stdout + run.stderr
+        assert run.returncode == 1, (
+            f"leaked pid {leaked} alive now: {psutil.pid_exists(leaked)}\n"
+            + run.stdout
+            + run.stderr
+        )
         assert f"pid {leaked}: sleep 4321" in run.stdout, run.stdout
         assert "1 passed, 1 leaked" in run.stdout, run.stdout
         # The check leaves nothing behind itself.
