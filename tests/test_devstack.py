@@ -288,7 +288,7 @@ def test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly(
         assert children, "dagster dev should be running under pin up"
     finally:
         # SIGINT to the PID alone (Ctrl-C of a service manager); SIGTERM takes the same path.
-        os.kill(stack.pid, signal.SIGINT)
+        stack.send_signal(signal.SIGINT)  # not sent once pin up is reaped: its PID may be reused
         stack.wait(timeout=120)
         output.close()
     gone, alive = psutil.wait_procs(children, timeout=60)
