@@ -44,19 +44,20 @@ WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
 -- request or an earlier job of the batch, yields no row; the caller reads the winner). The
 -- fair tags are reserved a run per class (scraping.take_fair_tags, classes in name order:
 -- the lock order of the tenant's tenant_vtimes rows), the k-th job of a class taking the
--- first + k/weight, as k jobs submitted one by one would; the domain queues come from the
+-- run's k-th tag, as k jobs submitted one by one would; the domain queues come from the
 -- insert's statement trigger. Rows in the batch's order.
 WITH batch AS (
-    SELECT j.*, row_number() OVER (PARTITION BY j.priority ORDER BY j.ord) - 1 AS k
+    SELECT j.*, (row_number() OVER (PARTITION BY j.priority ORDER BY j.ord) - 1)::integer AS k
     FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
         ord integer, id uuid, url text, domain text, params jsonb, priority text,
         callback_url text, idempotency_key text
     )
 ),
 tags AS MATERIALIZED (
-    SELECT c.priority, scraping.take_fair_tags(:tenant_id, c.priority, c.jobs) AS first_tag
+    SELECT c.priority, t.k, t.fair_tag
     FROM (SELECT b.priority, count(*)::integer AS jobs FROM batch b
-          GROUP BY b.priority ORDER BY b.priority) c
+          GROUP BY b.priority ORDER BY b.priority) c,
+         LATERAL scraping.take_fair_tags(:tenant_id, c.priority, c.jobs) t
 )
 INSERT INTO scraping.jobs (
     id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
@@ -64,10 +65,9 @@ INSERT INTO scraping.jobs (
 )
 SELECT b.id, :tenant_id, b.url, b.domain, b.params, b.priority, b.callback_url,
        b.idempotency_key, scraping.request_sha256(b.url, b.params, b.priority, b.callback_url),
-       t.first_tag + b.k / w.weight
+       t.fair_tag
 FROM batch b
-JOIN tags t ON t.priority = b.priority
-CROSS JOIN (SELECT weight FROM scraping.tenants WHERE id = :tenant_id) w
+JOIN tags t ON t.priority = b.priority AND t.k = b.k
 ORDER BY b.ord
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, status

@@ -10,7 +10,7 @@
 
 CREATE OR REPLACE FUNCTION scraping.take_fair_tags(
     p_tenant_id uuid, p_priority text, p_count integer
-) RETURNS double precision
+) RETURNS TABLE (k integer, fair_tag double precision)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_step double precision;
@@ -25,14 +25,15 @@ BEGIN
     ON CONFLICT (priority, tenant_id) DO UPDATE
     SET vtime = greatest(v.vtime, v_clock) + p_count * v_step
     RETURNING v.vtime - p_count * v_step INTO v_first;
-    RETURN v_first;
+    RETURN QUERY SELECT g, v_first + g * v_step FROM generate_series(0, p_count - 1) AS g;
 END
 $fn$;
 
 CREATE OR REPLACE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    NEW.fair_tag := scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1);
+    SELECT t.fair_tag INTO NEW.fair_tag
+    FROM scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1) t;
     RETURN NEW;
 END
 $fn$;

@@ -8,13 +8,13 @@
 -- finish tag then grows by 1/weight. Concurrent intake of one tenant into one class
 -- serialises on its tenant_vtimes row, nothing else.
 --
--- scraping.take_fair_tags reserves p_count consecutive tags at once and returns the first
--- (the k-th job of the run gets first + k/weight): a batch pays one upsert per class, not
+-- scraping.take_fair_tags reserves p_count consecutive tags at once and returns them,
+-- numbered from 0 (the k-th is first + k/weight): a batch pays one upsert per class, not
 -- one per job (migration 0018). A job inserted with its tag given (insert_jobs) is left as
 -- it is; every other insert, and every requeue, takes one tag here.
 CREATE OR REPLACE FUNCTION scraping.take_fair_tags(
     p_tenant_id uuid, p_priority text, p_count integer
-) RETURNS double precision
+) RETURNS TABLE (k integer, fair_tag double precision)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_step double precision;
@@ -29,14 +29,15 @@ BEGIN
     ON CONFLICT (priority, tenant_id) DO UPDATE
     SET vtime = greatest(v.vtime, v_clock) + p_count * v_step
     RETURNING v.vtime - p_count * v_step INTO v_first;
-    RETURN v_first;
+    RETURN QUERY SELECT g, v_first + g * v_step FROM generate_series(0, p_count - 1) AS g;
 END
 $fn$;
 
 CREATE OR REPLACE FUNCTION scraping.jobs_fair_tag() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    NEW.fair_tag := scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1);
+    SELECT t.fair_tag INTO NEW.fair_tag
+    FROM scraping.take_fair_tags(NEW.tenant_id, NEW.priority, 1) t;
     RETURN NEW;
 END
 $fn$;
