@@ -16,6 +16,8 @@ job's run counters. Invariants:
 - `one_call_at_a_time`: a snapshot's calls never overlap — a claim leases its row for the
   call's whole timeout, so a second claim while a call is in flight is a duplicate the
   design promises not to make.
+- `one_claim_per_attempt`: every claim stamp raises the row's attempts by one (a trigger
+  logs each stamp): two claimers never stamp one attempt, even when both read the row.
 
 Run as `python -m faults.scenarios.detach URL SELECTIONS_URL MODE
 [CLOCK_FILE]` it is one runner: MODE `locked` is `pin detach run`'s run_detach_retry with
@@ -42,7 +44,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
 
 from faults.clock import JumpingClock
 from faults.core import FaultContext, Outcome, scenario, wait_until
@@ -68,8 +70,6 @@ RUN_OPTIONS = {
     "max_run_duration_seconds": 60.0,
 }
 SETTLE_TIMEOUT_SECONDS = 90.0
-# The advisory lock the overlapping runners wait on before their first claim.
-START_LINE = 11_001
 
 _DONE_LOG = """
 CREATE TABLE public.faults_done_log (snapshot_id uuid NOT NULL, done_at timestamptz NOT NULL);
@@ -81,6 +81,18 @@ END $$;
 CREATE TRIGGER faults_done AFTER UPDATE OF status ON news.snapshot_detach_outbox
 FOR EACH ROW WHEN (NEW.status = 'Done' AND OLD.status <> 'Done')
 EXECUTE FUNCTION public.faults_log_done();
+CREATE TABLE public.faults_claim_log (
+    id uuid NOT NULL, old_attempts integer NOT NULL, new_attempts integer NOT NULL
+);
+CREATE FUNCTION public.faults_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.faults_claim_log VALUES (NEW.id, OLD.attempts, NEW.attempts);
+    RETURN NEW;
+END $$;
+-- The claim stamp (queries.sql mark_claimed) is the one statement that sets a lease.
+CREATE TRIGGER faults_claim AFTER UPDATE ON news.snapshot_detach_outbox
+FOR EACH ROW WHEN (strpos(current_query(), 'lease_seconds') > 0)
+EXECUTE FUNCTION public.faults_log_claim();
 """
 
 
@@ -290,6 +302,12 @@ def check_invariants(world: Detach, outcome: Outcome) -> None:
             str(s): t.timestamp()
             for s, t in conn.execute(text("SELECT snapshot_id, done_at FROM faults_done_log"))
         }
+        restamped = conn.execute(
+            text(
+                "SELECT id, old_attempts, new_attempts FROM faults_claim_log "
+                "WHERE new_attempts <> old_attempts + 1"
+            )
+        ).all()
     outcome.operations = len(calls)
     by_snapshot: dict[str, list[Call]] = defaultdict(list)
     for call in sorted(calls, key=lambda c: c.arrived):
@@ -343,6 +361,12 @@ def check_invariants(world: Detach, outcome: Outcome) -> None:
         "one_call_at_a_time",
         not overlapping,
         f"{len(overlapping)} overlapping calls for one snapshot: {overlapping[:3]}",
+    )
+    outcome.check(
+        "one_claim_per_attempt",
+        not restamped,
+        f"{len(restamped)} claim stamps that did not raise attempts by one (a second claim "
+        f"of one attempt): {[f'{r.id} {r.old_attempts}->{r.new_attempts}' for r in restamped[:3]]}",
     )
     log_summary = f"{len(quarantined)} Quarantined (by max_attempts={MAX_ATTEMPTS})"
     (world.ctx.workdir / "summary.txt").write_text(log_summary + "\n")
@@ -497,20 +521,27 @@ def clock_jumps(ctx: FaultContext) -> Outcome:
 
 @scenario("detach-parallel-runners", job="detach", fault="two runners overlap, SIGKILLed")
 def parallel_runners(ctx: FaultContext) -> Outcome:
+    """Two runners drain without the job's lock (a failover: the old run lost its lock and
+    goes on). Their first claims are lined up at a gate so both read the same due rows
+    before either stamps them — the case mark_claimed's stamp condition is for — then
+    they race on, and one or the other is SIGKILLed now and then."""
     outcome = Outcome(job="detach", fault="two runners overlap, SIGKILLed")
     with detach_world(ctx, ctx.scale(80, 400)) as world:
-        start_line = _hold_start_line(world.engine)
-        pair = [world.ticks(runner="unlocked"), world.ticks(runner="unlocked")]
-        _release_start_line(start_line, len(pair))
-        for _ in range(ctx.scale(1, 6)):
-            world.wait_for_calls(time.time() - 0.5, "detaches by the overlapping runners")
-            time.sleep(ctx.rng.uniform(0.0, 0.4))
-            killed_at = time.time()
-            if not ctx.rng.choice(pair).kill_current():
-                continue
-            if not world.recovered(outcome, killed_at, "a detach after a runner was killed"):
-                break
+        pair: list[Ticks] = []
         try:
+            with _claim_gate(world.engine) as stamps_waiting:
+                pair.append(world.ticks(runner="unlocked"))
+                stamps_waiting(1)
+                pair.append(world.ticks(runner="unlocked"))
+                stamps_waiting(2)
+            for _ in range(ctx.scale(1, 6)):
+                world.wait_for_calls(time.time() - 0.5, "detaches by the overlapping runners")
+                time.sleep(ctx.rng.uniform(0.0, 0.4))
+                killed_at = time.time()
+                if not ctx.rng.choice(pair).kill_current():
+                    continue
+                if not world.recovered(outcome, killed_at, "a detach after a runner was killed"):
+                    break
             world.wait_settled()
         finally:
             for ticks in pair:
@@ -519,29 +550,35 @@ def parallel_runners(ctx: FaultContext) -> Outcome:
     return outcome
 
 
-def _hold_start_line(engine: Engine) -> Connection:
+@contextmanager
+def _claim_gate(engine: Engine) -> Iterator[Callable[[int], None]]:
+    """Hold the outbox in SHARE mode: lock_due (FOR UPDATE, a ROW SHARE lock) still reads
+    and ends, but mark_claimed (an UPDATE, ROW EXCLUSIVE) waits here. The caller starts
+    one runner, waits (`stamps_waiting(1)`) until its stamp waits — its rows read, their
+    row locks gone with its autocommit statement — starts the second, which then reads
+    the same oldest due rows, waits for two stamps, and leaving the block lets both stamp
+    at once."""
     conn = engine.connect()
-    conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": START_LINE})
-    conn.commit()
-    return conn
+    conn.execute(text("LOCK TABLE news.snapshot_detach_outbox IN SHARE MODE"))
 
-
-def _release_start_line(conn: Connection, runners: int) -> None:
-    """Once `runners` wait at the start line, let them go at once: two runners of one
-    tick (a failover) claim in the same instant, the case the claim's row lock is for."""
-
-    def waiting() -> bool:
-        query = text(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :k "
-            "AND NOT granted"
+    def stamps_waiting(count: int) -> None:
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+            "WHERE NOT l.granted AND l.relation = 'news.snapshot_detach_outbox'::regclass "
+            "AND strpos(a.query, 'lease_seconds') > 0"
         )
-        return conn.execute(query, {"k": START_LINE}).scalar_one() >= runners
+
+        # Read on the engine: the gate's own connection is inside its transaction.
+        def stamps() -> bool:
+            with engine.connect() as probe:
+                return probe.execute(waiting).scalar_one() >= count
+
+        wait_until(stamps, timeout=60, every=0.02, what=f"{count} claim stamps at the gate")
 
     try:
-        wait_until(waiting, timeout=30, every=0.02, what="runners at the start line")
-        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": START_LINE})
-        conn.commit()
+        yield stamps_waiting
     finally:
+        conn.rollback()
         conn.close()
 
 
@@ -565,11 +602,7 @@ def run_runner(database_url: str, selections_url: str, mode: str, clock_file: st
         holder = f"faults-{uuid.uuid4().hex[:8]}"
         run_detach_retry(engine, client, options, run_id=holder, holder=holder)
         return
-    # Unlocked: wait at the start line (see _start_together), then drain until nothing
-    # is Pending (retries wait out their backoff meanwhile).
-    with engine.connect() as conn:
-        conn.execute(text("SELECT pg_advisory_lock_shared(:k)"), {"k": START_LINE})
-        conn.execute(text("SELECT pg_advisory_unlock_shared(:k)"), {"k": START_LINE})
+    # Unlocked: drain until nothing is Pending (retries wait out their backoff meanwhile).
     while _pending(engine) != 0:
         drain(engine, client, options)
         time.sleep(0.1)  # a tick's interval, not a wait for a condition
