@@ -44,9 +44,7 @@ def test_a_clean_stop_leaves_nothing_to_clear(tmp_path: Path) -> None:
 def test_survivors_of_a_dead_stack_are_killed(tmp_path: Path) -> None:
     survivor = _sleeper("dagster-dev-survivor")
     try:
-        (tmp_path / PIDS_FILE).write_text(
-            json.dumps({"pin_up": _dead_pid(), "dagster_dev": survivor.pid})
-        )
+        record_stack(tmp_path, pin_up_pid=_dead_pid(), dagster_dev_pid=survivor.pid)
         assert clear_previous_stack(tmp_path) is True
         survivor.wait(timeout=10)  # psutil reaped it already: gone is what counts
         assert not psutil.pid_exists(survivor.pid)
@@ -57,10 +55,45 @@ def test_survivors_of_a_dead_stack_are_killed(tmp_path: Path) -> None:
 def test_a_live_stack_is_not_started_beside(tmp_path: Path) -> None:
     live = _sleeper("pin-up-live")
     try:
-        (tmp_path / PIDS_FILE).write_text(json.dumps({"pin_up": live.pid, "dagster_dev": 0}))
+        record_stack(tmp_path, pin_up_pid=live.pid, dagster_dev_pid=_dead_pid())
         with pytest.raises(StackAlreadyRunning, match="already running"):
             clear_previous_stack(tmp_path)
         assert live.poll() is None
+    finally:
+        live.kill()
+
+
+def test_a_recycled_pid_is_neither_refused_nor_killed(tmp_path: Path) -> None:
+    """PIDs wrap (32,768 on this machine's kernel): the numbers a dead stack recorded may
+    now be another process whose command line also names pin or dagster — a test's, or
+    another stack's. Only the process that was recorded (its start time) is the stack's."""
+    stranger = _sleeper("pin-up-stranger")
+    try:
+        started = psutil.Process(stranger.pid).create_time()
+        (tmp_path / PIDS_FILE).write_text(
+            json.dumps(
+                {
+                    "pin_up": stranger.pid,
+                    "pin_up_started": started - 100,
+                    "dagster_dev": stranger.pid,
+                    "dagster_dev_started": started - 100,
+                }
+            )
+        )
+        assert clear_previous_stack(tmp_path) is True
+        assert stranger.poll() is None, "the process now holding a recorded PID was killed"
+    finally:
+        stranger.kill()
+
+
+def test_a_pids_file_of_an_earlier_version_is_still_read(tmp_path: Path) -> None:
+    """A pids file without start times (written before they were recorded): a live
+    process at the pin_up PID whose command line names pin is taken as the stack."""
+    live = _sleeper("pin-up-live")
+    try:
+        (tmp_path / PIDS_FILE).write_text(json.dumps({"pin_up": live.pid, "dagster_dev": 0}))
+        with pytest.raises(StackAlreadyRunning, match="already running"):
+            clear_previous_stack(tmp_path)
     finally:
         live.kill()
 

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import psutil
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
@@ -25,6 +26,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 log = logging.getLogger(__name__)
 
 PIDS_FILE = "pin-up.pids"
+START_TIME_SLACK_SECONDS = 0.01
 # Statuses in which a run needs a live worker of the stack that launched it. QUEUED runs
 # are not here: the new daemon's coordinator launches them.
 LEFT_BEHIND = [
@@ -39,15 +41,36 @@ class StackAlreadyRunning(RuntimeError):
     pass
 
 
-def _ours(pid: int | None) -> psutil.Process | None:
-    """The process `pid` if it is alive and one of ours (a recycled PID is not)."""
+def _started(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), or None if it is gone."""
+    if not pid:
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _ours(pids: dict[str, Any], name: str) -> psutil.Process | None:
+    """The process recorded as `name` if it is still that process: alive, started when it
+    was recorded (PIDs wrap, so the number alone may now be another process — a test's,
+    another stack's) and naming pin or dagster. A file of an earlier version has no start
+    time; the command line is all there is to go on then."""
+    pid = pids.get(name)
     if not pid:
         return None
     try:
         process = psutil.Process(pid)
         command = " ".join(process.cmdline())
+        started = process.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+    if f"{name}_started" in pids:
+        recorded = pids[f"{name}_started"]
+        # create_time is derived from clock ticks since boot: the same process always
+        # gives the same value; a tick (10 ms) of slack covers the float's rounding.
+        if recorded is None or abs(started - recorded) > START_TIME_SLACK_SECONDS:
+            return None
     return process if ("pin" in command or "dagster" in command) else None
 
 
@@ -63,12 +86,12 @@ def clear_previous_stack(home: Path) -> bool:
         pids = json.loads(path.read_text())
     except ValueError:
         pids = {}
-    if _ours(pids.get("pin_up")) is not None and pids.get("pin_up") != os.getpid():
+    if _ours(pids, "pin_up") is not None and pids.get("pin_up") != os.getpid():
         raise StackAlreadyRunning(
             f"pin up is already running on {home} (pid {pids['pin_up']}); stop it first, "
             f"or set PIN_HOME to run another stack"
         )
-    survivor = _ours(pids.get("dagster_dev"))
+    survivor = _ours(pids, "dagster_dev")
     if survivor is not None:
         tree = [survivor, *survivor.children(recursive=True)]
         log.warning(
@@ -84,9 +107,19 @@ def clear_previous_stack(home: Path) -> bool:
     return True
 
 
-def record_stack(home: Path, *, dagster_dev_pid: int) -> None:
+def record_stack(home: Path, *, dagster_dev_pid: int, pin_up_pid: int | None = None) -> None:
+    """Write down this stack's processes (pin up: this process unless `pin_up_pid`) with
+    their start times, which tell them from later processes given the same PIDs."""
+    pin_up = os.getpid() if pin_up_pid is None else pin_up_pid
     (home / PIDS_FILE).write_text(
-        json.dumps({"pin_up": os.getpid(), "dagster_dev": dagster_dev_pid})
+        json.dumps(
+            {
+                "pin_up": pin_up,
+                "pin_up_started": _started(pin_up),
+                "dagster_dev": dagster_dev_pid,
+                "dagster_dev_started": _started(dagster_dev_pid),
+            }
+        )
     )
 
 

@@ -4,14 +4,13 @@ traceback."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from pin_orchestration.devstack.stack_recovery import PIDS_FILE
+from pin_orchestration.devstack.stack_recovery import record_stack
 from tests.test_cli import pin
 
 
@@ -47,7 +46,7 @@ def test_a_second_pin_up_beside_a_live_one_is_one_line(db_url: str, tmp_path: Pa
         stdin=subprocess.PIPE,
     )
     try:
-        (home / PIDS_FILE).write_text(json.dumps({"pin_up": live.pid, "dagster_dev": 0}))
+        record_stack(home, pin_up_pid=live.pid, dagster_dev_pid=0)
         result = pin("up", "--no-demo", url=db_url, home=home)
         assert_one_line_error(result, "already running", str(home), str(live.pid))
     finally:
