@@ -346,13 +346,8 @@ query($key: AssetKeyInput!) {
   }
 }
 """
+# Newest first.
 CHECK_EXECUTIONS = """
-query($key: AssetKeyInput!, $check: String!) {
-  assetCheckExecutions(assetKey: $key, checkName: $check, limit: 1) { status }
-}
-"""
-
-CHECK_EXECUTIONS_WITH_RUNS = """
 query($key: AssetKeyInput!, $check: String!) {
   assetCheckExecutions(assetKey: $key, checkName: $check, limit: 20) { runId status }
 }
@@ -369,17 +364,19 @@ def materialized_partitions(port: int, key: list[str]) -> set[str]:
     return {m["partition"] for m in asset.get("assetMaterializations", [])}
 
 
-def latest_check_status(port: int, key: list[str], check: str) -> str | None:
-    executions = graphql(port, CHECK_EXECUTIONS, {"key": {"path": key}, "check": check})[
+def check_executions(port: int, key: list[str], check: str) -> list[dict]:
+    return graphql(port, CHECK_EXECUTIONS, {"key": {"path": key}, "check": check})[
         "assetCheckExecutions"
     ]
+
+
+def latest_check_status(port: int, key: list[str], check: str) -> str | None:
+    executions = check_executions(port, key, check)
     return executions[0]["status"] if executions else None
 
 
 def check_status_in_run(port: int, key: list[str], check: str, run_id: str) -> str | None:
-    executions = graphql(port, CHECK_EXECUTIONS_WITH_RUNS, {"key": {"path": key}, "check": check})[
-        "assetCheckExecutions"
-    ]
+    executions = check_executions(port, key, check)
     return next((e["status"] for e in executions if e["runId"] == run_id), None)
 
 
