@@ -138,10 +138,14 @@ def test_stateful_runs_follow_the_links_from_post_to_get_cancel_and_attempts(
             stateful_step_count=6,
             deadline=None,
             suppress_health_check=list(HealthCheck),
+            # The same scenarios every run: which links a random run takes is chance, and
+            # a third of random seeds followed none in 80 scenarios (15 jobs accepted, no
+            # linked call after them) — CI failed on one. The fuzzing of single calls
+            # above stays random.
+            derandomize=True,
         )
     )
-    # A random id would be 404: these found the job a previous answer linked to. Which
-    # links a run takes is random; over 80 scenarios several of them always are.
+    # A random id would be 404: these found the job a previous answer linked to.
     assert len(followed) >= 2, seen
     # and the schema links POST /jobs to each of the chain's operations
     links = app.openapi()["paths"]["/jobs"]["post"]["responses"]["202"]["links"]
