@@ -167,6 +167,33 @@ class World:
             return False
         return owing == 0 and not self.feeding.is_set()
 
+    def owing(self) -> str:
+        """What `done` still waits for, for the failure message: the jobs not ended or not
+        announced (state, lease, next attempts on the database's clock), whether the feeder
+        still runs, and which of the service's loops are alive."""
+        threads = sorted(t.name for t in threading.enumerate() if t.name in SERVICE_LOOPS)
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    text(
+                        "SELECT status, attempts, webhook_attempts, "
+                        "round(extract(epoch FROM lease_expires_at - now())) AS lease_in, "
+                        "round(extract(epoch FROM next_attempt_at - now())) AS next_in, "
+                        "round(extract(epoch FROM webhook_next_attempt_at - now())) AS hook_in "
+                        "FROM scraping.jobs WHERE status NOT IN "
+                        "('succeeded', 'failed', 'cancelled') OR finish_published_at IS NULL "
+                        "ORDER BY created_at LIMIT 5"
+                    )
+                ).all()
+            jobs = "; ".join(
+                f"{r.status} attempts={r.attempts} webhook_attempts={r.webhook_attempts} "
+                f"lease_in={r.lease_in}s next_in={r.next_in}s webhook_in={r.hook_in}s"
+                for r in rows
+            )
+        except Exception as exc:  # noqa: BLE001 — a message, not a check
+            jobs = f"(not readable: {exc!r})"
+        return f"owing: {jobs or 'none'}; feeding={self.feeding.is_set()}; loops alive: {threads}"
+
 
 def _worker_env(ctx: FaultContext, url: str, s3_proxy: FaultProxy, bucket: str) -> dict[str, str]:
     missing = str(ctx.workdir / "no-aws-config")
@@ -249,6 +276,10 @@ def _world(ctx: FaultContext, *, database_via_proxy: bool = False) -> Iterator[W
             site.stop()
             receiver.close()
             s3.stop()
+
+
+# The service's loops (threads of the scenario's process), named for `World.owing`.
+SERVICE_LOOPS = ("feeder", "workers", "sweeper", "webhooks")
 
 
 def _forever(world: World, every: float, step: Callable[[], None], name: str) -> None:
@@ -362,7 +393,10 @@ def _run(
         # Faults land mid-stream: once work is flowing.
         wait_until(lambda: world.count("succeeded") > 0, timeout=60, what="a first job done")
         inject(world, outcome)
-        wait_until(world.done, timeout=120, what="every job ended and announced")
+        try:
+            wait_until(world.done, timeout=120, what="every job ended and announced")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} ({world.owing()})") from None
         world.stop.set()
         ctx.stop_children()
         check(world, outcome)
