@@ -109,13 +109,15 @@ def alert_checks(
 ) -> dict[str, bool]:
     """pin_alert_checks run once: every check's outcome, by `asset:check`."""
     monkeypatch.setenv("PIN_DATABASE_URL", db_url)
-    outcome = (
-        build_definitions()
-        .resolve_job_def("pin_alert_checks")
-        .execute_in_process(
-            run_config=run_config or {}, instance=instance or DagsterInstance.ephemeral()
+    # Resolved inside an entered instance: loading definitions reads Dagster's current
+    # defs-state storage, which an instance sets while entered; left to an earlier test's
+    # instance, since collected, it raised "undefined DagsterInstance weakref" (once, here).
+    with DagsterInstance.ephemeral() as ephemeral:
+        outcome = (
+            build_definitions()
+            .resolve_job_def("pin_alert_checks")
+            .execute_in_process(run_config=run_config or {}, instance=instance or ephemeral)
         )
-    )
     return {
         f"{e.asset_key.to_user_string()}:{e.check_name}": e.passed
         for e in outcome.get_asset_check_evaluations()
@@ -334,11 +336,12 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     demo_ids = demo_quarantined_ids(db_engine)
     assert len(demo_ids) == 2
     monkeypatch.setenv("PIN_DATABASE_URL", db_url)
-    outcome = (
-        build_definitions()
-        .resolve_job_def("pin_alert_checks")
-        .execute_in_process(instance=DagsterInstance.ephemeral())
-    )
+    with DagsterInstance.ephemeral() as instance:  # entered: see alert_checks
+        outcome = (
+            build_definitions()
+            .resolve_job_def("pin_alert_checks")
+            .execute_in_process(instance=instance)
+        )
     # What the checks tab shows (the job) and what the sensor and drains report.
     reported = [
         e for e in outcome.get_asset_check_evaluations() if e.check_name == QUARANTINE_CHECK

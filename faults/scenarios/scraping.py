@@ -142,14 +142,17 @@ class World:
         """Seconds from `fault_ended` until a job succeeds and a webhook arrives: the
         service is working again."""
         jobs, hooks = self.count("succeeded"), len(self.receiver.received)
-        wait_until(
-            lambda: (
-                (self.count("succeeded") > jobs and len(self.receiver.received) > hooks)
-                or self.done()
-            ),
-            timeout=timeout,
-            what=what,
-        )
+        try:
+            wait_until(
+                lambda: (
+                    (self.count("succeeded") > jobs and len(self.receiver.received) > hooks)
+                    or self.done()
+                ),
+                timeout=timeout,
+                what=what,
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} ({self.owing()})") from None
         return time.monotonic() - fault_ended
 
     def done(self) -> bool:
@@ -185,14 +188,37 @@ class World:
                         "ORDER BY created_at LIMIT 5"
                     )
                 ).all()
-            jobs = "; ".join(
-                f"{r.status} attempts={r.attempts} webhook_attempts={r.webhook_attempts} "
-                f"lease_in={r.lease_in}s next_in={r.next_in}s webhook_in={r.hook_in}s"
-                for r in rows
+                # The scheduler's view: a queued job is claimable only through its
+                # (domain, class) queue, and only while the domain has room.
+                queues = conn.execute(
+                    text(
+                        "SELECT q.domain, q.priority, q.ready, q.waiting_for, "
+                        "round(extract(epoch FROM q.wake_at - clock_timestamp())) AS wake_in, "
+                        "round(extract(epoch FROM d.blocked_until - clock_timestamp())) "
+                        "AS blocked_in, d.tokens "
+                        "FROM scraping.domain_queues q "
+                        "LEFT JOIN scraping.domains d ON d.domain = q.domain LIMIT 5"
+                    )
+                ).all()
+            jobs = (
+                "; ".join(
+                    f"{r.status} attempts={r.attempts} webhook_attempts={r.webhook_attempts} "
+                    f"lease_in={r.lease_in}s next_in={r.next_in}s webhook_in={r.hook_in}s"
+                    for r in rows
+                )
+                or "no job"
+            )
+            jobs += " | queues: " + (
+                "; ".join(
+                    f"{q.domain}/{q.priority} ready={q.ready} waiting_for={q.waiting_for} "
+                    f"wake_in={q.wake_in}s blocked_in={q.blocked_in}s tokens={q.tokens}"
+                    for q in queues
+                )
+                or "none"
             )
         except Exception as exc:  # noqa: BLE001 — a message, not a check
             jobs = f"(not readable: {exc!r})"
-        return f"owing: {jobs or 'none'}; feeding={self.feeding.is_set()}; loops alive: {threads}"
+        return f"owing: {jobs}; feeding={self.feeding.is_set()}; loops alive: {threads}"
 
 
 def _worker_env(ctx: FaultContext, url: str, s3_proxy: FaultProxy, bucket: str) -> dict[str, str]:
