@@ -205,12 +205,16 @@ DECLARE
     v_blocked timestamptz;
 BEGIN
     -- The common case writes nothing: a queue that already sorts at or before these jobs
-    -- and is not waiting for a later due time (so intake does not lock a row a claim may
-    -- be holding).
+    -- and is not waiting for a later due time. Read under a KEY SHARE lock: a claim
+    -- holding the queue (FOR UPDATE) may be about to delete it (it took the last job it
+    -- saw) or set it aside until a later due time, so this waits for that claim and reads
+    -- what it left; read without the lock, the jobs were announced to a queue the claim
+    -- then deleted, and were never claimed again (migration 0020).
     PERFORM 1 FROM scraping.domain_queues q
     WHERE q.domain = p_domain AND q.priority = p_priority
       AND q.head_tag <= p_head_tag
-      AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at);
+      AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at)
+    FOR KEY SHARE;
     IF FOUND THEN
         RETURN;
     END IF;

@@ -8,6 +8,7 @@ import dataclasses
 import ipaddress
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -797,3 +798,58 @@ def test_a_domain_whose_row_another_claim_holds_is_passed_over_not_waited_for(
         assert got == [other]
         holder.rollback()
     assert [job.id for job in claim(db_engine, 2)] == [held]
+
+
+def test_a_job_requeued_while_a_claim_empties_its_queue_stays_claimable(
+    db_engine: Engine, make_tenant
+) -> None:
+    """A claim that takes a queue's last queued job deletes the queue when it ends. A job of
+    that queue going back to queued meanwhile (a retry, a lease swept) must not be lost to
+    that delete: its announcement waits for the claim and then makes the queue again.
+    Before, the announcement saw the queue still there, wrote nothing, and the claim's
+    delete left the job queued in no queue: never claimed again (the quick fault suite's
+    scraping scenarios stalled on it)."""
+    tenant, _ = make_tenant("shop")
+    running, last = (enqueue(db_engine, tenant.id, f"http://one.example/{n}") for n in (1, 2))
+    assert [job.id for job in claim(db_engine, 1)] == [running]
+    requeued = threading.Event()
+
+    def requeue() -> None:
+        with db_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = 'queued', lease_owner = NULL, "
+                    "lease_expires_at = NULL, next_attempt_at = now() WHERE id = :id"
+                ),
+                {"id": running},
+            )
+        requeued.set()
+
+    with db_engine.connect() as claimer:
+        got = claimer.execute(text("SELECT id FROM scraping.claim_jobs('w', 1, 60, 100, 10)"))
+        assert got.scalars().all() == [last]  # the queue's last job: the queue goes at commit
+        other = threading.Thread(target=requeue)
+        other.start()
+
+        def requeue_waits_or_ended() -> bool:
+            if requeued.is_set():
+                return True
+            with db_engine.connect() as probe:
+                return bool(
+                    probe.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' "
+                            "AND starts_with(query, 'UPDATE scraping.jobs')"
+                        )
+                    ).scalar_one()
+                )
+
+        deadline = time.monotonic() + 30
+        while not requeue_waits_or_ended():
+            assert time.monotonic() < deadline, "the requeue neither ended nor waited"
+            time.sleep(0.02)
+        claimer.commit()
+    other.join(30)
+    assert requeued.is_set()
+    assert [job.id for job in claim(db_engine, 1)] == [running]
