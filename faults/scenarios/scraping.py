@@ -142,18 +142,22 @@ class World:
         """Seconds from `fault_ended` until a job succeeds and a webhook arrives: the
         service is working again."""
         jobs, hooks = self.count("succeeded"), len(self.receiver.received)
+        self.wait_for(
+            lambda: (
+                (self.count("succeeded") > jobs and len(self.receiver.received) > hooks)
+                or self.done()
+            ),
+            timeout=timeout,
+            what=what,
+        )
+        return time.monotonic() - fault_ended
+
+    def wait_for(self, condition: Callable[[], bool], *, timeout: float, what: str) -> None:
+        """wait_until, and on a timeout say what the service still owes (`owing`)."""
         try:
-            wait_until(
-                lambda: (
-                    (self.count("succeeded") > jobs and len(self.receiver.received) > hooks)
-                    or self.done()
-                ),
-                timeout=timeout,
-                what=what,
-            )
+            wait_until(condition, timeout=timeout, what=what)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc} ({self.owing()})") from None
-        return time.monotonic() - fault_ended
 
     def done(self) -> bool:
         """Every job fed has ended and announced its end (the job's own view: when to stop
@@ -419,10 +423,7 @@ def _run(
         # Faults land mid-stream: once work is flowing.
         wait_until(lambda: world.count("succeeded") > 0, timeout=60, what="a first job done")
         inject(world, outcome)
-        try:
-            wait_until(world.done, timeout=120, what="every job ended and announced")
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc} ({world.owing()})") from None
+        world.wait_for(world.done, timeout=120, what="every job ended and announced")
         world.stop.set()
         ctx.stop_children()
         check(world, outcome)

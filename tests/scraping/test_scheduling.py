@@ -8,7 +8,6 @@ import dataclasses
 import ipaddress
 import random
 import threading
-import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -38,6 +37,7 @@ from pin_orchestration.scraping.worker import (
     claim_due_jobs,
     run_worker,
 )
+from tests.chessboard.test_concurrency import wait_until_blocked
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
 
 
@@ -831,24 +831,9 @@ def test_a_job_requeued_while_a_claim_empties_its_queue_stays_claimable(
         other = threading.Thread(target=requeue)
         other.start()
 
-        def requeue_waits_or_ended() -> bool:
-            if requeued.is_set():
-                return True
-            with db_engine.connect() as probe:
-                return bool(
-                    probe.execute(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity "
-                            "WHERE wait_event_type = 'Lock' "
-                            "AND starts_with(query, 'UPDATE scraping.jobs')"
-                        )
-                    ).scalar_one()
-                )
-
-        deadline = time.monotonic() + 30
-        while not requeue_waits_or_ended():
-            assert time.monotonic() < deadline, "the requeue neither ended nor waited"
-            time.sleep(0.02)
+        # Its announcement waits on the claim's row lock on the queue (before the fix it did
+        # not wait, and this gate failed).
+        wait_until_blocked(db_engine, "transactionid")
         claimer.commit()
     other.join(30)
     assert requeued.is_set()
