@@ -2019,7 +2019,7 @@ CREATE INDEX ix_jobs_due ON scraping.jobs USING btree (next_attempt_at, id) WHER
 -- Name: ix_jobs_lease; Type: INDEX; Schema: scraping; Owner: -
 --
 
-CREATE INDEX ix_jobs_lease ON scraping.jobs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE INDEX ix_jobs_lease ON scraping.jobs USING btree (lease_expires_at) WHERE ((status = 'running'::text) AND (lease_expires_at IS NOT NULL));
 
 --
 -- Name: ix_jobs_queued_domain; Type: INDEX; Schema: scraping; Owner: -
