@@ -210,9 +210,12 @@ def test_a_late_workers_put_never_changes_the_object_a_job_reports(
             return local_store.put(key, body, **kw)
 
     settings = dataclasses.replace(TEST_SETTINGS, lease_seconds=30)
+    # A's one slot is its stalled job, so its poll cannot take the swept job back before B
+    # claims it (with free slots it did, on a loaded machine: B then claimed nothing).
+    late_settings = dataclasses.replace(settings, slots=1)
     reports: dict[str, Any] = {}
     late = threading.Thread(
-        target=lambda: reports.update(a=work(store=StallingStore(), settings=settings))
+        target=lambda: reports.update(a=work(store=StallingStore(), settings=late_settings))
     )
     late.start()
     try:
