@@ -25,8 +25,16 @@ from pin_orchestration.devstack.stack_recovery import (
 
 
 def _sleeper(tag: str) -> subprocess.Popen[bytes]:
-    # "dagster" in its command line: what a survivor of a dead stack looks like.
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag])
+    # "dagster" in its command line: what a survivor of a dead stack looks like. Returned
+    # once it has printed, i.e. exec'd: until then its command line is still pytest's
+    # (the legacy-file test once read that and did not take the sleeper for the stack).
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", tag],
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    process.stdout.readline()
+    return process
 
 
 def _dead_pid() -> int:
