@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterInstance, ExecuteInProcessResult
 from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.metrics import record_outcomes
@@ -101,6 +101,25 @@ def add_scraping_job(
         )
 
 
+def run_alert_checks(
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    run_config: dict | None = None,
+    instance: DagsterInstance | None = None,
+) -> ExecuteInProcessResult:
+    """pin_alert_checks run once, in process."""
+    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
+    # Resolved inside an entered instance: loading definitions reads Dagster's current
+    # defs-state storage, which an instance sets while entered; left to an earlier test's
+    # instance, since collected, it raised "undefined DagsterInstance weakref" (once, here).
+    with DagsterInstance.ephemeral() as ephemeral:
+        return (
+            build_definitions()
+            .resolve_job_def("pin_alert_checks")
+            .execute_in_process(run_config=run_config or {}, instance=instance or ephemeral)
+        )
+
+
 def alert_checks(
     db_url: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -108,16 +127,7 @@ def alert_checks(
     instance: DagsterInstance | None = None,
 ) -> dict[str, bool]:
     """pin_alert_checks run once: every check's outcome, by `asset:check`."""
-    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
-    # Resolved inside an entered instance: loading definitions reads Dagster's current
-    # defs-state storage, which an instance sets while entered; left to an earlier test's
-    # instance, since collected, it raised "undefined DagsterInstance weakref" (once, here).
-    with DagsterInstance.ephemeral() as ephemeral:
-        outcome = (
-            build_definitions()
-            .resolve_job_def("pin_alert_checks")
-            .execute_in_process(run_config=run_config or {}, instance=instance or ephemeral)
-        )
+    outcome = run_alert_checks(db_url, monkeypatch, run_config, instance)
     return {
         f"{e.asset_key.to_user_string()}:{e.check_name}": e.passed
         for e in outcome.get_asset_check_evaluations()
@@ -335,13 +345,7 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     seed_snapshot_detach_outbox(db_engine)
     demo_ids = demo_quarantined_ids(db_engine)
     assert len(demo_ids) == 2
-    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
-    with DagsterInstance.ephemeral() as instance:  # entered: see alert_checks
-        outcome = (
-            build_definitions()
-            .resolve_job_def("pin_alert_checks")
-            .execute_in_process(instance=instance)
-        )
+    outcome = run_alert_checks(db_url, monkeypatch)
     # What the checks tab shows (the job) and what the sensor and drains report.
     reported = [
         e for e in outcome.get_asset_check_evaluations() if e.check_name == QUARANTINE_CHECK

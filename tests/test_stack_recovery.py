@@ -34,6 +34,7 @@ def _sleeper(tag: str) -> subprocess.Popen[bytes]:
     )
     assert process.stdout is not None
     process.stdout.readline()
+    process.stdout.close()  # it writes nothing more
     return process
 
 
