@@ -116,34 +116,37 @@ def batch_router(deps: ApiDeps) -> APIRouter:
         if refused and body.atomic:
             raise _atomic_refusal(refused)
         valid = [(i, job) for i, job in enumerate(body.jobs) if isinstance(job, BatchJob)]
-        limit_headers: dict[str, str] = {}
-        if intake_limit.enabled and valid:
-            if len(valid) > intake_limit.burst:
-                raise problems.ProblemError(
-                    422,
-                    f"the batch has {len(valid)} jobs; the intake limit lets a tenant submit "
-                    f"at most {intake_limit.burst} at once (PIN_SCRAPING_INTAKE_BURST): "
-                    "split it",
-                    type_=problems.VALIDATION,
-                    title="The request is invalid",
-                    errors=[FieldError(detail="more jobs than the burst", pointer="/jobs")],
-                )
-            # Committed on its own, before the batch's transaction: the tenant's bucket is
-            # locked for one statement, not for the whole insert.
-            with deps.reading() as conn:
-                taken = repository.take_intake_token(conn, caller.id, intake_limit, jobs=len(valid))
-            limit_headers = ratelimit.headers(intake_limit, taken.remaining)
-            if taken.wait_seconds > 0:
-                return ratelimit.refusal(
-                    intake_limit, taken.wait_seconds, limit_headers, jobs=len(valid)
-                )
-        try:
-            answers = repository.submit_jobs(
-                engine_provider(),
-                caller.id,
-                [(_request(job), job.idempotency_key) for _, job in valid],
-                atomic=body.atomic,
+        if intake_limit.enabled and len(valid) > intake_limit.burst:
+            raise problems.ProblemError(
+                422,
+                f"the batch has {len(valid)} jobs; the intake limit lets a tenant submit "
+                f"at most {intake_limit.burst} at once (PIN_SCRAPING_INTAKE_BURST): split it",
+                type_=problems.VALIDATION,
+                title="The request is invalid",
+                errors=[FieldError(detail="more jobs than the burst", pointer="/jobs")],
             )
+        limit_headers: dict[str, str] = {}
+        try:
+            # The tokens and the jobs in one transaction, as POST /jobs: one connection, one
+            # commit, and a batch that stores nothing spends no token. The bucket's row
+            # stays locked until the commit; the tenant's other intakes of a class wait for
+            # that commit anyway (the batch holds its fair-tag row, take_fair_tags).
+            with engine_provider().begin() as conn:
+                if intake_limit.enabled and valid:
+                    taken = repository.take_intake_token(
+                        conn, caller.id, intake_limit, jobs=len(valid)
+                    )
+                    limit_headers = ratelimit.headers(intake_limit, taken.remaining)
+                    if taken.wait_seconds > 0:
+                        return ratelimit.refusal(
+                            intake_limit, taken.wait_seconds, limit_headers, jobs=len(valid)
+                        )
+                answers = repository.submit_jobs(
+                    conn,
+                    caller.id,
+                    [(_request(job), job.idempotency_key) for _, job in valid],
+                    atomic=body.atomic,
+                )
         except IdempotencyKeyReused as reused:
             index = next(i for i, job in valid if job.idempotency_key == reused.args[0])
             raise _atomic_refusal({index: [_key_reused(index)]}) from None

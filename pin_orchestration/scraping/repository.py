@@ -23,7 +23,7 @@ import idna
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration.platform.ids import uuid7
+from pin_orchestration.platform.ids import uuid7, uuid7s
 from pin_orchestration.platform.sql import load_queries
 
 # How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
@@ -314,21 +314,21 @@ def insert_job(
 
 
 def submit_jobs(
-    engine: Engine,
+    conn: Connection,
     tenant_id: uuid.UUID,
     requests: Sequence[tuple[JobRequest, str | None]],
     *,
     atomic: bool,
 ) -> list[Submitted | IdempotencyKeyReused]:
-    """Accept a batch in one transaction, each job as submit_job accepts one (the same
-    columns, the same Idempotency-Key rules), in three statements whatever its size: one
-    statement per job costs ~0.6 ms, 400 of them far more than the batch's 100 ms. A
-    reused key is that job's answer (the others are stored), or with `atomic` raised after
-    rolling every job back."""
+    """Accept a batch in the caller's transaction, each job as submit_job accepts one (the
+    same columns, the same Idempotency-Key rules), in three statements whatever its size:
+    one statement per job costs ~0.6 ms, 400 of them far more than the batch's 100 ms. A
+    reused key is that job's answer (the others are stored), or with `atomic` raised: the
+    caller's transaction then rolls every job back."""
     rows = [
         {
             "ord": n,
-            "id": str(uuid7()),
+            "id": str(job_id),
             "url": request.url,
             "domain": request.domain,
             "params": request.params,
@@ -336,44 +336,43 @@ def submit_jobs(
             "callback_url": request.callback_url,
             "idempotency_key": idempotency_key,
         }
-        for n, (request, idempotency_key) in enumerate(requests)
+        for n, ((request, idempotency_key), job_id) in enumerate(
+            zip(requests, uuid7s(len(requests)), strict=True)
+        )
     ]
     keys = sorted({r["idempotency_key"] for r in rows if r["idempotency_key"] is not None})
-    with engine.begin() as conn:
-        if keys:
-            conn.execute(
-                _q("forget_expired_idempotency_keys"),
-                {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
-            )
-        inserted = {
-            str(r.id): r.status
+    if keys:
+        conn.execute(
+            _q("forget_expired_idempotency_keys"),
+            {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
+        )
+    inserted = {
+        str(r.id): r.status
+        for r in conn.execute(_q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)})
+    }
+    missing = [r["ord"] for r in rows if r["id"] not in inserted]
+    existing = {}
+    if missing:
+        existing = {
+            r.ord: r
             for r in conn.execute(
-                _q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)}
+                _q("jobs_by_idempotency_keys"),
+                {"tenant_id": tenant_id, "jobs": json.dumps(rows), "ords": missing},
             )
         }
-        missing = [r["ord"] for r in rows if r["id"] not in inserted]
-        existing = {}
-        if missing:
-            existing = {
-                r.ord: r
-                for r in conn.execute(
-                    _q("jobs_by_idempotency_keys"),
-                    {"tenant_id": tenant_id, "jobs": json.dumps(rows), "ords": missing},
-                )
-            }
-        answers: list[Submitted | IdempotencyKeyReused] = []
-        for row in rows:
-            if row["id"] in inserted:
-                answers.append(Submitted(uuid.UUID(row["id"]), inserted[row["id"]], False))
-                continue
-            # Not inserted: its key is taken, by an earlier request or an earlier job here.
-            winner = existing[row["ord"]]
-            if not winner.same_body:
-                if atomic:
-                    raise IdempotencyKeyReused(row["idempotency_key"])
-                answers.append(IdempotencyKeyReused(row["idempotency_key"]))
-            else:
-                answers.append(Submitted(winner.id, winner.status, replayed=True))
+    answers: list[Submitted | IdempotencyKeyReused] = []
+    for row in rows:
+        if row["id"] in inserted:
+            answers.append(Submitted(uuid.UUID(row["id"]), inserted[row["id"]], False))
+            continue
+        # Not inserted: its key is taken, by an earlier request or an earlier job here.
+        winner = existing[row["ord"]]
+        if not winner.same_body:
+            if atomic:
+                raise IdempotencyKeyReused(row["idempotency_key"])
+            answers.append(IdempotencyKeyReused(row["idempotency_key"]))
+        else:
+            answers.append(Submitted(winner.id, winner.status, replayed=True))
     return answers
 
 

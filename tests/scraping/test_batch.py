@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import Counter
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.store import LocalResultStore
@@ -126,6 +127,53 @@ def test_the_intake_limit_counts_jobs_not_requests(
         assert over.status_code == 422 and "PIN_SCRAPING_INTAKE_BURST" in over.json()["detail"]
 
 
+def test_a_batch_takes_its_tokens_and_stores_its_jobs_in_one_transaction(
+    db_engine: Engine, local_store: LocalResultStore, make_tenant
+) -> None:
+    """As POST /jobs: one connection and one commit (one WAL flush) for the tokens and the
+    jobs, so an atomic batch that stores nothing spends no token."""
+    _, key = make_tenant("crawler")
+    seen: Counter[str] = Counter()
+
+    def checkout(*_: object) -> None:
+        seen["checkout"] += 1
+
+    def commit(*_: object) -> None:
+        seen["commit"] += 1
+
+    with limited(db_engine, local_store, rps=0.001, burst=10) as client:
+        assert client.get("/jobs", headers=auth(key)).status_code == 200  # the key is known
+        three = [{"url": f"https://example.com/{n}"} for n in range(3)]
+        event.listen(db_engine.pool, "checkout", checkout)
+        event.listen(db_engine, "commit", commit)
+        try:
+            first = client.post("/jobs/batch", json={"jobs": three}, headers=auth(key))
+        finally:
+            event.remove(db_engine.pool, "checkout", checkout)
+            event.remove(db_engine, "commit", commit)
+        assert first.status_code == 202, first.text
+        assert seen == {"checkout": 1, "commit": 1}
+        assert first.headers["RateLimit"].startswith('"intake";r=7;')
+
+        keyed = [{"url": "https://example.com/k", "idempotency_key": "k1"}]
+        assert (
+            client.post("/jobs/batch", json={"jobs": keyed}, headers=auth(key)).status_code == 202
+        )
+        reused = [
+            {"url": "https://example.com/other", "idempotency_key": "k1"},
+            {"url": "https://example.com/new"},
+        ]
+        refused = client.post(
+            "/jobs/batch", json={"jobs": reused, "atomic": True}, headers=auth(key)
+        )
+        assert refused.status_code == 422, refused.text
+        last = client.post("/jobs/batch", json={"jobs": three[:1]}, headers=auth(key))
+        assert last.status_code == 202, last.text
+        # 10 - 3 - 1 - 1: the refused batch's two tokens are still in the bucket.
+        assert last.headers["RateLimit"].startswith('"intake";r=5;'), last.headers["RateLimit"]
+    assert len(stored(db_engine)) == 5
+
+
 def test_a_thousand_jobs_fit_and_a_thousand_and_one_do_not(
     db_engine: Engine, local_store: LocalResultStore, make_tenant
 ) -> None:
@@ -179,9 +227,10 @@ def test_a_batch_takes_the_fair_tags_and_queues_of_the_same_jobs_submitted_one_b
     # Both tenants start ahead of the class clock by the same earlier job.
     for tenant, prefix in ((batcher, "a"), (single, "b")):
         repository.submit_job(db_engine, tenant.id, requests(prefix)[5], None)
-    answers = repository.submit_jobs(
-        db_engine, batcher.id, [(r, None) for r in requests("a")], atomic=False
-    )
+    with db_engine.begin() as conn:
+        answers = repository.submit_jobs(
+            conn, batcher.id, [(r, None) for r in requests("a")], atomic=False
+        )
     assert len(answers) == 60
     for request in requests("b"):
         repository.submit_job(db_engine, single.id, request, None)
