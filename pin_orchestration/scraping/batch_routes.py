@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pin_orchestration.scraping import problems, ratelimit, repository
 from pin_orchestration.scraping.deps import ApiDeps
-from pin_orchestration.scraping.job_models import JobCreate, Links, Receipt
+from pin_orchestration.scraping.job_models import JobCreate, Receipt, receipt_body
 from pin_orchestration.scraping.limits import MAX_BATCH_BODY_BYTES
 from pin_orchestration.scraping.problems import FieldError, Problem, ValidationProblem
 from pin_orchestration.scraping.ratelimit import RateLimited
@@ -155,15 +155,16 @@ def batch_router(deps: ApiDeps) -> APIRouter:
             if isinstance(answer, IdempotencyKeyReused):
                 items[i] = _refusal(i, [_key_reused(i)])
             else:
-                receipt = Receipt(
-                    id=answer.id, status=answer.status, links=Links(self=f"/jobs/{answer.id}")
-                )
-                items[i] = BatchItem(index=i, status=202, receipt=receipt)
+                items[i] = {
+                    "index": i,
+                    "status": 202,
+                    "receipt": receipt_body(answer.id, answer.status),
+                }
         ordered = [items[i] for i in range(len(body.jobs))]
-        accepted = sum(1 for item in ordered if item.status == 202)
-        answer = BatchAnswer(accepted=accepted, refused=len(ordered) - accepted, items=ordered)
+        accepted = sum(1 for item in ordered if item["status"] == 202)
+        # BatchAnswer's JSON (response_model documents it): built as dicts, see receipt_body
         return JSONResponse(
-            answer.model_dump(mode="json", by_alias=True, exclude_none=True),
+            {"accepted": accepted, "refused": len(ordered) - accepted, "items": ordered},
             status_code=202,
             headers=limit_headers,
         )
@@ -203,7 +204,7 @@ def _key_reused(index: int) -> FieldError:
     )
 
 
-def _refusal(index: int, errors: list[FieldError]) -> BatchItem:
+def _refusal(index: int, errors: list[FieldError]) -> dict[str, Any]:
     problem = ValidationProblem(
         type=problems.VALIDATION,
         title="The job is invalid",
@@ -211,7 +212,8 @@ def _refusal(index: int, errors: list[FieldError]) -> BatchItem:
         detail="; ".join(f"{e.pointer}: {e.detail}" for e in errors),
         errors=errors,
     )
-    return BatchItem(index=index, status=422, problem=problem)
+    item = BatchItem(index=index, status=422, problem=problem)
+    return item.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _atomic_refusal(refused: dict[int, list[FieldError]]) -> problems.ProblemError:

@@ -173,6 +173,13 @@ class Receipt(BaseModel):
     links: Links
 
 
+def receipt_body(job_id: uuid.UUID, status: str) -> dict[str, Any]:
+    """A Receipt as the JSON it answers with, built without the model: a batch answers
+    with up to 1,000 of them, and 400 Receipt models and their dump took ~4 ms of its time
+    (the schema tests hold this to the model)."""
+    return {"id": str(job_id), "status": status, "links": {"self": f"/jobs/{job_id}"}}
+
+
 class ResultInfo(BaseModel):
     size: int
     sha256: str

@@ -29,11 +29,11 @@ from pin_orchestration.scraping.job_models import (
     JobCreate,
     JobList,
     JobView,
-    Links,
     Receipt,
     ResultInfo,
     ResultLink,
     WebhookEvent,
+    receipt_body,
 )
 from pin_orchestration.scraping.limits import MAX_BODY_BYTES
 from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
@@ -228,13 +228,11 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
     def receipt_response(
         submitted: repository.Submitted, limit_headers: dict[str, str]
     ) -> JSONResponse:
-        receipt = Receipt(
-            id=submitted.id, status=submitted.status, links=Links(self=f"/jobs/{submitted.id}")
-        )
-        headers = {"Location": receipt.links.self, **limit_headers}
+        receipt = receipt_body(submitted.id, submitted.status)
+        headers = {"Location": receipt["links"]["self"], **limit_headers}
         if submitted.replayed:
             headers["Idempotent-Replayed"] = "true"
-        return JSONResponse(receipt.model_dump(mode="json"), status_code=202, headers=headers)
+        return JSONResponse(receipt, status_code=202, headers=headers)
 
     @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
     def read_job(job_id: JobId, caller: Caller) -> Response:
