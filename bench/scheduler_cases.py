@@ -38,6 +38,7 @@ from sqlalchemy import Engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import backend_cpu_ms, fresh_bench_database, install_claim_0016  # noqa: E402
+from bench._machine import CpuTimes, cpu_shares_since  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
 DATABASE = "pin_bench_scheduler"
@@ -281,12 +282,15 @@ def case_throughput(engine: Engine, url: str, seconds: float) -> None:
                 t.start()
             gate.wait()  # every claimer connected: the clock starts
             began = time.monotonic()
+            machine_before = CpuTimes.now()
             for t in threads:
                 t.join()
             took = time.monotonic() - began
+            machine = cpu_shares_since(machine_before)
             print(
                 f"throughput {name}, {claimers} claimer(s): {sum(counts) / took:7.0f} jobs/s"
                 f"  ({sum(counts):,} jobs in {took:.1f} s)"
+                + (f"  machine {machine}" if machine else "")
             )
 
 
