@@ -768,7 +768,8 @@ CREATE TABLE scraping.domains (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
     CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
-);
+)
+WITH (fillfactor='50');
 
 --
 -- Name: domain_tokens(scraping.domains, double precision, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
@@ -1984,12 +1985,6 @@ CREATE INDEX ix_domains_blocked ON scraping.domains USING btree (blocked_until) 
 --
 
 CREATE INDEX ix_domains_overrides ON scraping.domains USING btree (domain) WHERE ((rps IS NOT NULL) OR (concurrency IS NOT NULL));
-
---
--- Name: ix_domains_tokens_at; Type: INDEX; Schema: scraping; Owner: -
---
-
-CREATE INDEX ix_domains_tokens_at ON scraping.domains USING btree (tokens_at);
 
 --
 -- Name: ix_job_attempts_started; Type: INDEX; Schema: scraping; Owner: -

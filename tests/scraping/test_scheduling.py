@@ -864,3 +864,24 @@ def test_a_domains_connection_count_cannot_scan_every_running_job(db_engine: Eng
         conn.rollback()
     assert "ix_jobs_lease" not in count_plan, count_plan
     assert "ix_jobs_lease" in sweep_plan, sweep_plan
+
+
+def test_a_claims_token_spend_is_a_heap_only_update(db_engine: Engine, make_tenant) -> None:
+    """Every pick spends a token of its domain: an UPDATE of scraping.domains' tokens and
+    tokens_at. No index covers them (0022 dropped 0007's ix_domains_tokens_at, which no
+    claim since 0011 reads) and the table leaves room on its pages, so the spend is a
+    heap-only update: no new entry in the domain's primary key for the next claimer's
+    lookup to step over, 20,000 domains' worth of upkeep gone at 4 claimers."""
+    tenant, _ = make_tenant("crawler")
+    enqueue_many(db_engine, tenant.id, [f"http://a.example/{n}" for n in range(3)])
+    with db_engine.connect() as conn:
+        claimed = conn.execute(text("SELECT id FROM scraping.claim_jobs('w', 3, 60, 100, 10)"))
+        assert len(claimed.all()) == 3
+        updates, hot = conn.execute(
+            text(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+                "WHERE schemaname = 'scraping' AND relname = 'domains'"
+            )
+        ).one()
+        conn.rollback()
+    assert (updates, hot) == (1, 1)
