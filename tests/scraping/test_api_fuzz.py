@@ -9,6 +9,7 @@ does not work with pytest 9.2: it reads a node attribute pytest removed.)
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -47,6 +48,9 @@ def problem_details(ctx, response, case):  # type: ignore[no-untyped-def]
 
 _bound: list[Engine] = []
 _store_dir = Path(tempfile.mkdtemp(prefix="pin-fuzz-store-"))
+# Removed by every process that imports this module: each xdist worker collects it (and
+# makes a directory), but only the one running its tests saw a module fixture's teardown.
+atexit.register(shutil.rmtree, _store_dir, ignore_errors=True)
 app = create_app(
     lambda: _bound[0],
     LocalResultStore(
@@ -79,12 +83,6 @@ def bound_database(db_engine: Engine) -> Iterator[None]:
     _bound[:] = [db_engine]
     yield
     _bound.clear()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _remove_store_dir() -> Iterator[None]:
-    yield
-    shutil.rmtree(_store_dir, ignore_errors=True)
 
 
 @pytest.fixture
