@@ -7,7 +7,9 @@ import os
 import random
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import anyio
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.api import create_app
@@ -79,6 +81,26 @@ def api_app(db_engine: Engine, local_store: LocalResultStore) -> FastAPI:
 def client(api_app: FastAPI) -> Iterator[TestClient]:
     with TestClient(api_app) as test_client:
         yield test_client
+
+
+@contextmanager
+def checkouts_and_commits(engine: Engine) -> Iterator[Counter[str]]:
+    """Counts the pool checkouts and the commits `engine` makes inside the block."""
+    seen: Counter[str] = Counter()
+
+    def checkout(*_: object) -> None:
+        seen["checkout"] += 1
+
+    def commit(*_: object) -> None:
+        seen["commit"] += 1
+
+    event.listen(engine.pool, "checkout", checkout)
+    event.listen(engine, "commit", commit)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.pool, "checkout", checkout)
+        event.remove(engine, "commit", commit)
 
 
 def auth(key: str) -> dict[str, str]:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import requests
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.apiserver import api_process
-from tests.scraping.conftest import TEST_SETTINGS, auth
+from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits
 
 
 def limited_client(
@@ -153,23 +153,10 @@ def test_intake_takes_its_token_and_stores_its_job_in_one_transaction(
     the job together, so a request that stores nothing — a key reused with another body
     — spends no token."""
     _, shop = make_tenant("shop")
-    seen: Counter[str] = Counter()
-
-    def checkout(*_: object) -> None:
-        seen["checkout"] += 1
-
-    def commit(*_: object) -> None:
-        seen["commit"] += 1
-
     with limited_client(db_engine, local_store, rps=0.001, burst=3) as client:
         assert client.get("/jobs", headers=auth(shop)).status_code == 200  # the key is known
-        event.listen(db_engine.pool, "checkout", checkout)
-        event.listen(db_engine, "commit", commit)
-        try:
+        with checkouts_and_commits(db_engine) as seen:
             first = client.post("/jobs", json={"url": "https://e.com/a"}, headers=auth(shop))
-        finally:
-            event.remove(db_engine.pool, "checkout", checkout)
-            event.remove(db_engine, "commit", commit)
         assert first.status_code == 202
         assert seen == {"checkout": 1, "commit": 1}
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections import Counter
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, text
 
 from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.store import LocalResultStore
-from tests.scraping.conftest import TEST_SETTINGS, auth
+from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits
 
 
 def stored(engine: Engine) -> dict[uuid.UUID, Any]:
@@ -133,24 +132,11 @@ def test_a_batch_takes_its_tokens_and_stores_its_jobs_in_one_transaction(
     """As POST /jobs: one connection and one commit (one WAL flush) for the tokens and the
     jobs, so an atomic batch that stores nothing spends no token."""
     _, key = make_tenant("crawler")
-    seen: Counter[str] = Counter()
-
-    def checkout(*_: object) -> None:
-        seen["checkout"] += 1
-
-    def commit(*_: object) -> None:
-        seen["commit"] += 1
-
     with limited(db_engine, local_store, rps=0.001, burst=10) as client:
         assert client.get("/jobs", headers=auth(key)).status_code == 200  # the key is known
         three = [{"url": f"https://example.com/{n}"} for n in range(3)]
-        event.listen(db_engine.pool, "checkout", checkout)
-        event.listen(db_engine, "commit", commit)
-        try:
+        with checkouts_and_commits(db_engine) as seen:
             first = client.post("/jobs/batch", json={"jobs": three}, headers=auth(key))
-        finally:
-            event.remove(db_engine.pool, "checkout", checkout)
-            event.remove(db_engine, "commit", commit)
         assert first.status_code == 202, first.text
         assert seen == {"checkout": 1, "commit": 1}
         assert first.headers["RateLimit"].startswith('"intake";r=7;')
