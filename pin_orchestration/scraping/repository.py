@@ -154,6 +154,10 @@ def normalize_host(host: str) -> str:
         ) from None
 
 
+# A batch's URLs are parsed by its validation and again by its insert: a memo of one
+# batch's worth saves the second parse of every URL (~6 us each; urlsplit's own memo holds
+# 128). Errors are not memoized; they are raised again.
+@functools.lru_cache(maxsize=2048)
 def job_domain(url: str) -> str:
     """The domain a job's politeness limits count against: its URL's host."""
     host = urlsplit(url).hostname
@@ -346,10 +350,10 @@ def submit_jobs(
             {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
         )
     inserted = {
-        str(r.id): r.status
+        r.id: r.status
         for r in conn.execute(_q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)})
     }
-    missing = [r["ord"] for r in rows if r["id"] not in inserted]
+    missing = [n for n, job_id in enumerate(ids) if job_id not in inserted]
     existing = {}
     if missing:
         existing = {
@@ -361,8 +365,8 @@ def submit_jobs(
         }
     answers: list[Submitted | IdempotencyKeyReused] = []
     for job_id, row in zip(ids, rows, strict=True):
-        if row["id"] in inserted:
-            answers.append(Submitted(job_id, inserted[row["id"]], False))
+        if job_id in inserted:
+            answers.append(Submitted(job_id, inserted[job_id], False))
             continue
         # Not inserted: its key is taken, by an earlier request or an earlier job here.
         winner = existing[row["ord"]]

@@ -169,3 +169,52 @@ def test_generated_hostile_params_are_never_a_500(
 
     refused()
     assert jobs(db_engine) == 0
+
+
+def _escaped_json_size(params: dict) -> int:
+    """The documented size of params: json.dumps' compact, ASCII-escaped form."""
+    return len(json.dumps(params, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"a": "x" * (16 * 1024 - 8)},  # exactly at the limit
+        {"a": "x" * (16 * 1024 - 7)},  # one byte over
+        {"a": "é" * 2729},  # 6 bytes escaped, 2 in UTF-8: just under the limit escaped
+        {"a": "é" * 2730},  # just over escaped, a third of the limit in UTF-8
+        {"a": "\U0001d11e" * 1364},  # 12 bytes escaped (a surrogate pair), 4 in UTF-8
+        {"a": "\U0001d11e" * 1365},
+        {"a": "\u2028" * 2729},  # escaped by json.dumps, not by a UTF-8 writer
+        {"a": "\u2028" * 2730},
+        {"f": [1e16, 5e-324, -0.0, 10**30] * 300},
+        {"f": [1e16, 5e-324, -0.0, 10**30] * 600},
+    ],
+)
+def test_params_size_is_counted_as_escaped_json_whatever_the_characters(params: dict) -> None:
+    from pydantic import ValidationError
+
+    from pin_orchestration.scraping.job_models import MAX_PARAMS_BYTES, JobCreate
+
+    within = _escaped_json_size(params) <= MAX_PARAMS_BYTES
+    try:
+        JobCreate(url="https://example.com/", params=params)
+        accepted = True
+    except ValidationError as exc:
+        assert "bytes as JSON" in str(exc)
+        accepted = False
+    assert accepted == within, _escaped_json_size(params)
+
+
+@pytest.mark.parametrize(
+    "char", [" ", "\t", "\n", "\x0b", "\x1c", "\x85", "\u00a0", "\u3000", "\x00"]
+)
+def test_whitespace_or_nul_anywhere_in_a_url_is_refused(char: str) -> None:
+    from pydantic import ValidationError
+
+    from pin_orchestration.scraping.job_models import JobCreate
+
+    with pytest.raises(ValidationError, match="whitespace or NUL"):
+        JobCreate(url=f"https://example.com/a{char}b")
+    with pytest.raises(ValidationError, match="whitespace or NUL"):
+        JobCreate(url="https://example.com/", callback_url=f"https://cb.example/{char}")
