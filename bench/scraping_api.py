@@ -38,6 +38,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 from sqlalchemy import text
 
@@ -259,7 +260,9 @@ def start_redis() -> tuple[str, subprocess.Popen | None]:
 
 
 class Api:
-    def __init__(self, db_url: str, redis_url: str | None, home: Path, extra_env: dict) -> None:
+    def __init__(
+        self, db_url: str, redis_url: str | None, home: Path, extra_env: dict, workers: int = 1
+    ) -> None:
         self.port = free_port()
         env = {
             **os.environ,
@@ -274,7 +277,10 @@ class Api:
         if redis_url:
             env["PIN_REDIS_URL"] = redis_url
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "pin"), "api", "--port", str(self.port)],
+            [
+                *(str(Path(sys.executable).parent / "pin"), "api", "--port", str(self.port)),
+                *("--workers", str(workers)),
+            ],
             env=env,
             cwd=ROOT,
             stderr=subprocess.DEVNULL,
@@ -299,9 +305,16 @@ class Api:
         }
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time of `pin api` and its worker processes (--workers)."""
+        root = psutil.Process(self.proc.pid)
+        total = 0.0
+        for process in (root, *root.children(recursive=True)):
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -363,7 +376,7 @@ def phase(
     batch_rate: float = 0.0,
     batch_keys: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    api = Api(db_url, redis_url, home, {})
+    api = Api(db_url, redis_url, home, {}, workers=args.api_workers)
     finisher = Finisher(db_url)
     try:
         cpu_before = api.cpu_seconds()
@@ -454,6 +467,12 @@ def main() -> None:
         type=float,
         default=0.5,
         help="batches a second beside the peak (0: no batch phase)",
+    )
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=1,
+        help="`pin api --workers`: API processes sharing the port (1: one process, one GIL)",
     )
     parser.add_argument("--database", default="pin_bench_scraping_api")
     args = parser.parse_args()

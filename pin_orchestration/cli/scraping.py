@@ -23,26 +23,40 @@ if TYPE_CHECKING:
 @click.command("api")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-def api(host: str, port: int) -> None:
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="API processes sharing the port: one process serves on one core (its GIL); "
+    "the intake limit, idempotency and the read cache's invalidations hold across them",
+)
+def api(host: str, port: int, workers: int) -> None:
     """Serve the scraping intake/query API (FastAPI on uvicorn)."""
     import os
 
     import uvicorn
 
+    from pin_orchestration.platform.db import resolve_database_url
     from pin_orchestration.scraping.settings import ScrapingSettings
 
     # The local results store signs download URLs under the API's own address.
     os.environ.setdefault("PIN_API_PUBLIC_URL", f"http://{host}:{port}")
     try:
         ScrapingSettings.from_env()
-        Settings.from_env()
+        settings = Settings.from_env()
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
+    if workers > 1 and not settings.database_url:
+        # The embedded server is started once, here, and lives while this supervisor
+        # does; the workers connect to it instead of each starting it.
+        os.environ["PIN_DATABASE_URL"] = resolve_database_url(settings)
     uvicorn.run(
         "pin_orchestration.scraping.api:app_from_env",
         factory=True,
         host=host,
         port=port,
+        workers=workers,
         log_level="info",
         access_log=False,
     )

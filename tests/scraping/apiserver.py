@@ -32,24 +32,29 @@ class ApiProcess:
 
 @contextmanager
 def api_process(
-    db_url: str,
+    db_url: str | None,
     home: Path,
     env: Mapping[str, str] | None = None,
     *,
     uvicorn_args: tuple[str, ...] | None = None,
+    api_args: tuple[str, ...] = (),
 ) -> Iterator[ApiProcess]:
-    """`pin api` on a free loopback port (or uvicorn itself with `uvicorn_args`, e.g. to
-    turn its access log on); stdout and stderr go to a file the test can read."""
+    """`pin api` (with `api_args`, e.g. --workers) on a free loopback port, on `db_url`
+    (None: the embedded default) (or uvicorn
+    itself with `uvicorn_args`, e.g. to turn its access log on); stdout and stderr go to a
+    file the test can read."""
     port = free_loopback_port()
     home.mkdir(parents=True, exist_ok=True)
     full_env = {
         **os.environ,
-        "PIN_DATABASE_URL": db_url,
         "PIN_HOME": str(home),
         "PIN_API_PUBLIC_URL": f"http://127.0.0.1:{port}",
         **(env or {}),
     }
     full_env.pop("PIN_REDIS_URL", None)
+    full_env.pop("PIN_DATABASE_URL", None)
+    if db_url is not None:  # else the embedded default under PIN_HOME
+        full_env["PIN_DATABASE_URL"] = db_url
     if uvicorn_args is None:
         command = [
             str(Path(sys.executable).parent / "pin"),
@@ -58,6 +63,7 @@ def api_process(
             "127.0.0.1",
             "--port",
             str(port),
+            *api_args,
         ]
     else:
         command = [
