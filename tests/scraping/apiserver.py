@@ -39,10 +39,9 @@ def api_process(
     uvicorn_args: tuple[str, ...] | None = None,
     api_args: tuple[str, ...] = (),
 ) -> Iterator[ApiProcess]:
-    """`pin api` (with `api_args`, e.g. --workers) on a free loopback port, on `db_url`
-    (None: the embedded default) (or uvicorn
-    itself with `uvicorn_args`, e.g. to turn its access log on); stdout and stderr go to a
-    file the test can read."""
+    """`pin api` (with `api_args`, e.g. --workers) on a free loopback port, on `db_url` or
+    (None) the embedded default; or uvicorn itself with `uvicorn_args`, e.g. to turn its
+    access log on. stdout and stderr go to a file the test can read."""
     port = free_loopback_port()
     home.mkdir(parents=True, exist_ok=True)
     full_env = {

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -39,7 +38,7 @@ def stopped(processes: list[psutil.Process]) -> Iterator[None]:
     finally:
         for process in processes:
             # ProcessLookupError: the supervisor replaced a worker that missed its health check
-            with contextlib.suppress(ProcessLookupError):
+            with suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGCONT)
 
 
