@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pin_orchestration
@@ -43,4 +44,16 @@ def run_suite(
     # `python -m` puts the working directory first on sys.path: run from the broken copy,
     # or the checkout's own package would shadow it.
     cwd = pythonpath if pythonpath is not None else None
-    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # The suite's temporary files (its PostgreSQL, each scenario's workdir, kept when an
+    # invariant broke, as these runs mean it to) in a folder of this run's, removed after.
+    # Not in pytest's tmp tree: as root the embedded server runs as a user of its own,
+    # which must reach its data folder.
+    scratch = Path(tempfile.mkdtemp(prefix="pin-faults-run-"))
+    scratch.chmod(0o755)
+    env["TMPDIR"] = str(scratch)
+    try:
+        return subprocess.run(
+            args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
