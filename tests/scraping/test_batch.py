@@ -103,6 +103,32 @@ def test_idempotency_keys_per_job_replay_and_a_reused_key_is_refused_alone(
     assert len(stored(db_engine)) == 4
 
 
+def test_a_key_replays_across_post_jobs_and_the_batch_and_a_changed_body_is_refused(
+    client: TestClient, make_tenant
+) -> None:
+    # One fingerprint for both paths: submit_job's and insert_jobs' (which gives one only
+    # to a job with a key).
+    _, key = make_tenant("crawler")
+    job = {"url": "https://example.com/a", "params": {"q": "é", "n": [1, 2.5]}}
+    single = client.post("/jobs", json=job, headers={**auth(key), "Idempotency-Key": "s-1"})
+    assert single.status_code == 202, single.text
+    batch = [{**job, "idempotency_key": "s-1"}, {**job, "idempotency_key": "b-1"}]
+    answer = client.post("/jobs/batch", json={"jobs": batch}, headers=auth(key)).json()
+    assert answer["items"][0]["receipt"]["id"] == single.json()["id"]
+    again = client.post("/jobs", json=job, headers={**auth(key), "Idempotency-Key": "b-1"})
+    assert again.status_code == 202, again.text
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == answer["items"][1]["receipt"]["id"]
+
+    changed = {**job, "priority": "low"}
+    refused = client.post("/jobs", json=changed, headers={**auth(key), "Idempotency-Key": "b-1"})
+    assert refused.status_code == 422, refused.text
+    answer = client.post(
+        "/jobs/batch", json={"jobs": [{**changed, "idempotency_key": "s-1"}]}, headers=auth(key)
+    ).json()
+    assert answer["items"][0]["status"] == 422
+
+
 def test_the_intake_limit_counts_jobs_not_requests(
     db_engine: Engine, local_store: LocalResultStore, make_tenant
 ) -> None:
