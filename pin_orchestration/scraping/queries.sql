@@ -48,7 +48,9 @@ WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
 -- run's k-th tag, as k jobs submitted one by one would; the domain queues come from the
 -- insert's statement trigger. Rows in the batch's order. A job without a key gets no
 -- fingerprint: only a reused key's body is ever compared, and 400 of them were ~3 ms of
--- the statement.
+-- the statement. One row answers: the inserted jobs that have a key (a job without one
+-- cannot conflict: it is inserted, so new and queued); 400 rows back cost the caller
+-- ~2.5 ms of Python.
 WITH batch AS (
     SELECT j.*, (row_number() OVER (PARTITION BY j.priority ORDER BY j.ord) - 1)::integer AS k
     FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
@@ -61,7 +63,8 @@ tags AS MATERIALIZED (
     FROM (SELECT b.priority, count(*)::integer AS jobs FROM batch b
           GROUP BY b.priority ORDER BY b.priority) c,
          LATERAL scraping.take_fair_tags(:tenant_id, c.priority, c.jobs) t
-)
+),
+inserted AS (
 INSERT INTO scraping.jobs (
     id, tenant_id, url, domain, params, priority, callback_url, idempotency_key,
     request_sha256, fair_tag
@@ -75,7 +78,10 @@ FROM batch b
 JOIN tags t ON t.priority = b.priority AND t.k = b.k
 ORDER BY b.ord
 ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, status
+RETURNING id, idempotency_key
+)
+SELECT coalesce(array_agg(id) FILTER (WHERE idempotency_key IS NOT NULL), '{}') AS keyed_ids
+FROM inserted
 
 -- name: jobs_by_idempotency_keys
 -- For each job of a batch that was not inserted: the job holding its key, and whether

@@ -349,11 +349,16 @@ def submit_jobs(
             _q("forget_expired_idempotency_keys"),
             {"tenant_id": tenant_id, "keys": keys, "ttl_seconds": IDEMPOTENCY_KEY_TTL_SECONDS},
         )
-    inserted = {
-        r.id: r.status
-        for r in conn.execute(_q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)})
-    }
-    missing = [n for n, job_id in enumerate(ids) if job_id not in inserted]
+    keyed_inserted = set(
+        conn.execute(
+            _q("insert_jobs"), {"tenant_id": tenant_id, "jobs": json.dumps(rows)}
+        ).scalar_one()
+    )
+    inserted = [
+        row["idempotency_key"] is None or job_id in keyed_inserted
+        for job_id, row in zip(ids, rows, strict=True)
+    ]
+    missing = [n for n, new in enumerate(inserted) if not new]
     existing = {}
     if missing:
         existing = {
@@ -364,9 +369,9 @@ def submit_jobs(
             )
         }
     answers: list[Submitted | IdempotencyKeyReused] = []
-    for job_id, row in zip(ids, rows, strict=True):
-        if job_id in inserted:
-            answers.append(Submitted(job_id, inserted[job_id], False))
+    for job_id, row, new in zip(ids, rows, inserted, strict=True):
+        if new:
+            answers.append(Submitted(job_id, "queued", False))
             continue
         # Not inserted: its key is taken, by an earlier request or an earlier job here.
         winner = existing[row["ord"]]
