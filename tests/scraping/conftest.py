@@ -3,6 +3,7 @@ target site on loopback, and a worker run with test-sized timings."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
@@ -101,6 +102,15 @@ def checkouts_and_commits(engine: Engine) -> Iterator[Counter[str]]:
     finally:
         event.remove(engine.pool, "checkout", checkout)
         event.remove(engine, "commit", commit)
+
+
+def limited_client(
+    db_engine: Engine, store: LocalResultStore, *, rps: float, burst: int
+) -> TestClient:
+    """A client of an API whose per-tenant intake limit is `rps` jobs a second, `burst` at
+    once."""
+    settings = dataclasses.replace(TEST_SETTINGS, intake_rps=rps, intake_burst=burst)
+    return TestClient(create_app(lambda: db_engine, store, settings))
 
 
 def auth(key: str) -> dict[str, str]:

@@ -18,14 +18,7 @@ from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import LocalResultStore
 from tests.scraping.apiserver import api_process
-from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits
-
-
-def limited_client(
-    db_engine: Engine, store: LocalResultStore, *, rps: float, burst: int
-) -> TestClient:
-    settings = dataclasses.replace(TEST_SETTINGS, intake_rps=rps, intake_burst=burst)
-    return TestClient(create_app(lambda: db_engine, store, settings))
+from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits, limited_client
 
 
 def job_count(db_engine: Engine) -> int:

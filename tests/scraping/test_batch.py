@@ -4,16 +4,14 @@ batch is atomic; the intake limit counts jobs, not requests."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.api import create_app
 from pin_orchestration.scraping.store import LocalResultStore
-from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits
+from tests.scraping.conftest import auth, checkouts_and_commits, limited_client
 
 
 def stored(engine: Engine) -> dict[uuid.UUID, Any]:
@@ -22,11 +20,6 @@ def stored(engine: Engine) -> dict[uuid.UUID, Any]:
             text("SELECT id, url, priority, idempotency_key, tenant_id FROM scraping.jobs")
         ).all()
     return {r.id: r for r in rows}
-
-
-def limited(engine: Engine, store: LocalResultStore, *, rps: float, burst: int) -> TestClient:
-    settings = dataclasses.replace(TEST_SETTINGS, intake_rps=rps, intake_burst=burst)
-    return TestClient(create_app(lambda: engine, store, settings))
 
 
 def test_each_job_gets_its_receipt_or_its_problem_in_order(
@@ -134,7 +127,7 @@ def test_the_intake_limit_counts_jobs_not_requests(
 ) -> None:
     _, key = make_tenant("crawler")
     # 0.01 jobs/s: one token back per 100 s, so nothing refills within the test.
-    with limited(db_engine, local_store, rps=0.01, burst=5) as client:
+    with limited_client(db_engine, local_store, rps=0.01, burst=5) as client:
         four = [{"url": f"https://example.com/{n}"} for n in range(4)]
         answer = client.post("/jobs/batch", json={"jobs": four}, headers=auth(key))
         assert answer.status_code == 202, answer.text
@@ -158,7 +151,7 @@ def test_a_batch_takes_its_tokens_and_stores_its_jobs_in_one_transaction(
     """As POST /jobs: one connection and one commit (one WAL flush) for the tokens and the
     jobs, so an atomic batch that stores nothing spends no token."""
     _, key = make_tenant("crawler")
-    with limited(db_engine, local_store, rps=0.001, burst=10) as client:
+    with limited_client(db_engine, local_store, rps=0.001, burst=10) as client:
         assert client.get("/jobs", headers=auth(key)).status_code == 200  # the key is known
         three = [{"url": f"https://example.com/{n}"} for n in range(3)]
         with checkouts_and_commits(db_engine) as seen:
@@ -190,7 +183,7 @@ def test_a_thousand_jobs_fit_and_a_thousand_and_one_do_not(
     db_engine: Engine, local_store: LocalResultStore, make_tenant
 ) -> None:
     _, key = make_tenant("crawler")
-    with limited(db_engine, local_store, rps=0, burst=1) as client:
+    with limited_client(db_engine, local_store, rps=0, burst=1) as client:
         query = "x" * 40
         jobs = [{"url": f"https://example.com/page/{n:04d}?q={query}"} for n in range(1001)]
         over = client.post("/jobs/batch", json={"jobs": jobs}, headers=auth(key))
