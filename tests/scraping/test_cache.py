@@ -145,18 +145,19 @@ def test_without_the_event_a_finished_job_reads_finished_within_the_short_ttl(
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
         cached_at = time.monotonic()
         finish(db_engine, job_id)
-        finished_at = time.monotonic()
         # Nobody invalidates: the cached copy is what the client reads at first...
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
-        while (status := client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"]) == (
-            "queued"
-        ):
-            assert time.monotonic() - finished_at < SHORT_TTL_SECONDS + 1, "stale too long"
+        # ...and never longer than the short TTL after it was cached: timed at each read's
+        # departure (the copy was cached before `cached_at`), not at its answer, which a
+        # loaded machine may delay.
+        while True:
+            sent = time.monotonic()
+            status = client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"]
+            if status != "queued":
+                break
+            assert sent - cached_at < SHORT_TTL_SECONDS, "stale past the short TTL"
             time.sleep(0.05)
-        fresh_after = time.monotonic() - cached_at
     assert status == "failed"
-    # ...and never longer than the short TTL after it was cached.
-    assert fresh_after <= SHORT_TTL_SECONDS + 0.2
 
 
 def test_the_finish_event_invalidates_at_once(cached_app: AppFactory, make_tenant) -> None:
