@@ -42,15 +42,14 @@ WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
 -- submit_job for a batch, in one statement: the same columns, the same fingerprint of a
 -- job with a key (scraping.request_sha256) and the same conflict rule (a key already
 -- taken, by an earlier request or an earlier job of the batch, yields no row; the caller
--- reads the winner). The
--- fair tags are reserved a run per class (scraping.take_fair_tags, classes in name order:
--- the lock order of the tenant's tenant_vtimes rows), the k-th job of a class taking the
--- run's k-th tag, as k jobs submitted one by one would; the domain queues come from the
--- insert's statement trigger. Rows in the batch's order. A job without a key gets no
--- fingerprint: only a reused key's body is ever compared, and 400 of them were ~3 ms of
--- the statement. One row answers: the inserted jobs that have a key (a job without one
--- cannot conflict: it is inserted, so new and queued); 400 rows back cost the caller
--- ~2.5 ms of Python.
+-- reads the winner). The fair tags are reserved a run per class (scraping.take_fair_tags,
+-- classes in name order: the lock order of the tenant's tenant_vtimes rows), the k-th job
+-- of a class taking the run's k-th tag, as k jobs submitted one by one would; the domain
+-- queues come from the insert's statement trigger. Rows in the batch's order.
+-- A job without a key gets no fingerprint: only a reused key's body is ever compared, and
+-- 400 of them were ~3 ms of the statement. One row answers: the inserted jobs that have a
+-- key (a job without one cannot conflict: it is inserted, so new and queued); 400 rows
+-- back cost the caller ~2.5 ms of Python.
 WITH batch AS (
     SELECT j.*, (row_number() OVER (PARTITION BY j.priority ORDER BY j.ord) - 1)::integer AS k
     FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
