@@ -45,15 +45,20 @@ def run_suite(
     # or the checkout's own package would shadow it.
     cwd = pythonpath if pythonpath is not None else None
     # The suite's temporary files (its PostgreSQL, each scenario's workdir, kept when an
-    # invariant broke, as these runs mean it to) in a folder of this run's, removed after.
-    # Not in pytest's tmp tree: as root the embedded server runs as a user of its own,
-    # which must reach its data folder.
+    # invariant broke, as these runs mean it to) in a folder of this run's, removed after
+    # the run; kept, and named, when the suite did not finish. Not in pytest's tmp tree:
+    # as root the embedded server runs as a user of its own, so the folder is what /tmp is
+    # to every process of the suite (anyone writes, sticky).
     scratch = Path(tempfile.mkdtemp(prefix="pin-faults-run-"))
-    scratch.chmod(0o755)
+    scratch.chmod(0o1777)
     env["TMPDIR"] = str(scratch)
     try:
-        return subprocess.run(
+        result = subprocess.run(
             args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
         )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"the suite did not finish in {timeout} s; its files: {scratch}"
+        ) from exc
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result
