@@ -45,8 +45,9 @@ def run_suite(
     # or the checkout's own package would shadow it.
     cwd = pythonpath if pythonpath is not None else None
     # The suite's temporary files (its PostgreSQL, each scenario's workdir, kept when an
-    # invariant broke, as these runs mean it to) in a folder of this run's, removed after
-    # the run; kept, and named, when the suite did not finish. Not in pytest's tmp tree:
+    # invariant broke) in a folder of this run's, removed when the run ends as it is meant
+    # to (the checkout passes, a broken copy fails); kept for its logs when it does not,
+    # and named when the suite did not finish. Not in pytest's tmp tree:
     # as root the embedded server runs as a user of its own, so the folder is what /tmp is
     # to every process of the suite (anyone writes, sticky).
     scratch = Path(tempfile.mkdtemp(prefix="pin-faults-run-"))
@@ -60,5 +61,6 @@ def run_suite(
         raise AssertionError(
             f"the suite did not finish in {timeout} s; its files: {scratch}"
         ) from exc
-    shutil.rmtree(scratch, ignore_errors=True)
+    if result.returncode == (0 if pythonpath is None else 1):
+        shutil.rmtree(scratch, ignore_errors=True)
     return result
