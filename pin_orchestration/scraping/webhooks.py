@@ -6,9 +6,10 @@ delivery loop claims due deliveries with a lease (`FOR UPDATE SKIP LOCKED`, comm
 before any call) only as slots free up, each tenant up to its share of the slots (one
 tenant's hanging receiver cannot hold everyone's), POSTs outside any transaction
 through the Fetcher — the same SSRF guard, timeout and deadline as the scraper's
-fetches — and records each attempt: a 2xx closes the delivery, anything else is retried
-after a backoff with full jitter until `max_attempts`, when it is given up (recorded, and
-closed). A refused or malformed callback address is given up at once: no packet is ever
+fetches — and records each attempt, one by one, for the finish it announced: a 2xx
+closes the delivery, anything else (an exception included: one receiver's malformed answer
+is its own delivery's failure, never the run's) is retried after a backoff with full
+jitter until `max_attempts`, when it is given up (recorded, and closed). A refused or malformed callback address is given up at once: no packet is ever
 sent to it.
 
 Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
@@ -41,6 +42,9 @@ from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
 
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
+# The error class of a delivery that failed in a way the fetcher does not classify (an
+# answer a library choked on, or a bug): retried with backoff like any other failure.
+DELIVERY_ERROR = "delivery_error"
 _MAX_DETAIL_CHARS = 300
 # While deliveries are in flight, how often the loop looks for newly due ones (another
 # tenant's, or one whose turn came) even if no slot has freed.
@@ -264,9 +268,14 @@ def run_deliveries(
             )
             if not done:
                 continue
-            finished = [(in_flight.pop(f), f.result()) for f in done]
-            _record(engine, finished)
-            for _, attempt in finished:
+            for future in done:
+                # _deliver never raises: whatever went wrong is that delivery's outcome.
+                job, attempt = in_flight.pop(future), future.result()
+                # One by one, each in its own transaction: one delivery's record cannot
+                # take the others' down with it (an unrecorded one is sent again when its
+                # lease ends, which at-least-once allows).
+                if not _record(engine, job, attempt):
+                    continue
                 if attempt.outcome == "delivered":
                     report.delivered += 1
                 elif attempt.outcome == "retry":
@@ -321,19 +330,27 @@ def _deliver(
     rng: random.Random,
     clock: Callable[[], float],
 ) -> _Attempt:
-    body = webhook_body(job.id, job.status, job.finished_at)
-    msg_id = signing.event_id(job.id, job.status, job.finished_at)
-    headers = signing.signed_headers(job.secrets, msg_id, body, now=clock())
+    """One delivery and its outcome. Never raises: an answer no library expected (a
+    `Content-Length: ²`) or a bug of ours is this delivery's failed attempt, retried
+    with backoff up to the cap like any other, and never the run's end."""
     started = time.monotonic()
     http_status: int | None = None
     error_class: str | None = None
     detail: str | None = None
     try:
+        body = webhook_body(job.id, job.status, job.finished_at)
+        msg_id = signing.event_id(job.id, job.status, job.finished_at)
+        headers = signing.signed_headers(job.secrets, msg_id, body, now=clock())
         with fetcher.post(job.callback_url, body, headers) as answer:
             http_status = answer.status_code
     except FetchError as exc:
-        error_class, detail = exc.error_class, exc.detail[:_MAX_DETAIL_CHARS]
+        error_class, detail = exc.error_class, exc.detail
+    except Exception as exc:
+        log.warning("webhook of job %s: unexpected error", job.id, exc_info=True)
+        error_class, detail = DELIVERY_ERROR, f"{type(exc).__name__}: {exc}"
     duration_ms = int((time.monotonic() - started) * 1000)
+    if detail is not None:
+        detail = detail[:_MAX_DETAIL_CHARS]
     if http_status is not None and 200 <= http_status < 300:
         return _Attempt("delivered", http_status, None, None, duration_ms, None)
     if http_status is not None:
@@ -345,18 +362,20 @@ def _deliver(
     return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
 
 
-def _record(engine: Engine, done: list[tuple[_Claimed, _Attempt]]) -> None:
-    """A round's outcomes in one transaction (one commit per round, not per delivery)."""
-    with engine.begin() as conn:
-        recorded = {
-            row.job_id
-            for job, attempt in done
-            for row in conn.execute(
+def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
+    """One delivery's outcome in its own transaction; False when it was not recorded.
+    Written only for the finish it announced (the job's `finished_at`, which the webhook
+    carries): a job requeued and finished again meanwhile owes its new finish a delivery
+    of its own, whatever this one's answer was."""
+    try:
+        with engine.begin() as conn:
+            recorded = conn.execute(
                 _q("record_webhook_attempt"),
                 {
                     "job_id": job.id,
                     "number": job.number,
                     "job_status": job.status,
+                    "finished_at": job.finished_at,
                     "url": job.callback_url,
                     "outcome": attempt.outcome,
                     "http_status": attempt.http_status,
@@ -365,20 +384,28 @@ def _record(engine: Engine, done: list[tuple[_Claimed, _Attempt]]) -> None:
                     "duration_ms": attempt.duration_ms,
                     "next_attempt_at": attempt.next_attempt_at,
                 },
-            )
-        }
-    for job, attempt in done:
-        if job.id not in recorded:
-            log.info(
-                "webhook of job %s: requeued meanwhile, attempt %d not recorded",
-                job.id,
-                job.number,
-            )
-        elif attempt.outcome == "gave_up":
-            log.warning(
-                "webhook of job %s given up after attempt %d: %s %s",
-                job.id,
-                job.number,
-                attempt.error_class,
-                attempt.error_detail,
-            )
+            ).one_or_none()
+    except Exception:
+        log.warning(
+            "webhook of job %s: attempt %d not recorded (sent again once its lease ends)",
+            job.id,
+            job.number,
+            exc_info=True,
+        )
+        return False
+    if recorded is None:
+        log.info(
+            "webhook of job %s: finished again meanwhile, attempt %d not recorded",
+            job.id,
+            job.number,
+        )
+        return False
+    if attempt.outcome == "gave_up":
+        log.warning(
+            "webhook of job %s given up after attempt %d: %s %s",
+            job.id,
+            job.number,
+            attempt.error_class,
+            attempt.error_detail,
+        )
+    return True

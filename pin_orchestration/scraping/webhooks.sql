@@ -60,15 +60,18 @@ RETURNING j.id, j.tenant_id, j.callback_url, j.status, j.finished_at, j.webhook_
                THEN t.webhook_secret_previous END AS webhook_secret_previous
 
 -- name: record_webhook_attempt
--- The attempt's outcome, written only while the claim is still this attempt's (a job
--- requeued meanwhile owes a new announcement and is left alone): delivered or given up
--- closes the delivery (finish_published_at), a retry sets when it is due again.
+-- The attempt's outcome, written only while the claim is still this attempt's and for
+-- the finish it announced: a job requeued meanwhile owes a new announcement and is left
+-- alone, even once it has finished again with the same status and its new delivery has
+-- reached the same attempt number (finished_at, which the webhook carries, tells the two
+-- finishes apart). Delivered or given up closes the delivery (finish_published_at), a
+-- retry sets when it is due again.
 WITH job AS (
     UPDATE scraping.jobs
     SET finish_published_at = CASE WHEN :outcome IN ('delivered', 'gave_up') THEN now() END,
         webhook_next_attempt_at = CAST(:next_attempt_at AS timestamptz)
     WHERE id = :job_id AND webhook_attempts = :number AND finish_published_at IS NULL
-      AND status = :job_status
+      AND status = :job_status AND finished_at = CAST(:finished_at AS timestamptz)
     RETURNING id
 )
 INSERT INTO scraping.webhook_deliveries (

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import webhook_fetch_policy_from
@@ -35,6 +37,7 @@ from pin_orchestration.scraping.webhooks import (
     DeliveryOptions,
     DeliveryReport,
     WebhookPolicy,
+    list_deliveries,
     run_deliveries,
     tenant_webhook_secret,
 )
@@ -559,3 +562,173 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
         assert reports[0].delivered == 13
     finally:
         hanging.close()
+
+
+def deliveries_of(engine: Engine, job_id: uuid.UUID) -> list[tuple[str, str | None]]:
+    with engine.connect() as conn:
+        return [(d["outcome"], d["error_class"]) for d in list_deliveries(conn, job_id)]
+
+
+def test_one_tenants_malformed_receiver_does_not_hold_up_the_other_tenants_webhooks(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    """A receiver answering `Content-Length: ²` (a digit to str.isdigit, not to int) made
+    the whole run raise before anything was recorded: the other tenant's webhooks were sent
+    and sent again every run, and the bad ones were never given up. Each delivery's outcome
+    is its own: the bad ones are retried with backoff to the cap, the good ones arrive once."""
+    bad, _ = make_tenant("bad")
+    good, _ = make_tenant("good")
+    with HostilePeer() as peer:
+        bad_jobs = [
+            finished_job(db_engine, bad, peer.url("content-length-superscript", f"j{i}"))
+            for i in range(2)
+        ]
+        good_jobs = {finished_job(db_engine, good, receiver.url()) for _ in range(3)}
+        for _ in range(POLICY.max_attempts):
+            deliver()
+            make_retries_due(db_engine)
+        deliver()  # nothing left: every delivery was closed
+        posts = Counter(r.name for r in peer.seen())
+
+    assert sorted(uuid.UUID(e["id"]) for e in receiver.events()) == sorted(good_jobs)
+    for job_id in good_jobs:
+        assert job_row(db_engine, job_id).finish_published_at is not None
+        assert deliveries_of(db_engine, job_id) == [("delivered", None)]
+    assert posts == {"j0": POLICY.max_attempts, "j1": POLICY.max_attempts}
+    for job_id in bad_jobs:
+        assert job_row(db_engine, job_id).finish_published_at is not None
+        outcomes = deliveries_of(db_engine, job_id)
+        assert [o for o, _ in outcomes] == ["retry"] * (POLICY.max_attempts - 1) + ["gave_up"]
+        assert all(error_class is not None for _, error_class in outcomes)
+
+
+class _FailsForOneHost(Fetcher):
+    """A fetcher with a bug that shows for one callback only: whatever escapes a delivery
+    must be that delivery's outcome, never the run's."""
+
+    def __init__(self, policy: Any, failing_url: str) -> None:
+        super().__init__(policy)
+        self.failing_url = failing_url
+
+    def post(self, url: str, body: bytes, headers: Any = None) -> Any:
+        if url == self.failing_url:
+            raise RuntimeError("a bug in the delivery path")
+        return super().post(url, body, headers)
+
+
+def test_an_unexpected_error_is_that_deliverys_failed_attempt_with_backoff_to_the_cap(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+) -> None:
+    failing_url = receiver.url("/broken")
+    tenant, _ = make_tenant("acme")
+    broken = finished_job(db_engine, tenant, failing_url)
+    fine = {finished_job(db_engine, tenant, receiver.url()) for _ in range(3)}
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    reports = []
+    with _FailsForOneHost(webhook_fetch_policy_from(settings), failing_url) as fetcher:
+        for _ in range(POLICY.max_attempts):
+            reports.append(
+                run_deliveries(db_engine, fetcher, POLICY, DeliveryOptions(batch_size=10))
+            )
+            # Backed off: the failed delivery is not due again at once.
+            assert job_row(db_engine, broken).finish_published_at is not None or (
+                run_deliveries(db_engine, fetcher, POLICY).claimed == 0
+            )
+            make_retries_due(db_engine)
+
+    assert sorted(uuid.UUID(e["id"]) for e in receiver.events()) == sorted(fine)
+    assert deliveries_of(db_engine, broken) == [("retry", "delivery_error")] * (
+        POLICY.max_attempts - 1
+    ) + [("gave_up", "delivery_error")]
+    assert reports[0].by_error_class == {"delivery_error": 1}
+    assert reports[0].delivered == 3 and reports[-1].gave_up == 1
+
+
+class GatedReceiver:
+    """A loopback receiver that answers each POST with the next of `answers` (a status;
+    0 holds the POST until `release` is set, then answers 204), recording the bodies."""
+
+    def __init__(self, answers: list[int]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.release = threading.Event()
+        self.holding = threading.Event()
+        self.bodies: list[bytes] = []
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with lock:
+                    status = answers[min(len(outer.bodies), len(answers) - 1)]
+                    outer.bodies.append(body)
+                if status == 0:
+                    outer.holding.set()
+                    outer.release.wait(60)
+                    status = 204
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_late_acknowledgement_of_an_old_finish_does_not_close_the_next_finishs_webhook(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    deliver: Deliver,
+) -> None:
+    """The job fails; its webhook is in flight (the receiver holds it) when an operator
+    requeues the job and it fails again. The new finish's first delivery gets a 500. Then
+    the old delivery is acknowledged: that 204 announced the old finish, so the new one
+    must still be owed (matched by attempt number and status alone, it was closed)."""
+    hooks = GatedReceiver([0, 500, 204])
+    try:
+        tenant, _ = make_tenant("acme")
+        job_id = finished_job(db_engine, tenant, hooks.url())
+        fail = text(
+            "UPDATE scraping.jobs SET status = 'failed', finished_at = clock_timestamp() "
+            "WHERE id = :id"
+        )
+        with db_engine.begin() as conn:
+            conn.execute(fail, {"id": job_id})
+        old = threading.Thread(target=deliver)
+        old.start()
+        assert hooks.holding.wait(30)  # the old finish's delivery is in flight
+        assert requeue_failed_jobs(db_engine, [job_id]) == [job_id]
+        with db_engine.begin() as conn:
+            conn.execute(fail, {"id": job_id})
+        report = deliver()  # the new finish's first delivery: 500, retried later
+        assert (report.claimed, report.retried) == (1, 1)
+        hooks.release.set()
+        old.join(60)
+
+        row = job_row(db_engine, job_id)
+        assert row.finish_published_at is None, "the old finish's 204 closed the new finish"
+        announced = [json.loads(b)["finished_at"] for b in hooks.bodies]
+        assert announced[1] == row.finished_at.isoformat() != announced[0]
+        make_retries_due(db_engine)
+        assert deliver().delivered == 1  # the new finish, acknowledged itself
+        assert job_row(db_engine, job_id).finish_published_at is not None
+        assert json.loads(hooks.bodies[2])["finished_at"] == row.finished_at.isoformat()
+    finally:
+        hooks.close()
