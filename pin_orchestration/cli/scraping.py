@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from pin_orchestration.scraping.repository import DomainDefaults
 
 
+# How long uvicorn's supervisor waits for an API worker to answer its health check before
+# killing it (uvicorn's default: 5 s). A worker answers only once its start is done, and
+# spawn starts it by importing the parent's main script first — for `pin`, the whole CLI
+# (~2 s of CPU, Dagster included): on a machine with a load of 6-14 that took longer than
+# 5 s, so both workers were killed, restarted and killed again, and the API never served.
+# The check runs in a thread of its own, so a worker that is merely busy (a slow request,
+# a full collection) still answers it; only a worker that is stuck misses a minute of it.
+WORKER_HEALTHCHECK_SECONDS = 60
+
+
 @click.command("api")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
@@ -57,6 +67,7 @@ def api(host: str, port: int, workers: int) -> None:
         host=host,
         port=port,
         workers=workers,
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         log_level="info",
         access_log=False,
     )
