@@ -29,11 +29,11 @@ that was not a success (`http_503`, `http_404`).
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
+from datetime import datetime, timedelta
 from typing import Literal
+
+from pin_orchestration.scraping.headers import parse_retry_after
 
 TRANSIENT, PERMANENT = "transient", "permanent"
 
@@ -50,8 +50,6 @@ PERMANENT_ERROR_CLASSES = frozenset(
 TRANSIENT_STATUS_CODES = frozenset({408, 429})
 
 MAX_ERROR_DETAIL_CHARS = 512
-
-_DELAY_SECONDS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -104,35 +102,6 @@ def classify_error(error_class: str) -> Literal["transient", "permanent"]:
         )
     # An unknown class is a bug in the caller; failing jobs quietly under it would hide it.
     raise ValueError(f"unknown fetch error class {error_class!r}")
-
-
-def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
-    """The moment a `Retry-After` header value points at, or `None` if it says nothing usable.
-
-    Either delay-seconds (digits only) counted from `now`, or an HTTP-date in any of the
-    three forms RFC 9110 §5.6.7 makes recipients accept. Garbage, negative or fractional
-    delays and impossible dates → `None`. A date in the past is returned as is: it simply
-    does not hold the retry back.
-    """
-    _require_aware(now)
-    if value is None:
-        return None
-    text = value.strip()
-    if not text:
-        return None
-    if _DELAY_SECONDS.fullmatch(text):
-        try:
-            return now + timedelta(seconds=int(text))
-        except OverflowError:
-            return None
-    try:
-        moment = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if moment.tzinfo is None:
-        # The asctime form carries no zone; HTTP-dates are always GMT.
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def domain_pause_until(

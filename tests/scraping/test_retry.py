@@ -13,7 +13,6 @@ from pin_orchestration.scraping.retry import (
     RetryPolicy,
     backoff_delay,
     decide,
-    parse_retry_after,
 )
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -136,33 +135,6 @@ def test_backoff_wins_over_an_earlier_retry_after() -> None:
         policy=RetryPolicy(10),
     )
     assert past.next_attempt_at == NOW + timedelta(seconds=expected)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("0", NOW),
-        ("30", NOW + timedelta(seconds=30)),
-        (" 30 ", NOW + timedelta(seconds=30)),
-        ("Mon, 30 Nov 2026 12:00:45 GMT", NOW + timedelta(seconds=45)),  # IMF-fixdate
-        ("Monday, 30-Nov-26 12:00:45 GMT", NOW + timedelta(seconds=45)),  # RFC 850
-        ("Mon Nov 30 12:00:45 2026", NOW + timedelta(seconds=45)),  # asctime
-        (None, None),
-        ("", None),
-        ("-5", None),
-        ("1.5", None),
-        ("soon", None),
-        ("Mon, 31 Nov 2026 12:00:45 GMT", None),
-        ("99999999999999999999999", None),
-    ],
-)
-def test_parse_retry_after(value: str | None, expected: datetime | None) -> None:
-    assert parse_retry_after(value, NOW) == expected
-
-
-def test_naive_now_is_refused() -> None:
-    with pytest.raises(ValueError, match="timezone-aware"):
-        parse_retry_after("5", NOW.replace(tzinfo=None))
 
 
 def test_backoff_is_full_jitter_under_the_exponential_ceiling_and_the_cap() -> None:

@@ -1,0 +1,80 @@
+"""The defensive header parsers: what a remote party writes in a header never raises."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pin_orchestration.scraping.headers import parse_content_length, parse_retry_after
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", NOW),
+        ("30", NOW + timedelta(seconds=30)),
+        (" 30 ", NOW + timedelta(seconds=30)),
+        ("Mon, 30 Nov 2026 12:00:45 GMT", NOW + timedelta(seconds=45)),  # IMF-fixdate
+        ("Monday, 30-Nov-26 12:00:45 GMT", NOW + timedelta(seconds=45)),  # RFC 850
+        ("Mon Nov 30 12:00:45 2026", NOW + timedelta(seconds=45)),  # asctime
+        (None, None),
+        ("", None),
+        ("-5", None),
+        ("1.5", None),
+        ("soon", None),
+        ("Mon, 31 Nov 2026 12:00:45 GMT", None),
+        ("99999999999999999999999", None),
+        # A valid date whose move to UTC leaves datetime's range (OverflowError).
+        ("Fri, 31 Dec 9999 23:59:59 -0100", None),
+        # Digits that are not ASCII: str.isdigit() says yes, the grammar says no.
+        ("²", None),
+        ("١٢", None),
+        ("9" * 5000, None),
+    ],
+)
+def test_parse_retry_after(value: str | None, expected: datetime | None) -> None:
+    assert parse_retry_after(value, NOW) == expected
+
+
+def test_naive_now_is_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        parse_retry_after("5", NOW.replace(tzinfo=None))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", 0),
+        ("42", 42),
+        (" 42\t", 42),
+        ("42, 42", 42),
+        ("99999999999999999999", 99999999999999999999),
+        (None, None),
+        ("", None),
+        ("²", None),  # "²".isdigit() is true, int("²") raises
+        ("١٢", None),  # int("١٢") is 12
+        ("-1", None),
+        ("+1", None),
+        ("1.0", None),
+        ("0x10", None),
+        ("1_000", None),
+        ("42, 43", None),
+        ("9" * 5000, None),
+    ],
+)
+def test_parse_content_length(value: str | None, expected: int | None) -> None:
+    assert parse_content_length(value) == expected
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.text())
+def test_no_header_value_raises(value: str) -> None:
+    length = parse_content_length(value)
+    assert length is None or length >= 0
+    moment = parse_retry_after(value, NOW)
+    assert moment is None or moment.tzinfo is not None
