@@ -327,26 +327,30 @@ def _forever(world: World, every: float, step: Callable[[], None], name: str) ->
 
 
 def _start_service(world: World, jobs: int, feed_seconds: float) -> None:
-    """The feeder, the worker processes (respawned when one exits or is killed, as the
-    sensor launches runs), the lease sweeper and the webhook delivery loop."""
-    from pin_orchestration.resources.scraping import (
-        webhook_fetch_policy_from,
-        webhook_policy_from,
-    )
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.repository import (
-        create_tenant,
-        sweep_expired_leases,
-    )
-    from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.webhooks import DeliveryOptions, run_deliveries
+    """The feeder, then the service's loops (`_start_loops`)."""
+    from pin_orchestration.scraping.repository import create_tenant
 
-    settings = ScrapingSettings.from_env(world.env)
     tenant, _ = create_tenant(world.engine, "faults")
     world.feeding.set()
     threading.Thread(
         target=_feed, args=(world, tenant.id, jobs, feed_seconds), daemon=True, name="feeder"
     ).start()
+    _start_loops(world)
+
+
+def _start_loops(world: World) -> None:
+    """The worker processes (respawned when one exits or is killed, as the sensor launches
+    runs), the lease sweeper and the webhook delivery loop."""
+    from pin_orchestration.resources.scraping import (
+        webhook_fetch_policy_from,
+        webhook_policy_from,
+    )
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.repository import sweep_expired_leases
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.webhooks import DeliveryOptions, run_deliveries
+
+    settings = ScrapingSettings.from_env(world.env)
 
     def keep_workers() -> None:
         if not world.keep_workers:

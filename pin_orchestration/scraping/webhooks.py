@@ -9,8 +9,8 @@ through the Fetcher — the same SSRF guard, timeout and deadline as the scraper
 fetches — and records each attempt, one by one, for the finish it announced: a 2xx
 closes the delivery, anything else (an exception included: one receiver's malformed answer
 is its own delivery's failure, never the run's) is retried after a backoff with full
-jitter until `max_attempts`, when it is given up (recorded, and closed). A refused or malformed callback address is given up at once: no packet is ever
-sent to it.
+jitter until `max_attempts`, when it is given up (recorded, and closed). A refused or
+malformed callback address is given up at once: no packet is ever sent to it.
 
 Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
 webhook"), with the tenant's secret and, for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS after a
@@ -350,7 +350,7 @@ def _deliver(
         error_class, detail = DELIVERY_ERROR, f"{type(exc).__name__}: {exc}"
     duration_ms = int((time.monotonic() - started) * 1000)
     if detail is not None:
-        detail = detail[:_MAX_DETAIL_CHARS]
+        detail = _printable(detail)[:_MAX_DETAIL_CHARS]
     if http_status is not None and 200 <= http_status < 300:
         return _Attempt("delivered", http_status, None, None, duration_ms, None)
     if http_status is not None:
@@ -360,6 +360,13 @@ def _deliver(
     delay = backoff_delay(job.number, policy.retry_policy(), rng)
     due = datetime.now(UTC) + timedelta(seconds=delay)
     return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
+
+
+def _printable(text: str) -> str:
+    """`text` with what is not printable escaped: a receiver's answer quoted in an error
+    (a status line of raw bytes) may hold a NUL, which PostgreSQL refuses in text, and the
+    attempt would never be recorded (its webhook sent again and again)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:

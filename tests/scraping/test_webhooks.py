@@ -569,23 +569,34 @@ def deliveries_of(engine: Engine, job_id: uuid.UUID) -> list[tuple[str, str | No
         return [(d["outcome"], d["error_class"]) for d in list_deliveries(conn, job_id)]
 
 
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        # Content-Length: ² (a digit to str.isdigit, not to int()) made the whole run raise
+        # before anything was recorded: the other tenant's webhooks were sent and sent
+        # again every run, and the bad ones were never given up.
+        "content-length-superscript",
+        # A status line of raw bytes: its NUL went into error_detail, which PostgreSQL
+        # refuses, so the attempt was never recorded and the webhook sent forever.
+        "binary-garbage",
+        "redirect-bad-location",
+        "status-not-http",
+    ],
+)
 def test_one_tenants_malformed_receiver_does_not_hold_up_the_other_tenants_webhooks(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
     receiver: Receiver,
     deliver: Deliver,
+    behaviour: str,
 ) -> None:
-    """A receiver answering `Content-Length: ²` (a digit to str.isdigit, not to int) made
-    the whole run raise before anything was recorded: the other tenant's webhooks were sent
-    and sent again every run, and the bad ones were never given up. Each delivery's outcome
-    is its own: the bad ones are retried with backoff to the cap, the good ones arrive once."""
+    """Each delivery's outcome is its own, recorded: a receiver answering malformed HTTP
+    gets its attempts, with backoff, up to the cap, then given up; the other tenant's
+    webhooks arrive once each."""
     bad, _ = make_tenant("bad")
     good, _ = make_tenant("good")
     with HostilePeer() as peer:
-        bad_jobs = [
-            finished_job(db_engine, bad, peer.url("content-length-superscript", f"j{i}"))
-            for i in range(2)
-        ]
+        bad_jobs = [finished_job(db_engine, bad, peer.url(behaviour, f"j{i}")) for i in range(2)]
         good_jobs = {finished_job(db_engine, good, receiver.url()) for _ in range(3)}
         for _ in range(POLICY.max_attempts):
             deliver()

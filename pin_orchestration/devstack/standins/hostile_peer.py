@@ -196,7 +196,7 @@ CORPUS: dict[str, Behaviour] = {
     ),
     "redirect-host-flip": lambda a: a.head(
         "HTTP/1.1 301 Moved Permanently",
-        f"Location: {a.location('localhost' if a.hop % 2 == 0 else a.peer.host)}",
+        f"Location: {a.location(a.peer.alias if a.hop % 2 == 0 else a.peer.host)}",
         "Content-Length: 0",
     ),
     "redirect-bad-location": lambda a: a.head(
@@ -330,18 +330,27 @@ class _Server(socketserver.ThreadingTCPServer):
 
 class HostilePeer:
     """The peer on a loopback port; `with HostilePeer() as peer:` or `start()`/`stop()`.
-    `url(behaviour, name)` is the address that plays `behaviour` for a job named `name`."""
+    `url(behaviour, name)` is the address that plays `behaviour` for a job named `name`.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        if not host.startswith("127."):
-            raise ValueError(f"the hostile peer listens on loopback only (got {host!r})")
+    With `alias` (another loopback address) it listens there too, on the same port: the
+    host flips of `redirect-host-flip` go back and forth between the two (without one,
+    to `localhost`, which is the peer only when it listens on 127.0.0.1)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, alias: str | None = None) -> None:
+        for address in (host, alias or host):
+            if not address.startswith("127."):
+                raise ValueError(f"the hostile peer listens on loopback only (got {address!r})")
         self.requests: list[PeerRequest] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._server = _Server((host, port), _Handler)
-        self._server.peer = self
-        self.host, self.port = self._server.server_address[:2]
-        self._thread: threading.Thread | None = None
+        self._servers = [_Server((host, port), _Handler)]
+        self.host, self.port = self._servers[0].server_address[:2]
+        if alias is not None:
+            self._servers.append(_Server((alias, self.port), _Handler))
+        self.alias = alias or "localhost"
+        for server in self._servers:
+            server.peer = self
+        self._threads: list[threading.Thread] = []
 
     def url(self, behaviour: str, name: str = "x") -> str:
         if behaviour not in CORPUS:
@@ -349,21 +358,25 @@ class HostilePeer:
         return f"http://{self.host}:{self.port}/{behaviour}/{name}"
 
     def start(self) -> HostilePeer:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="hostile-peer",
-            daemon=True,
-        )
-        self._thread.start()
+        for server in self._servers:
+            thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="hostile-peer",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def stop(self) -> None:
         self.stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join()
+        for server in self._servers:
+            if self._threads:
+                server.shutdown()
+            server.server_close()
+        for thread in self._threads:
+            thread.join()
 
     def seen(self) -> list[PeerRequest]:
         with self._lock:
