@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import requests
 import requests.adapters
@@ -43,6 +43,8 @@ import urllib3.connectionpool
 import urllib3.exceptions
 import urllib3.poolmanager
 from urllib3.util.connection import allowed_gai_family
+
+from pin_orchestration.scraping.headers import parse_content_length, resolve_location
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -317,16 +319,22 @@ class Fetcher:
                 allow_redirects=False,
                 stream=True,
             )
-            location = self._session.get_redirect_target(response)
-            if location is None:
+            if not (response.status_code in _REDIRECT_STATUSES and "location" in response.headers):
                 return _read_answer(response, self.policy, should_stop, deadline, started)
             response.close()
+            location = resolve_location(response.headers["location"], response.url)
+            if location is None:
+                raise FetchError(
+                    "invalid_response",
+                    f"HTTP {response.status_code} with a Location that is no URL: "
+                    f"{response.headers['location'][:200]!r}",
+                )
             if hop == self.policy.max_redirects:
                 raise FetchError(
                     "too_many_redirects",
                     f"more than {self.policy.max_redirects} redirects (last to {location[:200]})",
                 )
-            url = _checked_url(urljoin(response.url, location), what="redirect location")
+            url = _checked_url(location, what="redirect location")
             if redirect_slots is not None:
                 self._wait_for_slot(redirect_slots, url, should_stop, started)
         raise AssertionError("unreachable: the loop returns or raises")
@@ -360,16 +368,12 @@ def _read_answer(
     started: float,
 ) -> FetchResult:
     with response:
-        declared = response.headers.get("content-length")
-        if (
-            declared is not None
-            and declared.strip().isdigit()
-            and int(declared) > policy.max_body_bytes
-        ):
+        # A length that does not parse is no length: the body is still cut at the limit.
+        declared = parse_content_length(response.headers.get("content-length"))
+        if declared is not None and declared > policy.max_body_bytes:
             raise FetchError(
                 "body_too_large",
-                f"Content-Length {int(declared)} exceeds the limit of "
-                f"{policy.max_body_bytes} bytes",
+                f"Content-Length {declared} exceeds the limit of {policy.max_body_bytes} bytes",
             )
         body = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115
         try:
@@ -728,8 +732,17 @@ class _NoCookies(http.cookiejar.DefaultCookiePolicy):
         return False
 
 
+class _OwnRedirectsSession(requests.Session):
+    """Redirects are followed by `Fetcher._fetch`, one checked hop at a time. requests
+    still reads the Location of every answer (to offer the next request), and raises on
+    one that is not UTF-8 or does not parse; here it never reads it."""
+
+    def get_redirect_target(self, resp: requests.Response) -> None:
+        return None
+
+
 def _guarded_session(policy: FetchPolicy) -> requests.Session:
-    session = requests.Session()
+    session = _OwnRedirectsSession()
     # No proxies, .netrc credentials or CA bundle overrides from the environment.
     session.trust_env = False
     session.cookies.set_policy(_NoCookies())

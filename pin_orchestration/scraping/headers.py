@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from urllib.parse import urljoin
 
 # RFC 9110 §8.6: Content-Length = 1*DIGIT, DIGIT being ASCII 0-9.
 _ASCII_DIGITS = re.compile(r"[0-9]+")
@@ -73,4 +74,24 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
         return moment.astimezone(UTC)
     except (TypeError, ValueError, IndexError, OverflowError):
         # OverflowError: a date at the edge of datetime's range moved across a zone.
+        return None
+
+
+def resolve_location(value: str | None, base_url: str) -> str | None:
+    """The absolute URL a `Location` value points at, resolved against `base_url` (the
+    URL that answered), or `None` when it points nowhere usable: absent, empty, not UTF-8
+    (header bytes arrive as latin-1 text), or not parseable as a URL reference (`http://[::1`
+    makes urljoin raise). Whether the URL may be fetched (scheme, host, port) is the
+    caller's check."""
+    if value is None:
+        return None
+    try:
+        text = value.encode("latin-1").decode("utf-8").strip(_OWS)
+    except UnicodeError:
+        return None
+    if not text or not text.isprintable():
+        return None
+    try:
+        return urljoin(base_url, text)
+    except ValueError:
         return None

@@ -8,6 +8,8 @@ and gets back a `Decision`. Nothing here touches the database or the network.
 | HTTP 2xx                                          | —         | `succeeded`                   |
 | fetch error `timeout`, `connection_error`         | transient | `retry` (or `failed` when the |
 | HTTP 408, 429, 5xx                                | transient |  attempts are exhausted)      |
+| `worker_error` (the attempt raised anything else: | transient |                               |
+| a bug, a results store failing)                   |           |                               |
 | HTTP 1xx, 3xx (a redirect left unfollowed), other | permanent | `failed` at once              |
 | 4xx (401, 403, 404, …), any status outside 1xx-5xx|           |                               |
 | fetch error `invalid_url`, `invalid_response`,    | permanent | `failed` at once              |
@@ -18,9 +20,10 @@ and gets back a `Decision`. Nothing here touches the database or the network.
 
 A retry is due at `now + backoff_delay(attempt)` (exponential backoff with full jitter:
 uniform over `[0, min(cap, base * 2**(attempt-1))]`), and never earlier than the target's
-`Retry-After` (delay-seconds or an HTTP-date, RFC 9110 §10.2.3). `attempt` is the number
-of the attempt just made, counting from 1; once it reaches `max_attempts` a transient
-outcome fails the job too, saying the attempts are exhausted.
+`Retry-After` (delay-seconds or an HTTP-date, RFC 9110 §10.2.3), itself capped at
+`max_pause_seconds` as a domain's pause is. `attempt` is the number of the attempt just
+made, counting from 1; once it reaches `max_attempts` a transient outcome fails the job
+too, saying the attempts are exhausted.
 
 `error_class` of a decision is the fetch error class, or `http_<status>` for an answer
 that was not a success (`http_503`, `http_404`).
@@ -37,7 +40,10 @@ from pin_orchestration.scraping.headers import parse_retry_after
 
 TRANSIENT, PERMANENT = "transient", "permanent"
 
-TRANSIENT_ERROR_CLASSES = frozenset({"timeout", "connection_error"})
+# worker_error: the attempt raised something unforeseen (a bug, a results store that
+# failed): worth another attempt, within the budget and after the backoff like any other,
+# so a cause that persists fails the job instead of retrying it for ever.
+TRANSIENT_ERROR_CLASSES = frozenset({"timeout", "connection_error", "worker_error"})
 PERMANENT_ERROR_CLASSES = frozenset(
     {
         "invalid_url",
@@ -184,7 +190,9 @@ def decide(
     next_attempt_at = now + timedelta(seconds=backoff_delay(attempt, policy, rng))
     not_before = parse_retry_after(retry_after, now)
     if not_before is not None and not_before > next_attempt_at:
-        next_attempt_at = not_before
+        # Capped as the domain's pause is: a target asking for year 9999 does not park
+        # the job there.
+        next_attempt_at = min(not_before, now + timedelta(seconds=policy.max_pause_seconds))
     return Decision(
         "retry",
         decided_class,

@@ -254,11 +254,22 @@ def run_worker(
                 domain_defaults=options.domain_defaults,
             )
             outcome = _attempt(flight, store, fetcher, slots, retry_policy, rng, clock)
-        except Exception as exc:  # a bug must not strand the job in running
+        except Exception as exc:
+            # A bug, or a results store that fails: must not strand the job in running, and
+            # must not requeue it at once either (a cause that persists would retry it for
+            # ever): a transient attempt, with the job's budget and backoff.
             log.exception("attempt of job %s failed unexpectedly", flight.job.id)
-            outcome = _retry_now(
-                flight.job, "worker_error", f"{type(exc).__name__}: {exc}", clock()
+            decision = decide(
+                attempt=flight.job.budget_used,
+                status_code=None,
+                error_class="worker_error",
+                error_detail=f"{type(exc).__name__}: {exc}",
+                retry_after=None,
+                policy=retry_policy,
+                now=clock(),
+                rng=rng,
             )
+            outcome = _decided(flight.job, decision, None, None)
         if outcome is not None:
             outcomes.put((outcome, flight.job.created_at))
         with flights_lock:
@@ -501,7 +512,7 @@ def _decided(
     job: ClaimedJob,
     decision: Decision,
     http_status: int | None,
-    duration_ms: int,
+    duration_ms: int | None,
     domain_paused_until: datetime | None = None,
     paused_domain: str | None = None,
 ) -> AttemptOutcome:

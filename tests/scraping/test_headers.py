@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pin_orchestration.scraping.headers import parse_content_length, parse_retry_after
+from pin_orchestration.scraping.headers import (
+    parse_content_length,
+    parse_retry_after,
+    resolve_location,
+)
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -78,3 +82,22 @@ def test_no_header_value_raises(value: str) -> None:
     assert length is None or length >= 0
     moment = parse_retry_after(value, NOW)
     assert moment is None or moment.tzinfo is not None
+    location = resolve_location(value, "http://a.test/start")
+    assert location is None or location.isprintable()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("/next", "http://a.test/next"),
+        ("https://b.test/x?y=1", "https://b.test/x?y=1"),
+        ("caf\u00c3\u00a9", "http://a.test/café"),  # UTF-8 bytes, read as latin-1
+        (None, None),
+        ("", None),
+        ("http://[::1", None),  # urljoin raises ValueError
+        ("/\u00ff\u00fe", None),  # not UTF-8
+        ("/a\u0000b", None),
+    ],
+)
+def test_resolve_location(value: str | None, expected: str | None) -> None:
+    assert resolve_location(value, "http://a.test/start") == expected

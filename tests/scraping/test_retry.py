@@ -163,3 +163,19 @@ def test_a_retry_detail_counts_the_attempt_that_just_failed() -> None:
     assert first.error_detail == "HTTP 503 from the target; attempt 1 of 5 failed, will retry"
     fourth = _decide(attempt=4, error_class="timeout", error_detail="no answer within 30 s")
     assert fourth.error_detail == "no answer within 30 s; attempt 4 of 5 failed, will retry"
+
+
+def test_a_retry_after_is_capped_as_a_domain_pause_is() -> None:
+    policy = RetryPolicy(max_attempts=5, max_pause_seconds=300)
+    far = _decide(status_code=503, retry_after="Fri, 31 Dec 9999 23:59:59 GMT", policy=policy)
+    assert far.next_attempt_at == NOW + timedelta(seconds=300)
+    huge = _decide(status_code=429, retry_after="99999999", policy=policy)
+    assert huge.next_attempt_at == NOW + timedelta(seconds=300)
+
+
+def test_a_worker_error_is_transient_with_a_budget() -> None:
+    first = _decide(attempt=1, error_class="worker_error", error_detail="OSError: disk full")
+    assert first.outcome == "retry" and first.next_attempt_at is not None
+    assert first.next_attempt_at <= NOW + timedelta(seconds=POLICY.backoff_base_seconds)
+    last = _decide(attempt=5, error_class="worker_error", error_detail="OSError: disk full")
+    assert (last.outcome, last.error_class) == ("failed", "worker_error")
