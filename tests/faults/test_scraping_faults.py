@@ -69,3 +69,23 @@ def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> N
     # finds only parked ones. Any of them is the parked queue; none passes.
     assert "scraping.scenario_completed" in result.stderr
     assert re.search(STALLED, result.stderr), result.stderr[-3000:]
+
+
+def test_a_webhook_error_quoting_a_nul_is_never_recorded_and_never_closed(
+    tmp_path: Path,
+) -> None:
+    # A receiver's status line of raw bytes (the peer's `binary-garbage`) is quoted in the
+    # attempt's error; unescaped, its NUL makes PostgreSQL refuse the record, and the
+    # webhook is sent again each time its lease ends, never given up.
+    root = broken_copy(
+        tmp_path,
+        "scraping/webhooks.py",
+        "detail = _printable(detail)[:_MAX_DETAIL_CHARS]",
+        "detail = detail[:_MAX_DETAIL_CHARS]",
+    )
+    result = run_suite(root, "scraping-hostile-peer")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "scraping.every_job_ends" in result.stderr
+    assert re.search(r"webhooks never closed \[[^]]*hook binary-garbage", result.stderr), (
+        result.stderr[-3000:]
+    )
