@@ -207,7 +207,8 @@ class AddressRefusedError(Exception):
 
 
 class RedirectSlots(Protocol):
-    """A job's politeness for redirect hops to other hosts (the worker's, in PostgreSQL):
+    """A job's politeness for its redirect hops, each one a request of its host (the worker's,
+    in PostgreSQL):
     `take(host)` returns 0 when a request to `host` may be sent now (counted against that
     host's limits), else the seconds to wait before asking again; `release()` gives back
     what the last hop took, once the fetch has ended."""

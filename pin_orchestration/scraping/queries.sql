@@ -309,9 +309,7 @@ FROM (
 SELECT scraping.pause_domain(:domain, now() + make_interval(secs => :seconds)) AS until
 
 -- name: resume_domain
-SELECT d.blocked_until > now() AS was_paused, scraping.pause_domain(:domain, NULL)
-FROM (SELECT :domain AS domain) h
-LEFT JOIN scraping.domains d ON d.domain = h.domain
+SELECT scraping.resume_domain(:domain) AS was_paused
 
 -- name: set_domain_limits
 -- NULL keeps what is set (the default when nothing is).

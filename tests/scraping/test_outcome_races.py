@@ -175,3 +175,88 @@ def test_a_run_that_claims_its_own_swept_job_again_keeps_the_new_attempt(
         (1, "lost"),
         (2, "succeeded"),
     ]
+
+
+def _blocked_for(engine: Engine, domain: str) -> float | None:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT extract(epoch FROM blocked_until - now()) FROM scraping.domains "
+                "WHERE domain = :d"
+            ),
+            {"d": domain},
+        ).scalar_one_or_none()
+
+
+def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_tenant: Any) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pin_orchestration.scraping.worker import claim_due_jobs
+    from tests.scraping.conftest import UNLIMITED
+
+    tenant_id = make_tenant("shop")[0].id
+    job_id = enqueue(db_engine, tenant_id, "http://paused.example/x")
+    [job] = claim_due_jobs(
+        db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
+    )
+    # Another worker's 429 paused the domain for 600 s.
+    repository.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
+    # This worker's outcome asked for a 2 s pause, and was held 10 s (a database blip)
+    # before it could be written: its pause is over, and must not touch the 600 s one.
+    decided = datetime.now(UTC)
+    outcome = repository.AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued",
+        outcome="retry",
+        http_status=429,
+        error_class="http_429",
+        next_attempt_at=decided + timedelta(seconds=2),
+        domain="paused.example",
+        domain_paused_until=decided + timedelta(seconds=2),
+    )
+    written = repository.finish_attempts(
+        db_engine,
+        worker="w1",
+        outcomes=[outcome],
+        clock=lambda: decided + timedelta(seconds=10),
+        max_pause_seconds=3600,
+    )
+    assert written == {job_id: "queued"}
+    left = _blocked_for(db_engine, "paused.example")
+    assert left is not None and left > 590
+    # The function itself: a moment already past is no pause, and lifts nothing.
+    with db_engine.begin() as conn:
+        kept = conn.execute(
+            text("SELECT scraping.pause_domain('paused.example', now() - interval '1 second')")
+        ).scalar_one()
+    assert kept is not None
+    left = _blocked_for(db_engine, "paused.example")
+    assert left is not None and left > 590
+    # Only an operator's resume lifts it.
+    assert repository.resume_domain(db_engine, "paused.example") is True
+    assert _blocked_for(db_engine, "paused.example") is None
+
+
+def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
+    from pin_orchestration.scraping.worker import claim_due_jobs
+
+    limits = DomainDefaults(rps=1.0, concurrency=10)
+    tenant_id = make_tenant("shop")[0].id
+    enqueue(db_engine, tenant_id, "http://one-rps.example/start")
+    [job] = claim_due_jobs(
+        db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=limits
+    )
+    slots = RedirectSlots(db_engine, job, hold_seconds=5, domain_defaults=limits)
+    # The claim spent the host's one token: a hop back to it waits for the next one.
+    wait = slots.take("one-rps.example")
+    assert 0 < wait <= 1.0
+    # A pause of its own host holds the hop too.
+    repository.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
+    assert slots.take("ONE-RPS.example") > 590
+    slots.release()
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
