@@ -998,9 +998,9 @@ BEGIN
         RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
     END IF;
     IF p_until IS NULL OR p_until <= clock_timestamp() THEN
-        UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
-        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
-        RETURN NULL;
+        SELECT d.blocked_until INTO v_kept FROM scraping.domains d
+        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until > clock_timestamp();
+        RETURN v_kept;
     END IF;
     v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
     INSERT INTO scraping.domains AS d (domain, blocked_until)
@@ -1059,6 +1059,28 @@ CREATE FUNCTION scraping.request_sha256(p_url text, p_params jsonb, p_priority t
     SELECT encode(sha256(convert_to(jsonb_build_object(
         'url', p_url, 'params', p_params, 'priority', p_priority,
         'callback_url', p_callback_url)::text, 'UTF8')), 'hex');
+$$;
+
+--
+-- Name: resume_domain(text); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.resume_domain(p_domain text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_was_paused boolean;
+BEGIN
+    IF p_domain IS NULL OR btrim(p_domain) = '' THEN
+        RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.blocked_until > clock_timestamp() INTO v_was_paused FROM scraping.domains d
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL
+    FOR UPDATE;
+    UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+    RETURN coalesce(v_was_paused, false);
+END
 $$;
 
 --
@@ -1195,12 +1217,11 @@ DECLARE
     v_rps double precision;
     v_tokens double precision;
     v_running integer;
+    v_own boolean;
 BEGIN
     PERFORM scraping.release_redirect_slot(p_job_id, p_attempt);
-    IF EXISTS (SELECT 1 FROM scraping.jobs j
-               WHERE j.id = p_job_id AND j.domain = v_domain_name) THEN
-        RETURN 0;
-    END IF;
+    v_own := EXISTS (SELECT 1 FROM scraping.jobs j
+                     WHERE j.id = p_job_id AND j.domain = v_domain_name);
     INSERT INTO scraping.domains (domain) VALUES (v_domain_name)
     ON CONFLICT (domain) DO NOTHING;
     SELECT d.* INTO v_domain FROM scraping.domains d
@@ -1216,21 +1237,26 @@ BEGIN
     IF v_tokens < 1 THEN
         RETURN (1 - v_tokens) / v_rps;
     END IF;
-    SELECT (SELECT count(*) FROM scraping.jobs j
-            WHERE j.status = 'running' AND j.domain = v_domain_name)
-         + (SELECT count(*) FROM scraping.redirect_slots s
-            WHERE s.domain = v_domain_name AND s.expires_at > v_now)
-    INTO v_running;
-    IF v_running >= coalesce(v_domain.concurrency, p_default_concurrency) THEN
-        -- A job or hop finishing frees it; nothing tells a waiting hop, so it asks again.
-        RETURN 0.05;
+    IF NOT v_own THEN
+        SELECT (SELECT count(*) FROM scraping.jobs j
+                WHERE j.status = 'running' AND j.domain = v_domain_name)
+             + (SELECT count(*) FROM scraping.redirect_slots s
+                WHERE s.domain = v_domain_name AND s.expires_at > v_now)
+        INTO v_running;
+        IF v_running >= coalesce(v_domain.concurrency, p_default_concurrency) THEN
+            -- A job or hop finishing frees it; nothing tells a waiting hop: it asks again.
+            RETURN 0.05;
+        END IF;
     END IF;
 
     UPDATE scraping.domains d
     SET tokens = v_tokens - 1, tokens_at = greatest(v_now, d.tokens_at)
     WHERE d.domain = v_domain_name;
-    INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)
-    VALUES (p_job_id, p_attempt, v_domain_name, v_now + make_interval(secs => p_hold_seconds));
+    IF NOT v_own THEN
+        INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)
+        VALUES (p_job_id, p_attempt, v_domain_name,
+                v_now + make_interval(secs => p_hold_seconds));
+    END IF;
     RETURN 0;
 END
 $$;

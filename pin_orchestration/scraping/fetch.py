@@ -207,10 +207,10 @@ class AddressRefusedError(Exception):
 
 
 class RedirectSlots(Protocol):
-    """A job's politeness for redirect hops to other hosts (the worker's, in PostgreSQL):
-    `take(host)` returns 0 when a request to `host` may be sent now (counted against that
-    host's limits), else the seconds to wait before asking again; `release()` gives back
-    what the last hop took, once the fetch has ended."""
+    """A job's politeness for its redirect hops, each a request to its host (the worker's,
+    in PostgreSQL): `take(host)` returns 0 when a request to `host` may be sent now
+    (counted against that host's limits), else the seconds to wait before asking again;
+    `release()` gives back what the last hop took, once the fetch has ended."""
 
     def take(self, host: str) -> float: ...
 

@@ -221,12 +221,16 @@ SELECT scraping.take_redirect_slot(
 SELECT scraping.release_redirect_slot(:job_id, :attempt)
 
 -- name: renew_leases
--- Extend this worker's leases; a job missing from the answer is no longer ours (swept or
--- finished elsewhere). Cancel requests ride back on the same round trip.
-UPDATE scraping.jobs
+-- Extend this worker's leases of these attempts; an attempt missing from the answer is no
+-- longer ours (swept, finished elsewhere, or the job claimed again: a later attempt, even
+-- of this worker, is not renewed on an earlier one's behalf). Cancel requests ride back on
+-- the same round trip.
+UPDATE scraping.jobs j
 SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
-WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'running' AND lease_owner = :worker
-RETURNING id, cancel_requested_at IS NOT NULL AS cancel_requested
+FROM unnest(CAST(:ids AS uuid[]), CAST(:numbers AS integer[])) AS r(id, number)
+WHERE j.id = r.id AND j.attempts = r.number AND j.status = 'running'
+  AND j.lease_owner = :worker
+RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: finish_attempt
 -- The attempt's outcome and the job's next state, written only while the lease is still
@@ -305,9 +309,7 @@ FROM (
 SELECT scraping.pause_domain(:domain, now() + make_interval(secs => :seconds)) AS until
 
 -- name: resume_domain
-SELECT d.blocked_until > now() AS was_paused, scraping.pause_domain(:domain, NULL)
-FROM (SELECT :domain AS domain) h
-LEFT JOIN scraping.domains d ON d.domain = h.domain
+SELECT scraping.resume_domain(:domain) AS was_paused
 
 -- name: set_domain_limits
 -- NULL keeps what is set (the default when nothing is).

@@ -576,17 +576,28 @@ class RedirectSlots:
 
 
 def renew_leases(
-    engine: Engine, *, worker: str, job_ids: Iterable[uuid.UUID], lease_seconds: float
-) -> dict[uuid.UUID, bool]:
-    """Job id → cancel requested, for the jobs whose lease this worker still holds."""
-    ids = [str(i) for i in job_ids]
-    if not ids:
+    engine: Engine,
+    *,
+    worker: str,
+    attempts: Iterable[tuple[uuid.UUID, int]],
+    lease_seconds: float,
+) -> dict[tuple[uuid.UUID, int], bool]:
+    """(job id, attempt) → cancel requested, for the attempts whose lease this worker
+    still holds (the job running that very attempt, under this worker)."""
+    pairs = list(attempts)
+    if not pairs:
         return {}
     with engine.begin() as conn:
         rows = conn.execute(
-            _q("renew_leases"), {"ids": ids, "worker": worker, "lease_seconds": lease_seconds}
+            _q("renew_leases"),
+            {
+                "ids": [str(j) for j, _ in pairs],
+                "numbers": [n for _, n in pairs],
+                "worker": worker,
+                "lease_seconds": lease_seconds,
+            },
         ).all()
-    return {r.id: r.cancel_requested for r in rows}
+    return {(r.id, r.attempts): r.cancel_requested for r in rows}
 
 
 @dataclass(frozen=True)

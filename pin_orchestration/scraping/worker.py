@@ -198,6 +198,10 @@ class _Flight:
         self.lease_seconds = lease_seconds
         self.renewed_at = time.monotonic()
 
+    @property
+    def key(self) -> tuple[uuid.UUID, int]:
+        return (self.job.id, self.job.attempt)
+
     def lease_in_doubt(self) -> bool:
         """True when no renewal has confirmed the lease for most of its length (the
         database unreachable, this process stalled): another worker may own the job now,
@@ -237,7 +241,10 @@ def run_worker(
     stop = stop or threading.Event()
     rng = rng or random.Random()
     report = WorkerReport(worker=worker)
-    flights: dict[uuid.UUID, _Flight] = {}
+    # Keyed by (job, attempt): a run may claim its own swept job again while the old
+    # attempt's slot still runs, and the two must not share an entry (the old slot's end
+    # would drop the new attempt, whose lease would then go unrenewed).
+    flights: dict[tuple[uuid.UUID, int], _Flight] = {}
     flights_lock = threading.Lock()
     outcomes: queue.Queue[tuple[AttemptOutcome, datetime]] = queue.Queue()
     # Outcomes taken from the queue and not yet written (the database unreachable).
@@ -273,7 +280,7 @@ def run_worker(
         if outcome is not None:
             outcomes.put((outcome, flight.job.created_at))
         with flights_lock:
-            flights.pop(flight.job.id, None)
+            flights.pop(flight.key, None)
         wake.set()
 
     renewal_done = threading.Event()
@@ -322,10 +329,10 @@ def run_worker(
                         database.failed("claim", exc)
                 report.claimed += len(claimed)
                 with flights_lock:
-                    for job in claimed:
-                        flights[job.id] = _Flight(job, options.lease_seconds)
+                    new = [_Flight(job, options.lease_seconds) for job in claimed]
+                    for flight in new:
+                        flights[flight.key] = flight
                     in_flight = len(flights)
-                    new = [flights[j.id] for j in claimed]
                 report.peak_in_flight = max(report.peak_in_flight, in_flight)
                 for flight in new:
                     pool.submit(process, flight)
@@ -640,7 +647,7 @@ def _renew_leases_until(
     engine: Engine,
     worker: str,
     lease_seconds: float,
-    flights: dict[uuid.UUID, _Flight],
+    flights: dict[tuple[uuid.UUID, int], _Flight],
     flights_lock: threading.Lock,
     done: threading.Event,
 ) -> None:
@@ -652,14 +659,14 @@ def _renew_leases_until(
     while not done.wait(wait):
         wait = interval
         with flights_lock:
-            ids = list(flights)
-        if not ids:
+            keys = list(flights)
+        if not keys:
             continue
         # The lease runs from when the renewal was sent, not from when its answer came.
         sent_at = time.monotonic()
         try:
             held = repository.renew_leases(
-                engine, worker=worker, job_ids=ids, lease_seconds=lease_seconds
+                engine, worker=worker, attempts=keys, lease_seconds=lease_seconds
             )
         except Exception as exc:
             wait = min(DB_RETRY_FIRST_SECONDS * 2**failures, interval)
@@ -668,13 +675,13 @@ def _renew_leases_until(
             continue
         failures = 0
         with flights_lock:
-            for job_id in ids:
-                flight = flights.get(job_id)
+            for key in keys:
+                flight = flights.get(key)
                 if flight is None:
                     continue
-                if job_id not in held:
+                if key not in held:
                     flight.stop("lease_lost")
                     continue
                 flight.renewed_at = sent_at
-                if held[job_id]:
+                if held[key]:
                     flight.stop("cancelled")

@@ -2,8 +2,11 @@
 -- anything before the pause ends. The pause kept is capped at the session's
 -- pin.scraping_max_pause_seconds (the worker sets it from PIN_SCRAPING_MAX_PAUSE_SECONDS;
 -- 3600 when unset), so `Retry-After: Fri, 31 Dec 9999 …` cannot stop a domain for every
--- tenant for ever. A longer pause already in force stands; p_until NULL or in the past
--- lifts the pause (`pin scraping domain resume`). Returns the pause kept (NULL: none).
+-- tenant for ever. Pauses only lengthen: a longer pause already in force stands, and
+-- p_until NULL or already past changes nothing (an outcome held through a database blip
+-- arrives with its pause over; it must not lift another worker's longer one). Only
+-- scraping.resume_domain (an operator: `pin scraping domain resume`) lifts a pause.
+-- Returns the pause in force afterwards (NULL: none).
 CREATE OR REPLACE FUNCTION scraping.pause_domain(p_domain text, p_until timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -18,9 +21,9 @@ BEGIN
         RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
     END IF;
     IF p_until IS NULL OR p_until <= clock_timestamp() THEN
-        UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
-        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
-        RETURN NULL;
+        SELECT d.blocked_until INTO v_kept FROM scraping.domains d
+        WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until > clock_timestamp();
+        RETURN v_kept;
     END IF;
     v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
     INSERT INTO scraping.domains AS d (domain, blocked_until)
@@ -33,5 +36,24 @@ BEGIN
         updated_at = now()
     RETURNING d.blocked_until INTO v_kept;
     RETURN v_kept;
+END
+$fn$;
+
+-- An operator lifts a domain's pause at once. Returns whether one was in force.
+CREATE OR REPLACE FUNCTION scraping.resume_domain(p_domain text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_was_paused boolean;
+BEGIN
+    IF p_domain IS NULL OR btrim(p_domain) = '' THEN
+        RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.blocked_until > clock_timestamp() INTO v_was_paused FROM scraping.domains d
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL
+    FOR UPDATE;
+    UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+    RETURN coalesce(v_was_paused, false);
 END
 $fn$;

@@ -7,9 +7,12 @@
 --
 -- scraping.take_redirect_slot: for attempt p_attempt of job p_job_id, about to follow a
 -- redirect to host p_host. Gives back the job's slot of an earlier hop first (one hop at
--- a time). Returns 0 when the hop may go (a token spent, a connection held; a hop back to
--- the job's own domain needs neither: the claim gave it both), else the seconds to wait
--- before asking again. It waits only for the domain's row lock and holds no other.
+-- a time). Returns 0 when the hop may go (a token spent, a connection held), else the
+-- seconds to wait before asking again. Every hop is a request to its host and spends a
+-- token of it, a hop back to the job's own domain too (five hops on the claim's one token
+-- sent six requests in a second to a host of 1 rps); only the connection is the claim's
+-- there, so such a hop holds no slot. It waits only for the domain's row lock and holds
+-- no other.
 CREATE OR REPLACE FUNCTION scraping.take_redirect_slot(
     p_job_id uuid,
     p_attempt integer,
@@ -26,12 +29,11 @@ DECLARE
     v_rps double precision;
     v_tokens double precision;
     v_running integer;
+    v_own boolean;
 BEGIN
     PERFORM scraping.release_redirect_slot(p_job_id, p_attempt);
-    IF EXISTS (SELECT 1 FROM scraping.jobs j
-               WHERE j.id = p_job_id AND j.domain = v_domain_name) THEN
-        RETURN 0;
-    END IF;
+    v_own := EXISTS (SELECT 1 FROM scraping.jobs j
+                     WHERE j.id = p_job_id AND j.domain = v_domain_name);
     INSERT INTO scraping.domains (domain) VALUES (v_domain_name)
     ON CONFLICT (domain) DO NOTHING;
     SELECT d.* INTO v_domain FROM scraping.domains d
@@ -47,21 +49,26 @@ BEGIN
     IF v_tokens < 1 THEN
         RETURN (1 - v_tokens) / v_rps;
     END IF;
-    SELECT (SELECT count(*) FROM scraping.jobs j
-            WHERE j.status = 'running' AND j.domain = v_domain_name)
-         + (SELECT count(*) FROM scraping.redirect_slots s
-            WHERE s.domain = v_domain_name AND s.expires_at > v_now)
-    INTO v_running;
-    IF v_running >= coalesce(v_domain.concurrency, p_default_concurrency) THEN
-        -- A job or hop finishing frees it; nothing tells a waiting hop, so it asks again.
-        RETURN 0.05;
+    IF NOT v_own THEN
+        SELECT (SELECT count(*) FROM scraping.jobs j
+                WHERE j.status = 'running' AND j.domain = v_domain_name)
+             + (SELECT count(*) FROM scraping.redirect_slots s
+                WHERE s.domain = v_domain_name AND s.expires_at > v_now)
+        INTO v_running;
+        IF v_running >= coalesce(v_domain.concurrency, p_default_concurrency) THEN
+            -- A job or hop finishing frees it; nothing tells a waiting hop: it asks again.
+            RETURN 0.05;
+        END IF;
     END IF;
 
     UPDATE scraping.domains d
     SET tokens = v_tokens - 1, tokens_at = greatest(v_now, d.tokens_at)
     WHERE d.domain = v_domain_name;
-    INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)
-    VALUES (p_job_id, p_attempt, v_domain_name, v_now + make_interval(secs => p_hold_seconds));
+    IF NOT v_own THEN
+        INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)
+        VALUES (p_job_id, p_attempt, v_domain_name,
+                v_now + make_interval(secs => p_hold_seconds));
+    END IF;
     RETURN 0;
 END
 $fn$;

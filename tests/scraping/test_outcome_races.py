@@ -1,0 +1,262 @@
+"""Races between a worker run's own attempts, the sweeper and other runs, with real
+connections and gates: a run that claims its own swept job again keeps the new attempt."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.store import LocalResultStore
+from tests.scraping.conftest import TEST_SETTINGS
+from tests.scraping.test_worker import attempts, enqueue, job_row
+
+
+class GatedTarget:
+    """Request number n (from 1) waits for `release(n)`, then answers 200 `answer n`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self.arrivals = 0
+        self._gates: dict[int, threading.Event] = {}
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                with target._arrived:
+                    target.arrivals += 1
+                    n = target.arrivals
+                    gate = target._gate(n)
+                    target._arrived.notify_all()
+                gate.wait(30)
+                body = f"answer {n}".encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _gate(self, n: int) -> threading.Event:
+        return self._gates.setdefault(n, threading.Event())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def wait_for_arrival(self, n: int, timeout: float = 20) -> None:
+        with self._arrived:
+            assert self._arrived.wait_for(lambda: self.arrivals >= n, timeout), (
+                f"request {n} never arrived"
+            )
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self._gate(n).set()
+
+    def stop(self) -> None:
+        with self._lock:
+            for gate in self._gates.values():
+                gate.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def gated() -> Iterator[GatedTarget]:
+    target = GatedTarget()
+    yield target
+    target.stop()
+
+
+def _sweep_now(engine: Engine, job_id: uuid.UUID) -> None:
+    """The job's lease runs out and the sweeper requeues it, in one transaction (the row
+    locked throughout, so no renewal slips in between)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET lease_expires_at = now() - interval '1 second' "
+                "WHERE id = :id AND status = 'running'"
+            ),
+            {"id": job_id},
+        )
+        swept = conn.execute(
+            repository._q("sweep_expired_leases"), {"max_attempts": 5, "limit": 10}
+        ).all()
+    assert [r.id for r in swept] == [job_id]
+
+
+def _lease_expires_at(engine: Engine, job_id: uuid.UUID) -> Any:
+    return job_row(engine, job_id).lease_expires_at
+
+
+def test_a_run_that_claims_its_own_swept_job_again_keeps_the_new_attempt(
+    db_engine: Engine,
+    make_tenant: Any,
+    gated: GatedTarget,
+    local_store: LocalResultStore,
+) -> None:
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from tests.scraping.conftest import _with_allowed
+
+    tenant_id = make_tenant("shop")[0].id
+    job_id = enqueue(db_engine, tenant_id, f"{gated.url}/x")
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    stop = threading.Event()
+    reports: list[Any] = []
+    fetcher = Fetcher(fetch_policy_from(settings))
+    options = WorkerOptions(
+        slots=4,
+        lease_seconds=1.5,
+        idle_exit_seconds=0.5,
+        max_run_duration_seconds=60,
+        poll_seconds=0.05,
+        domain_rps=settings.domain_rps,
+        domain_concurrency=settings.domain_concurrency,
+    )
+    run = threading.Thread(
+        target=lambda: reports.append(
+            run_worker(
+                db_engine,
+                local_store,
+                fetcher,
+                retry_policy_from(settings),
+                options,
+                stop=stop,
+            )
+        )
+    )
+    run.start()
+    try:
+        gated.wait_for_arrival(1)  # attempt 1 is fetching
+        _sweep_now(db_engine, job_id)
+        gated.wait_for_arrival(2)  # the same run claimed the job again: attempt 2
+        assert job_row(db_engine, job_id).attempts == 2
+        gated.release(1)  # attempt 1's slot ends (its outcome is refused: not its lease)
+        # Attempt 2's lease is still renewed after attempt 1's slot has ended: it moves
+        # forward twice (renewals come every lease / 3).
+        seen = [_lease_expires_at(db_engine, job_id)]
+        deadline = threading.Event()
+        timer = threading.Timer(3 * options.lease_seconds, deadline.set)
+        timer.start()
+        while len(seen) < 3 and not deadline.is_set():
+            now = _lease_expires_at(db_engine, job_id)
+            if now is not None and now > seen[-1]:
+                seen.append(now)
+            deadline.wait(0.05)
+        timer.cancel()
+        assert len(seen) == 3, f"attempt 2's lease stopped being renewed: {seen}"
+        gated.release(2)
+        run.join(30)
+    finally:
+        stop.set()
+        gated.stop()
+        run.join(30)
+        fetcher.close()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts) == ("succeeded", 2)
+    assert local_store.read_bytes(row.result_key) == b"answer 2"
+    assert [(a.number, a.outcome) for a in attempts(db_engine, job_id)] == [
+        (1, "lost"),
+        (2, "succeeded"),
+    ]
+
+
+def _blocked_for(engine: Engine, domain: str) -> float | None:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT extract(epoch FROM blocked_until - now()) FROM scraping.domains "
+                "WHERE domain = :d"
+            ),
+            {"d": domain},
+        ).scalar_one_or_none()
+
+
+def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_tenant: Any) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pin_orchestration.scraping.worker import claim_due_jobs
+    from tests.scraping.conftest import UNLIMITED
+
+    tenant_id = make_tenant("shop")[0].id
+    job_id = enqueue(db_engine, tenant_id, "http://paused.example/x")
+    [job] = claim_due_jobs(
+        db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
+    )
+    # Another worker's 429 paused the domain for 600 s.
+    repository.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
+    # This worker's outcome asked for a 2 s pause, and was held 10 s (a database blip)
+    # before it could be written: its pause is over, and must not touch the 600 s one.
+    decided = datetime.now(UTC)
+    outcome = repository.AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued",
+        outcome="retry",
+        http_status=429,
+        error_class="http_429",
+        next_attempt_at=decided + timedelta(seconds=2),
+        domain="paused.example",
+        domain_paused_until=decided + timedelta(seconds=2),
+    )
+    written = repository.finish_attempts(
+        db_engine,
+        worker="w1",
+        outcomes=[outcome],
+        clock=lambda: decided + timedelta(seconds=10),
+        max_pause_seconds=3600,
+    )
+    assert written == {job_id: "queued"}
+    left = _blocked_for(db_engine, "paused.example")
+    assert left is not None and left > 590
+    # The function itself: a moment already past is no pause, and lifts nothing.
+    with db_engine.begin() as conn:
+        kept = conn.execute(
+            text("SELECT scraping.pause_domain('paused.example', now() - interval '1 second')")
+        ).scalar_one()
+    assert kept is not None
+    left = _blocked_for(db_engine, "paused.example")
+    assert left is not None and left > 590
+    # Only an operator's resume lifts it.
+    assert repository.resume_domain(db_engine, "paused.example") is True
+    assert _blocked_for(db_engine, "paused.example") is None
+
+
+def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
+    from pin_orchestration.scraping.worker import claim_due_jobs
+
+    limits = DomainDefaults(rps=1.0, concurrency=10)
+    tenant_id = make_tenant("shop")[0].id
+    enqueue(db_engine, tenant_id, "http://one-rps.example/start")
+    [job] = claim_due_jobs(
+        db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=limits
+    )
+    slots = RedirectSlots(db_engine, job, hold_seconds=5, domain_defaults=limits)
+    # The claim spent the host's one token: a hop back to it waits for the next one.
+    wait = slots.take("one-rps.example")
+    assert 0 < wait <= 1.0
+    # A pause of its own host holds the hop too.
+    repository.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
+    assert slots.take("ONE-RPS.example") > 590
+    slots.release()
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
