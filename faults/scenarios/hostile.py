@@ -14,11 +14,11 @@ with PostgreSQL's own clock):
 - `attempts_within_budget`: no job is attempted more than PIN_SCRAPING_MAX_ATTEMPTS
   times, no webhook sent more than PIN_WEBHOOK_MAX_ATTEMPTS times (the peer counts);
 - `retried_with_backoff`: every retry of a job went through the retry planner's backoff
-  — none was handed back at once by a worker that failed on an answer (`worker_error`
-  with no delay) or lost it under one (`lease_expired`: the sweeper requeues at once) —
-  and the next attempt started no earlier than planned. (A planned retry may be written
-  already due: full jitter draws delays near zero, and they count from the decision,
-  which the write follows.)
+  — none was handed back at once by the sweeper (`lease_expired`: its worker stalled or
+  died on an answer) — and the next attempt started no earlier than planned. (A planned
+  retry may be written already due: full jitter draws delays near zero, and they count
+  from the decision, which the write follows; so a worker that requeues at once is told
+  apart by its retries exceeding the budget, `attempts_within_budget`, not here.)
 - `other_tenants_unaffected`: the well-behaved tenant's jobs all succeed at their first
   attempt, each page fetched once, and each webhook is delivered once, at its first try.
 
@@ -51,12 +51,17 @@ MAX_PAUSE_SECONDS = 1
 PEER_HOST, PEER_ALIAS = "127.0.0.2", "127.0.0.3"
 # A result's limit well below the gzip bomb's and the endless bodies' sizes.
 MAX_RESULT_BYTES = 1_000_000
+# Nothing here kills a worker, so a lease that expires means a worker stalled or died on
+# an answer: long enough that a loaded machine's late renewal is not taken for one.
+LEASE_SECONDS = 10
+# The good tenant's webhooks are to arrive exactly once: an answer slowed past the timeout
+# by a loaded machine would be sent again.
+WEBHOOK_TIMEOUT_SECONDS = 2
 GOOD_PAGE_MS = 50
 # Requeues that skip the retry planner: the sweeper's, of a job whose worker stopped
-# renewing its lease (stalled or crashed on an answer), and a worker's hand-back of an
-# attempt that raised. A worker run that stops hands back its claims at once too, but
-# that is no failed attempt (and no worker stops in this scenario).
-AT_ONCE = frozenset({"lease_expired", "worker_error"})
+# renewing its lease (stalled or crashed on an answer). (A worker run that stops hands
+# back its claims at once too, but that is no failed attempt, and none stops here.)
+AT_ONCE = frozenset({"lease_expired"})
 
 REQUEUE_LOG = """
 CREATE TABLE public.faults_requeues (
@@ -97,6 +102,8 @@ def hostile_peer(ctx: FaultContext) -> Outcome:
             PIN_WEBHOOK_MAX_ATTEMPTS=str(ctx.scale(*WEBHOOK_MAX_ATTEMPTS)),
             PIN_SCRAPING_MAX_PAUSE_SECONDS=str(MAX_PAUSE_SECONDS),
             PIN_SCRAPING_MAX_RESULT_BYTES=str(MAX_RESULT_BYTES),
+            PIN_SCRAPING_LEASE_SECONDS=str(LEASE_SECONDS),
+            PIN_WEBHOOK_TIMEOUT_SECONDS=str(WEBHOOK_TIMEOUT_SECONDS),
         )
         hostile, _ = create_tenant(world.engine, "hostile")
         good, _ = create_tenant(world.engine, "good")
@@ -179,10 +186,7 @@ def _check(
         ):
             deliveries[d.job_id].append(d)
         requeues = conn.execute(
-            text(
-                "SELECT job_id, attempt, next_attempt_at - decided_at AS delay, "
-                "next_attempt_at, error_class FROM public.faults_requeues"
-            )
+            text("SELECT job_id, attempt, next_attempt_at, error_class FROM public.faults_requeues")
         ).all()
 
     def named(job_id: uuid.UUID) -> str:
@@ -238,7 +242,7 @@ def _check(
     unbacked: list[str] = []
     for q in requeues:
         following = [a for a in attempts[q.job_id] if a.number == q.attempt + 1]
-        if q.error_class in AT_ONCE and q.delay.total_seconds() <= 0:
+        if q.error_class in AT_ONCE:
             unbacked.append(f"{named(q.job_id)}: attempt {q.attempt} ({q.error_class}) at once")
         elif following and following[0].started_at < q.next_attempt_at:
             unbacked.append(
