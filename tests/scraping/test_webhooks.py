@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.standins.hostile_peer import CORPUS as HOSTILE_CORPUS
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
@@ -748,3 +749,62 @@ def test_a_late_acknowledgement_of_an_old_finish_does_not_close_the_next_finishs
         assert json.loads(hooks.bodies[2])["finished_at"] == row.finished_at.isoformat()
     finally:
         hooks.close()
+
+
+# The corpus' behaviours that answer at once (no drip past the timeout): a few seconds per
+# generated history.
+QUICK_HOSTILE = sorted(b for b in HOSTILE_CORPUS if not b.startswith("drip-"))
+
+
+def test_generated_mixes_of_hostile_receivers_keep_every_tenants_promises(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+) -> None:
+    """Histories drawn by Hypothesis (derandomized, bounded): one tenant's receivers play
+    a mix of the hostile corpus while another's are well behaved, over as many runs as
+    the budget allows. Each hostile delivery is closed within the cap with every POST the
+    peer read recorded as one attempt (retries before, a close last); each well-behaved
+    webhook arrives once, delivered at its first attempt."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    with HostilePeer() as peer:
+
+        @settings(
+            max_examples=8,
+            derandomize=True,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        )
+        @given(
+            behaviours=st.lists(st.sampled_from(QUICK_HOSTILE), min_size=1, max_size=4),
+            good_count=st.integers(min_value=1, max_value=3),
+        )
+        def history(behaviours: list[str], good_count: int) -> None:
+            tag = uuid.uuid4().hex[:8]
+            bad, _ = make_tenant(f"bad-{tag}")
+            good, _ = make_tenant(f"good-{tag}")
+            bad_jobs = {
+                finished_job(db_engine, bad, peer.url(b, f"{tag}-{i}")): f"{tag}-{i}"
+                for i, b in enumerate(behaviours)
+            }
+            good_jobs = {finished_job(db_engine, good, receiver.url()) for _ in range(good_count)}
+            for _ in range(POLICY.max_attempts + 1):
+                deliver()
+                make_retries_due(db_engine)
+            posts = Counter(r.name for r in peer.seen())
+            for job_id, name in bad_jobs.items():
+                outcomes = [o for o, _ in deliveries_of(db_engine, job_id)]
+                assert job_row(db_engine, job_id).finish_published_at is not None, outcomes
+                assert len(outcomes) == posts[name] <= POLICY.max_attempts, (name, outcomes)
+                assert outcomes[:-1] == ["retry"] * (len(outcomes) - 1), (name, outcomes)
+                assert outcomes[-1] in ("delivered", "gave_up"), (name, outcomes)
+                assert outcomes[-1] == "delivered" or len(outcomes) == POLICY.max_attempts
+            arrived = Counter(uuid.UUID(e["id"]) for e in receiver.events())
+            for job_id in good_jobs:
+                assert arrived[job_id] == 1
+                assert deliveries_of(db_engine, job_id) == [("delivered", None)]
+
+        history()
