@@ -621,6 +621,8 @@ class AttemptOutcome:
     # left alone (a 429, a Retry-After): every worker leaves that domain alone until then.
     domain: str | None = None
     domain_paused_until: datetime | None = None
+    # The job's own domain: a round's writes lock domains in its order (finish_attempts).
+    job_domain: str | None = None
 
 
 def finish_attempts(
@@ -647,46 +649,61 @@ def finish_attempts(
     def seconds_from_now(moment: datetime | None) -> float | None:
         return None if moment is None else (moment - decided_at).total_seconds()
 
+    pauses: dict[str, datetime] = {}
+    for o in outcomes:
+        if o.domain and o.domain_paused_until is not None:
+            earlier = pauses.get(o.domain, o.domain_paused_until)
+            pauses[o.domain] = max(o.domain_paused_until, earlier)
+    # Each write locks rows of one domain (the job's queue rows through the triggers, the
+    # domain's row and queues for a pause), held to the commit. Written in completion order,
+    # two rounds met in opposite orders and deadlocked; in domain order (a domain's
+    # outcomes, then its pause), as the sweeper and the requeue lock them, they queue.
+    by_domain: dict[str, list[AttemptOutcome]] = {}
+    for o in sorted(outcomes, key=lambda o: str(o.job_id)):
+        by_domain.setdefault(o.job_domain or "", []).append(o)
     written: dict[uuid.UUID, str] = {}
     with engine.begin() as conn:
-        for o in outcomes:
-            detail = o.error_detail[:512] if o.error_detail else None
-            row = conn.execute(
-                _q("finish_attempt"),
-                {
-                    "job_id": o.job_id,
-                    "attempt": o.attempt,
-                    "worker": worker,
-                    "status": o.status,
-                    "outcome": o.outcome,
-                    "http_status": o.http_status,
-                    "error_class": o.error_class,
-                    "error_detail": detail,
-                    "last_error": detail,
-                    "duration_ms": o.duration_ms,
-                    "next_attempt_in": seconds_from_now(o.next_attempt_at),
-                    "result_key": o.result_key,
-                    "result_size": o.result_size,
-                    "result_sha256": o.result_sha256,
-                    "result_content_type": o.result_content_type,
-                },
-            ).one_or_none()
-            if row is not None:
-                written[o.job_id] = row.status
-        pauses: dict[str, datetime] = {}
-        for o in outcomes:
-            if o.domain and o.domain_paused_until is not None:
-                earlier = pauses.get(o.domain, o.domain_paused_until)
-                pauses[o.domain] = max(o.domain_paused_until, earlier)
-        if pauses:
-            if max_pause_seconds is not None:
-                conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
-            names = sorted(pauses)
-            conn.execute(
-                _q("pause_domains"),
-                {"domains": names, "paused_for": [seconds_from_now(pauses[n]) for n in names]},
-            )
+        if pauses and max_pause_seconds is not None:
+            conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
+        for domain in sorted(by_domain.keys() | pauses.keys()):
+            for o in by_domain.get(domain, []):
+                written.update(_finish_attempt(conn, worker, o, seconds_from_now))
+            if domain in pauses:
+                conn.execute(
+                    _q("pause_domains"),
+                    {"domains": [domain], "paused_for": [seconds_from_now(pauses[domain])]},
+                )
     return written
+
+
+def _finish_attempt(
+    conn: Connection,
+    worker: str,
+    o: AttemptOutcome,
+    seconds_from_now: Callable[[datetime | None], float | None],
+) -> dict[uuid.UUID, str]:
+    detail = o.error_detail[:512] if o.error_detail else None
+    row = conn.execute(
+        _q("finish_attempt"),
+        {
+            "job_id": o.job_id,
+            "attempt": o.attempt,
+            "worker": worker,
+            "status": o.status,
+            "outcome": o.outcome,
+            "http_status": o.http_status,
+            "error_class": o.error_class,
+            "error_detail": detail,
+            "last_error": detail,
+            "duration_ms": o.duration_ms,
+            "next_attempt_in": seconds_from_now(o.next_attempt_at),
+            "result_key": o.result_key,
+            "result_size": o.result_size,
+            "result_sha256": o.result_sha256,
+            "result_content_type": o.result_content_type,
+        },
+    ).one_or_none()
+    return {} if row is None else {o.job_id: row.status}
 
 
 def attempts_written(
