@@ -549,6 +549,10 @@ class RedirectSlots:
         self._holds = False
 
     def take(self, host: str) -> float:
+        # The last hop's slot goes back in a transaction of its own: released inside the
+        # take, its domain's queue rows would be locked before the next hop's domain row,
+        # in whatever order the hops come, not in domain order as everywhere else.
+        self.release()
         with self._engine.begin() as conn:
             wait = conn.execute(
                 _q("take_redirect_slot"),
@@ -722,8 +726,11 @@ def attempts_written(
 
 
 def sweep_expired_leases(engine: Engine, *, max_attempts: int, limit: int = 1000) -> list[Any]:
-    """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept."""
+    """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept. Their
+    domains' queue rows are locked first, in domain order (lock_domain_queues)."""
     with engine.begin() as conn:
+        domains = conn.execute(_q("expired_lease_domains"), {"limit": limit}).scalars().all()
+        _lock_domain_queues(conn, domains)
         return conn.execute(
             _q("sweep_expired_leases"), {"max_attempts": max_attempts, "limit": limit}
         ).all()
@@ -735,7 +742,16 @@ def list_failed_jobs(engine: Engine, limit: int = 100) -> list[dict[str, Any]]:
 
 
 def requeue_failed_jobs(engine: Engine, job_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-    """Runbook: failed jobs back to queued with a fresh attempt budget; others untouched."""
+    """Runbook: failed jobs back to queued with a fresh attempt budget; others untouched.
+    Their domains' queue rows are locked first, in domain order (lock_domain_queues)."""
+    ids = [str(i) for i in job_ids]
     with engine.begin() as conn:
-        rows = conn.execute(_q("requeue_failed_jobs"), {"ids": [str(i) for i in job_ids]}).all()
+        domains = conn.execute(_q("failed_job_domains"), {"ids": ids}).scalars().all()
+        _lock_domain_queues(conn, domains)
+        rows = conn.execute(_q("requeue_failed_jobs"), {"ids": ids}).all()
     return [r.id for r in rows]
+
+
+def _lock_domain_queues(conn: Connection, domains: Sequence[str]) -> None:
+    if domains:
+        conn.execute(_q("lock_domain_queues"), {"domains": sorted(domains)}).all()

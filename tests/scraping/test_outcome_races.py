@@ -400,3 +400,103 @@ def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
             raise worker.error
     assert written["A"] == {xa.id: "failed", ya.id: "failed"}
     assert written["B"] == {xb.id: "failed", yb.id: "failed"}
+
+
+def _gated_against_a_round(
+    db_engine: Engine,
+    gate: _Gate,
+    round_outcomes: list[repository.AttemptOutcome],
+    other: Any,
+) -> tuple[Any, Any]:
+    """Session A writes `round_outcomes` (x, then y); session B runs `other` once A has
+    written its first outcome. Returns both threads, finished."""
+    from sqlalchemy import event
+
+    from tests.chessboard.test_concurrency import Worker
+
+    def finish() -> object:
+        gate.local.role = "A"
+        return repository.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
+
+    def run_other() -> object:
+        gate.local.role = "B"
+        assert gate.first_done["A"].wait(20)
+        try:
+            return other()
+        finally:
+            gate.first_done["B"].set()
+
+    event.listen(db_engine, "before_cursor_execute", gate.before)
+    event.listen(db_engine, "after_cursor_execute", gate.after)
+    try:
+        a, b = Worker(finish), Worker(run_other)
+        a.start()
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        event.remove(db_engine, "before_cursor_execute", gate.before)
+        event.remove(db_engine, "after_cursor_execute", gate.after)
+    return a, b
+
+
+def test_the_sweeper_and_an_outcome_round_lock_domains_in_one_order(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    jobs = _running_jobs_on(db_engine, make_tenant, ["x.example", "y.example"], 2)
+    (xa, xs), (ya, ys) = jobs["x.example"], jobs["y.example"]
+    _own(db_engine, xa, "A")
+    _own(db_engine, ya, "A")
+    with db_engine.begin() as conn:  # y's lease ran out first: the sweep meets y, then x
+        for job, ago in ((ys, 20), (xs, 10)):
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET lease_expires_at = now() - make_interval("
+                    "secs => :ago) WHERE id = :id"
+                ),
+                {"id": job.id, "ago": ago},
+            )
+    gate = _Gate(db_engine)
+    a, b = _gated_against_a_round(
+        db_engine,
+        gate,
+        [_failed(xa), _failed(ya)],
+        lambda: repository.sweep_expired_leases(db_engine, max_attempts=5),
+    )
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert a.result == {xa.id: "failed", ya.id: "failed"}
+    assert sorted(r.id for r in b.result) == sorted([xs.id, ys.id])
+
+
+def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    # y's jobs are stored first: the requeue's update meets y, then x.
+    jobs = _running_jobs_on(db_engine, make_tenant, ["y.example", "x.example"], 2)
+    (xa, xf), (ya, yf) = jobs["x.example"], jobs["y.example"]
+    _own(db_engine, xa, "A")
+    _own(db_engine, ya, "A")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'failed', lease_owner = NULL, "
+                "lease_expires_at = NULL, finished_at = now() WHERE id IN (:x, :y)"
+            ),
+            {"x": xf.id, "y": yf.id},
+        )
+        # Queues whose head sorts after any requeued job: the requeue rewrites their rows.
+        conn.execute(text("UPDATE scraping.domain_queues SET head_tag = 1e18"))
+    gate = _Gate(db_engine)
+    a, b = _gated_against_a_round(
+        db_engine,
+        gate,
+        [_failed(xa), _failed(ya)],
+        lambda: repository.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
+    )
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert a.result == {xa.id: "failed", ya.id: "failed"}
+    assert sorted(b.result) == sorted([xf.id, yf.id])
