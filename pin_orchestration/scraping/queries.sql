@@ -387,6 +387,30 @@ WITH expired AS (
 )
 SELECT id, attempts, status FROM swept
 
+-- name: expired_lease_domains
+-- The domains of the jobs the next sweep takes (those whose lease ran out longest ago).
+SELECT DISTINCT e.domain
+FROM (
+    SELECT j.domain FROM scraping.jobs j
+    WHERE j.status = 'running' AND j.lease_expires_at < now()
+    ORDER BY j.lease_expires_at
+    LIMIT :limit
+) e
+
+-- name: failed_job_domains
+SELECT DISTINCT j.domain FROM scraping.jobs j
+WHERE j.id = ANY(CAST(:ids AS uuid[])) AND j.status = 'failed'
+
+-- name: lock_domain_queues
+-- The queue rows of these domains, locked in domain order, by a statement about to change
+-- jobs of several domains at once (the sweeper, the requeue runbook): its triggers would
+-- lock them in whatever order it meets the jobs, and deadlock with a worker's outcome
+-- round, which locks them in domain order.
+SELECT 1 FROM scraping.domain_queues q
+WHERE q.domain = ANY(CAST(:domains AS text[]))
+ORDER BY q.domain, q.priority
+FOR NO KEY UPDATE
+
 -- name: list_failed_jobs
 SELECT j.id, t.name AS tenant, j.url, j.attempts, j.last_error_class, j.last_error,
        j.finished_at
