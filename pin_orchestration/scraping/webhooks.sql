@@ -71,7 +71,8 @@ WITH job AS (
     SET finish_published_at = CASE WHEN :outcome IN ('delivered', 'gave_up') THEN now() END,
         webhook_next_attempt_at = CAST(:next_attempt_at AS timestamptz)
     WHERE id = :job_id AND webhook_attempts = :number AND finish_published_at IS NULL
-      AND status = :job_status AND finished_at = CAST(:finished_at AS timestamptz)
+      AND status = :job_status
+      AND finished_at IS NOT DISTINCT FROM CAST(:finished_at AS timestamptz)
     RETURNING id
 )
 INSERT INTO scraping.webhook_deliveries (
