@@ -1,0 +1,55 @@
+"""The hostile peer's whole corpus against the real Fetcher, as the worker (GET) and the
+webhook loop (POST) meet it: every malformed answer ends as an answer or a `FetchError`
+within the fetch's deadline — never another exception (which a worker or the delivery loop
+would have to survive), never a fetch that outlives its deadline."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pin_orchestration.devstack.standins.hostile_peer import CORPUS, HostilePeer
+from pin_orchestration.scraping.fetch import Fetcher, FetchError, FetchPolicy
+
+TIMEOUT_SECONDS = 1.0
+POLICY = FetchPolicy(
+    timeout_seconds=TIMEOUT_SECONDS,
+    max_body_bytes=1_000_000,
+    allowed_cidrs=(ipaddress.ip_network("127.0.0.1/32"),),
+    max_redirects=3,
+)
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[HostilePeer]:
+    with HostilePeer() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def fetcher() -> Iterator[Fetcher]:
+    with Fetcher(POLICY) as f:
+        yield f
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("behaviour", sorted(CORPUS))
+def test_every_malformed_answer_is_an_answer_or_a_fetch_error_within_the_deadline(
+    peer: HostilePeer, fetcher: Fetcher, behaviour: str, method: str
+) -> None:
+    url = peer.url(behaviour, f"{method}-{behaviour}")
+    began = time.monotonic()
+    try:
+        if method == "GET":
+            answer = fetcher.fetch(url)
+        else:
+            answer = fetcher.post(url, b"{}", {"Content-Type": "application/json"})
+        answer.close()
+    except FetchError:
+        pass
+    # The deadline's watchdog shuts a late fetch's socket: allow it its own reaction time.
+    assert time.monotonic() - began < TIMEOUT_SECONDS + 1.0
+    assert any(r.name == f"{method}-{behaviour}" for r in peer.seen())
