@@ -151,8 +151,10 @@ RETURNING id, status
 
 -- name: queue_stats
 -- One cheap query for the sensor: due depth, oldest due age, and what of it a worker could
--- claim now — due jobs on domains not paused and below their concurrency, each domain
--- counted up to its free connections — with the oldest claimable job's wait. A recursive
+-- claim now, by the claim's rules — due jobs on domains not paused and below their
+-- concurrency, each domain counted up to its free connections (its running jobs and the
+-- redirect hops holding one taken) and to the tokens its bucket holds — with the oldest
+-- claimable job's wait. A recursive
 -- skip scan walks the distinct queued domains (ix_jobs_queued_domain), a few index probes
 -- each; nothing scans the jobs of a busy domain.
 WITH RECURSIVE queued_domains(name) AS (
@@ -165,9 +167,14 @@ WITH RECURSIVE queued_domains(name) AS (
 ), room AS (
     SELECT q.name,
            greatest(head.due_at, d.blocked_until) AS claimable_since,
-           coalesce(d.concurrency, :default_concurrency) - (
-               SELECT count(*) FROM scraping.jobs r
-               WHERE r.status = 'running' AND r.domain = q.name) AS free
+           least(
+               coalesce(d.concurrency, :default_concurrency)
+                 - (SELECT count(*) FROM scraping.jobs r
+                    WHERE r.status = 'running' AND r.domain = q.name)
+                 - (SELECT count(*) FROM scraping.redirect_slots s
+                    WHERE s.domain = q.name AND s.expires_at > now()),
+               CAST(floor(scraping.domain_tokens(
+                   d, coalesce(d.rps, :default_rps), clock_timestamp())) AS bigint)) AS free
     FROM queued_domains q
     CROSS JOIN LATERAL (
         SELECT j.next_attempt_at AS due_at FROM scraping.jobs j

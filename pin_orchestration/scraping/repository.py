@@ -510,14 +510,19 @@ class QueueStats:
     next_due_at: datetime | None
     oldest_due_age_seconds: float
     # Due jobs a worker could claim now (domains not paused, below their concurrency, each
-    # counted up to its free connections) and how long the oldest of them has waited.
+    # counted up to its free connections and its bucket's tokens) and how long the oldest
+    # of them has waited.
     claimable: int
     oldest_claimable_age_seconds: float
 
 
 def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats:
     row = conn.execute(
-        _q("queue_stats"), {"default_concurrency": domain_defaults.concurrency}
+        _q("queue_stats"),
+        {
+            "default_concurrency": domain_defaults.concurrency,
+            "default_rps": domain_defaults.rps,
+        },
     ).one()
     return QueueStats(
         due=row.due,
