@@ -13,10 +13,18 @@ from dagster import (
     asset,
 )
 
-from pin_orchestration.analyst import building_free_share, drift_by_post_status, scraping_outcomes
+from pin_orchestration.analyst import (
+    BUILDING_FREE_SHARE_SCHEMA,
+    DRIFT_BY_STATUS_SCHEMA,
+    SCRAPING_OUTCOMES_SCHEMA,
+    building_free_share,
+    drift_by_post_status,
+    scraping_outcomes,
+)
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, chessboard_projects
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, news_daily_partitions
 from pin_orchestration.assets.scraping import RESULT_DAYS, SCRAPING_RESULTS
+from pin_orchestration.resources.analyst_io import column_schema
 from pin_orchestration.resources.database import DatabaseResource
 
 DRIFT_BY_POST_STATUS = AssetKey(["news", "daily_drift_by_post_status"])
@@ -34,6 +42,7 @@ FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_lat
     partitions_def=news_daily_partitions,
     automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
+    metadata=column_schema(DRIFT_BY_STATUS_SCHEMA),
     group_name="news",
     kinds={"pandas"},
     description="Per day and post status: posts the reconcile corrected and the total "
@@ -51,6 +60,7 @@ def daily_drift_by_post_status(
     partitions_def=chessboard_projects,
     automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
+    metadata=column_schema(BUILDING_FREE_SHARE_SCHEMA),
     group_name="chessboard",
     kinds={"pandas"},
     description="Per project and building: free property objects as a share of all.",
@@ -65,6 +75,7 @@ def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
     partitions_def=RESULT_DAYS,
     automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
+    metadata=column_schema(SCRAPING_OUTCOMES_SCHEMA),
     group_name="scraping",
     kinds={"pandas"},
     description="Per UTC day, tenant, target domain and status: jobs, attempts and the "
