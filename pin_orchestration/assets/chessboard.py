@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.drain import POISON_ALERT, force_recalc_project
 from pin_orchestration.chessboard.queue import poison_rows
-from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence
+from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence, missing_projects
 from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
@@ -54,6 +54,17 @@ def project_id_of(partition_key: str) -> uuid.UUID:
         raise Failure(
             description=f"partition key must be a project id (uuid), got {partition_key!r}"
         ) from None
+
+
+def refuse_missing_projects(engine: Engine, project_ids: list[uuid.UUID]) -> None:
+    """Fail naming the ids that are no project (before anything is checked or registered)."""
+    with engine.connect() as conn:
+        missing = missing_projects(conn, project_ids)
+    if missing:
+        raise Failure(
+            description=f"no such project: {', '.join(map(str, missing))} (not in "
+            "chessboard.projects): check the ids; nothing was checked or registered"
+        )
 
 
 def ensure_project_partitions(instance: DagsterInstance, project_ids: list[uuid.UUID]) -> None:
@@ -101,7 +112,10 @@ def project_aggregates(
 def aggregates_match_source_of_truth(
     context: AssetCheckExecutionContext, database: DatabaseResource
 ) -> AssetCheckResult:
-    evaluation = divergence_evaluation(database.get_engine(), project_id_of(context.partition_key))
+    engine = database.get_engine()
+    project_id = project_id_of(context.partition_key)
+    refuse_missing_projects(engine, [project_id])
+    evaluation = divergence_evaluation(engine, project_id)
     return AssetCheckResult(
         passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
     )

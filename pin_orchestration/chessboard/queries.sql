@@ -386,6 +386,10 @@ ORDER BY CASE c.entity WHEN 'project' THEN 0 WHEN 'layout' THEN 1 ELSE 2 END, c.
 -- ---------------------------------------------------------------------------------------
 -- Divergence check (runbook "расхождение денормализации"): stored values vs the truth.
 
+-- Which of the given ids name a project at all (a runbook action on a mistyped id refuses).
+-- name: existing_projects
+SELECT id FROM chessboard.projects WHERE id = ANY(:project_ids)
+
 -- name: divergence
 WITH po AS (
     SELECT * FROM chessboard.property_objects
