@@ -156,7 +156,7 @@ def test_every_alert_passes_on_healthy_queues(
     add_scraping_job(db_engine, "succeeded", minutes_ago=90, started_after_seconds=5)
     checks = alert_checks(db_url, monkeypatch)
     assert [name for name, passed in checks.items() if not passed] == []
-    assert len(checks) == 18  # every alert of every area ran
+    assert len(checks) == 19  # every alert of every area ran
 
 
 def test_old_backlog_and_expired_leases_fail_their_checks(
@@ -349,11 +349,7 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     # What the checks tab shows (the job) and what the sensor and drains report.
     reported = [
         e for e in outcome.get_asset_check_evaluations() if e.check_name == QUARANTINE_CHECK
-    ] + [
-        e
-        for e in outbox_evaluations(db_engine, datetime.now(UTC))
-        if e.check_name == QUARANTINE_CHECK
-    ]
+    ] + [e for e in outbox_evaluations(db_engine) if e.check_name == QUARANTINE_CHECK]
     for evaluation in reported:
         assert not evaluation.passed
         assert "demo: quarantined on purpose; `pin detach requeue …` clears it" in (
