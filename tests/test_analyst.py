@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetSelection, DagsterInstance, evaluate_automation_conditions
 from sqlalchemy import Engine, text
 
 from pin_orchestration.analyst import (
@@ -52,6 +52,7 @@ from pin_orchestration.resources.analyst_io import (
     declared_arrow_schema,
 )
 from pin_orchestration.scraping.store import s3_client
+from tests.chessboard.world import add_building, add_object, add_project
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post
 
@@ -408,3 +409,53 @@ def test_docs_list_each_frames_columns_as_declared() -> None:
         section = page.split(f"### {key.to_user_string()}\n", 1)[1].split("\n#", 1)[0]
         rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.+) \|$", section, flags=re.MULTILINE)
         assert rows == [(c.name, c.type, c.description) for c in columns], key
+
+
+def test_automation_builds_no_frame_on_a_partition_that_failed_its_check(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """chessboard/building_free_share reads a project's stored aggregates: after the
+    divergence check found them false, automation must not publish a frame from them."""
+    with db_engine.begin() as conn:
+        diverged, sound = add_project(conn), add_project(conn)
+        for project in (diverged, sound):
+            add_object(conn, project, status="Free", building_id=add_building(conn, project))
+    partitions = [str(diverged), str(sound)]
+    analyst_env.add_dynamic_partitions("chessboard_projects", partitions)
+    defs = build_definitions()
+    frames_only = AssetSelection.assets(BUILDING_FREE_SHARE)
+    # The automation sensor's previous tick: what happens next is news to it.
+    before = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only
+    )
+    for project in partitions:
+        recalculated = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=analyst_env, partition_key=project, asset_selection=[PROJECT_AGGREGATES]
+        )
+        assert recalculated.success
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE chessboard.projects SET property_objects_free_count = 7 WHERE id = :p"),
+            {"p": diverged},
+        )
+    checked = defs.resolve_job_def("chessboard_divergence_check").execute_in_process(
+        instance=analyst_env,
+        run_config={"ops": {"check_project_divergence": {"config": {"project_ids": partitions}}}},
+    )
+    assert [e.passed for e in checked.get_asset_check_evaluations()] == [False, True]
+
+    evaluated = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=before.cursor
+    )
+    requested = evaluated.get_requested_partitions(BUILDING_FREE_SHARE)
+    assert requested == {str(sound)}
+
+    # The fix (a recalc, here forced from the UI) is a new materialization: the frame follows.
+    fixed = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=analyst_env, partition_key=str(diverged), asset_selection=[PROJECT_AGGREGATES]
+    )
+    assert fixed.success
+    after_fix = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=evaluated.cursor
+    )
+    assert after_fix.get_requested_partitions(BUILDING_FREE_SHARE) == {str(diverged)}

@@ -32,8 +32,15 @@ BUILDING_FREE_SHARE = AssetKey(["chessboard", "building_free_share"])
 SCRAPING_DAILY_OUTCOMES = AssetKey(["scraping", "daily_outcomes"])
 
 # eager() without its latest-day restriction: a backfilled or re-run past day gets its
-# derived partition too, which is what an analyst comparing days needs.
-FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_latest_time_window())
+# derived partition too, which is what an analyst comparing days needs. Never from an
+# upstream partition whose blocking check failed on its latest materialization: the frame
+# would republish what the check found false (a newer materialization, e.g. a drain's
+# recalc, clears that, as it clears the check's status in the UI).
+FOLLOW_UPSTREAM = AutomationCondition.eager().without(
+    AutomationCondition.in_latest_time_window()
+) & ~AutomationCondition.any_deps_match(
+    AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
+).with_label("no_dep_failed_a_blocking_check")
 
 
 @asset(

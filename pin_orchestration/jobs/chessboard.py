@@ -41,6 +41,7 @@ from pin_orchestration.assets.chessboard import (
     PROJECT_AGGREGATES,
     divergence_evaluation,
     ensure_project_partitions,
+    latest_materialization,
     poison_evaluation,
     project_id_of,
     recalc_metadata,
@@ -226,7 +227,8 @@ def check_project_divergence(
     ensure_project_partitions(context.instance, ids)
     diverged = 0
     for project_id in ids:
-        evaluation = divergence_evaluation(database.get_engine(), project_id)
+        target = latest_materialization(context.instance, project_id)
+        evaluation = divergence_evaluation(database.get_engine(), project_id, target)
         diverged += not evaluation.passed
         context.log_event(evaluation)
     context.log.info(f"{diverged} of {len(ids)} project(s) diverge from the source of truth")
