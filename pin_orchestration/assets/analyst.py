@@ -1,6 +1,8 @@
 """The analysts' derived assets, one per area, materialized by automation as soon as their
 upstream partition is, lineage shown in the asset graph."""
 
+from datetime import timedelta
+
 import pandas as pd
 from dagster import (
     AssetExecutionContext,
@@ -10,6 +12,7 @@ from dagster import (
     AutomationCondition,
     AutomationConditionSensorDefinition,
     DefaultSensorStatus,
+    FreshnessPolicy,
     asset,
 )
 
@@ -22,7 +25,11 @@ from pin_orchestration.analyst import (
     scraping_outcomes,
 )
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, chessboard_projects
-from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, news_daily_partitions
+from pin_orchestration.assets.news_reconcile import (
+    DAILY_RECONCILE_FRESHNESS,
+    POST_COMMENT_COUNTS,
+    news_daily_partitions,
+)
 from pin_orchestration.assets.scraping import RESULT_DAYS, SCRAPING_RESULTS
 from pin_orchestration.resources.analyst_io import column_schema
 from pin_orchestration.resources.database import DatabaseResource
@@ -42,12 +49,18 @@ FOLLOW_UPSTREAM = AutomationCondition.eager().without(
     AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
 ).with_label("no_dep_failed_a_blocking_check")
 
+# Worker runs materialize scraping/results as they store results, not on a schedule, and
+# this frame follows within a minute: built at least once in any 25 h (a day with no
+# scraping at all also shows here, as late).
+SCRAPING_DAY_FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(hours=25))
+
 
 @asset(
     key=DRIFT_BY_POST_STATUS,
     ins={"runs": AssetIn(POST_COMMENT_COUNTS)},
     partitions_def=news_daily_partitions,
     automation_condition=FOLLOW_UPSTREAM,
+    freshness_policy=DAILY_RECONCILE_FRESHNESS,
     io_manager_key="pin_frames",
     metadata=column_schema(DRIFT_BY_STATUS_SCHEMA),
     group_name="news",
@@ -81,6 +94,7 @@ def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
     ins={"jobs": AssetIn(SCRAPING_RESULTS)},
     partitions_def=RESULT_DAYS,
     automation_condition=FOLLOW_UPSTREAM,
+    freshness_policy=SCRAPING_DAY_FRESHNESS,
     io_manager_key="pin_frames",
     metadata=column_schema(SCRAPING_OUTCOMES_SCHEMA),
     group_name="scraping",
