@@ -24,6 +24,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.assets.chessboard import (
     DIVERGENCE_CHECK,
     POISON_CHECK,
+    aggregates_match_source_of_truth,
     chessboard_projects,
     no_poison_recalc_requests,
     project_aggregates,
@@ -345,3 +346,20 @@ def test_the_divergence_check_of_a_project_that_does_not_exist_is_refused(
     assert [
         e for e in run.all_events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
     ] == []
+
+
+def test_the_divergence_check_of_a_partition_with_no_project_fails_naming_it(
+    db_engine: Engine, instance, resources
+) -> None:
+    ghost = str(uuid.uuid4())
+    instance.add_dynamic_partitions(chessboard_projects.name, [ghost])
+    run = materialize(
+        [project_aggregates, aggregates_match_source_of_truth],
+        instance=instance,
+        resources=resources,
+        partition_key=ghost,
+        raise_on_error=False,
+    )
+    assert not run.success
+    (failure,) = run.get_step_failure_events()
+    assert f"no such project: {ghost}" in failure.step_failure_data.error.message
