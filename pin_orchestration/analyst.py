@@ -11,6 +11,7 @@ import pandas as pd
 from sqlalchemy import Engine, TextClause, text
 
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
+from pin_orchestration.platform.frames import FrameColumn
 from pin_orchestration.platform.sql import load_queries
 
 RECONCILE_COLUMNS = [
@@ -23,8 +24,42 @@ RECONCILE_COLUMNS = [
     "drift_corrected",
     "corrections",
 ]
-SCRAPING_OUTCOME_COLUMNS = ["tenant", "domain", "status", "jobs", "attempts", "median_seconds"]
-DRIFT_BY_STATUS_COLUMNS = ["post_status", "posts_corrected", "comments_count_change"]
+
+# The derived frames' columns, declared once: the assets show them in the UI
+# (dagster/column_schema), every Parquet file of the asset is written with them, and
+# docs/analysts.md lists them (tests/test_analyst.py holds the page to these).
+DRIFT_BY_STATUS_SCHEMA = (
+    FrameColumn("post_status", "string", "The post's status now ('deleted': no such post)"),
+    FrameColumn("posts_corrected", "int64", "Posts of that status the day's reconcile corrected"),
+    FrameColumn(
+        "comments_count_change",
+        "int64",
+        "Total change of their comments_count (negative: the counter had run ahead)",
+    ),
+)
+BUILDING_FREE_SHARE_SCHEMA = (
+    FrameColumn("building_id", "string", "chessboard.buildings.id (uuid)"),
+    FrameColumn("name", "string", "The building's name"),
+    FrameColumn(
+        "total_count", "int64", "The building's active property objects (not deleted, not Hidden)"
+    ),
+    FrameColumn("free_count", "int64", "Its free property objects (not deleted, status Free)"),
+    FrameColumn("free_share", "double", "free_count / total_count; null when total_count is 0"),
+)
+SCRAPING_OUTCOMES_SCHEMA = (
+    FrameColumn("tenant", "string", "The tenant's name"),
+    FrameColumn("domain", "string", "The target URL's host"),
+    FrameColumn("status", "string", "The jobs' status now (queued, running, succeeded, ...)"),
+    FrameColumn("jobs", "int64", "Jobs accepted that UTC day with that status"),
+    FrameColumn("attempts", "int64", "Their fetch attempts, summed"),
+    FrameColumn(
+        "median_seconds", "double", "Median seconds from acceptance to finish; null if none did"
+    ),
+)
+
+
+def column_names(schema: tuple[FrameColumn, ...]) -> list[str]:
+    return [column.name for column in schema]
 
 
 def _query(name: str) -> TextClause:
@@ -64,7 +99,7 @@ def drift_by_post_status(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     comments_count changed in total (negative: the counter had run ahead)."""
     corrections = [c for kept in runs["corrections"] for c in kept]
     if not corrections:
-        return pd.DataFrame(columns=DRIFT_BY_STATUS_COLUMNS)
+        return pd.DataFrame(columns=column_names(DRIFT_BY_STATUS_SCHEMA))
     frame = pd.DataFrame(corrections)
     frame["post_id"] = frame["post_id"].map(uuid.UUID)
     with engine.connect() as conn:
@@ -77,7 +112,7 @@ def drift_by_post_status(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     return (
         frame.groupby("post_status")
         .agg(posts_corrected=("post_id", "nunique"), comments_count_change=("change", "sum"))
-        .reset_index()[DRIFT_BY_STATUS_COLUMNS]
+        .reset_index()[column_names(DRIFT_BY_STATUS_SCHEMA)]
     )
 
 
@@ -88,7 +123,7 @@ def building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
     share = buildings["free_count"] / buildings["total_count"].where(buildings["total_count"] > 0)
     return pd.DataFrame(
         {
-            "building_id": buildings["id"].to_numpy(),
+            "building_id": buildings["id"].map(str).to_numpy(),
             "name": buildings["name"].to_numpy(),
             "total_count": buildings["total_count"].to_numpy(),
             "free_count": buildings["free_count"].to_numpy(),
@@ -101,7 +136,7 @@ def scraping_outcomes(jobs: pd.DataFrame) -> pd.DataFrame:
     """Per tenant, target domain and status: a day's jobs, the attempts they took and the
     median seconds from acceptance to finish."""
     if jobs.empty:
-        return pd.DataFrame(columns=SCRAPING_OUTCOME_COLUMNS)
+        return pd.DataFrame(columns=column_names(SCRAPING_OUTCOMES_SCHEMA))
     frame = jobs.assign(domain=jobs["url"].map(lambda url: urlsplit(url).hostname or ""))
     return (
         frame.groupby(["tenant", "domain", "status"])
@@ -110,5 +145,5 @@ def scraping_outcomes(jobs: pd.DataFrame) -> pd.DataFrame:
             attempts=("attempts", "sum"),
             median_seconds=("seconds_to_finish", "median"),
         )
-        .reset_index()[SCRAPING_OUTCOME_COLUMNS]
+        .reset_index()[column_names(SCRAPING_OUTCOMES_SCHEMA)]
     )

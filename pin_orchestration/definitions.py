@@ -10,6 +10,9 @@ from dagster import Definitions, colored_console_logger, definitions, in_process
 
 from pin_orchestration.assets.alert_checks import no_failed_runs_check
 from pin_orchestration.assets.analyst import (
+    BUILDING_FREE_SHARE,
+    DRIFT_BY_POST_STATUS,
+    SCRAPING_DAILY_OUTCOMES,
     daily_drift_by_post_status,
     pin_analyst_automation,
     project_building_free_share,
@@ -17,6 +20,7 @@ from pin_orchestration.assets.analyst import (
 )
 from pin_orchestration.assets.chessboard import (
     DRAIN_JOB,
+    PROJECT_AGGREGATES,
     RECALC_HEALTH,
     aggregates_match_source_of_truth,
     no_poison_recalc_requests,
@@ -24,6 +28,7 @@ from pin_orchestration.assets.chessboard import (
 )
 from pin_orchestration.assets.chessboard_health import RECALC_HEALTH_CHECKS, recalc_health
 from pin_orchestration.assets.news_reconcile import (
+    RECONCILE_HEALTH,
     comment_reconcile_health,
     no_failed_runs_in_26h,
     post_comment_counts,
@@ -77,13 +82,20 @@ from pin_orchestration.schedules.alerts import (
     pin_alert_checks_every_5_minutes,
     pin_alert_checks_job,
 )
-from pin_orchestration.sensors.run_failures import record_failed_runs
+from pin_orchestration.sensors.run_failures import asset_job_code, record_failed_runs
 
 
 def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
     return Definitions(
         assets=[post_comment_counts, comment_reconcile_health],
-        asset_checks=[reconciled_within_26h, no_failed_runs_in_26h],
+        asset_checks=[
+            reconciled_within_26h,
+            no_failed_runs_in_26h,
+            # The analysts' drift frame of the reconcile's days (its own runs: automation).
+            no_failed_runs_check(
+                RECONCILE_HEALTH, [asset_job_code(DRIFT_BY_POST_STATUS.to_user_string())]
+            ),
+        ],
         jobs=[news_comment_reconcile_job, news_comment_reconcile_health_job],
         schedules=[
             news_comment_reconcile_daily,
@@ -100,7 +112,14 @@ def chessboard_project_recalc_definitions() -> Definitions:
             aggregates_match_source_of_truth,
             no_poison_recalc_requests,
             *RECALC_HEALTH_CHECKS,
-            no_failed_runs_check(RECALC_HEALTH, DRAIN_JOB),
+            no_failed_runs_check(
+                RECALC_HEALTH,
+                [
+                    DRAIN_JOB,
+                    asset_job_code(PROJECT_AGGREGATES.to_user_string()),
+                    asset_job_code(BUILDING_FREE_SHARE.to_user_string()),
+                ],
+            ),
         ],
         jobs=[
             chessboard_project_recalc_drain,
@@ -116,7 +135,7 @@ def chessboard_project_recalc_definitions() -> Definitions:
 def news_snapshot_detach_definitions() -> Definitions:
     return Definitions(
         assets=[snapshot_detach_outbox],
-        asset_checks=[*OUTBOX_CHECKS, no_failed_runs_check(OUTBOX_ASSET_KEY, DETACH_JOB_CODE)],
+        asset_checks=[*OUTBOX_CHECKS, no_failed_runs_check(OUTBOX_ASSET_KEY, [DETACH_JOB_CODE])],
         jobs=[news_snapshot_detach_retry, news_snapshot_detach_requeue],
         sensors=[news_snapshot_detach_outbox_sensor],
         resources={"selections": SelectionsResource()},
@@ -127,7 +146,13 @@ def scraping_definitions() -> Definitions:
     return Definitions(
         # Worker runs materialize it; analysts load a day's jobs through the reader.
         assets=[scraping_results.with_io_manager_key("pin_postgres_reader"), jobs_health],
-        asset_checks=[*JOBS_HEALTH_CHECKS, no_failed_runs_check(JOBS_HEALTH, WORKER_JOB)],
+        asset_checks=[
+            *JOBS_HEALTH_CHECKS,
+            no_failed_runs_check(
+                JOBS_HEALTH,
+                [WORKER_JOB, asset_job_code(SCRAPING_DAILY_OUTCOMES.to_user_string())],
+            ),
+        ],
         jobs=[
             scraping_worker,
             scraping_sweep_expired_leases,

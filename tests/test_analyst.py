@@ -17,10 +17,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetSelection, DagsterInstance, evaluate_automation_conditions
 from sqlalchemy import Engine, text
 
+from pin_orchestration.analyst import (
+    BUILDING_FREE_SHARE_SCHEMA,
+    DRIFT_BY_STATUS_SCHEMA,
+    SCRAPING_OUTCOMES_SCHEMA,
+    building_free_share,
+    drift_by_post_status,
+    scraping_outcomes,
+)
 from pin_orchestration.assets.analyst import (
     BUILDING_FREE_SHARE,
     DRIFT_BY_POST_STATUS,
@@ -34,9 +44,15 @@ from pin_orchestration.devstack.up import prepare_dagster_home
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url
 from pin_orchestration.platform.embedded import start_embedded_postgres, stop_embedded_postgres
+from pin_orchestration.platform.frames import FrameSchemaError, FrameStore, arrow_schema
 from pin_orchestration.platform.settings import Settings
-from pin_orchestration.resources.analyst_io import FrameNotMaterialized
+from pin_orchestration.resources.analyst_io import (
+    COLUMN_SCHEMA,
+    FrameNotMaterialized,
+    declared_arrow_schema,
+)
 from pin_orchestration.scraping.store import s3_client
+from tests.chessboard.world import add_building, add_object, add_project
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post
 
@@ -304,3 +320,142 @@ def test_a_frame_never_materialized_names_the_asset_partition_and_the_command(
         ["scraping", "daily_outcomes"], partition_key=DAY, instance=analyst_env
     )
     assert outcomes[["domain", "jobs"]].to_dict("records") == [{"domain": "example.org", "jobs": 1}]
+
+
+EMPTY_DAY = "2026-11-28"
+
+
+def test_every_day_of_a_frame_reads_as_one_table_an_empty_day_included(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """Most days have no drift: docs/analysts.md's folder reads (pandas, DuckDB's glob) must
+    take an empty day beside a day with rows."""
+    job = build_definitions().resolve_implicit_global_asset_job_def()
+    reconcile = {"ops": {"news__post_comment_counts": {"config": {"scope": "FullSweep"}}}}
+    for day in (EMPTY_DAY, DAY):
+        if day == DAY:
+            drifted = add_post(db_engine, comments_count=5)
+            add_comments(db_engine, drifted, 2)
+            add_scraping_job(db_engine, "2026-11-29T12:00:00Z")
+        news = job.execute_in_process(
+            instance=analyst_env,
+            partition_key=day,
+            asset_selection=[POST_COMMENT_COUNTS, DRIFT_BY_POST_STATUS],
+            run_config=reconcile,
+        )
+        scraping = job.execute_in_process(
+            instance=analyst_env, partition_key=day, asset_selection=[SCRAPING_DAILY_OUTCOMES]
+        )
+        assert news.success and scraping.success
+
+    (block,) = readme_blocks("Every day at once", "python")
+    namespace: dict[str, object] = {}
+    exec(block, namespace)
+
+    every_day = namespace["every_day"]
+    assert every_day.to_dict("records") == [
+        {"post_status": "Published", "posts_corrected": 1, "comments_count_change": -3}
+    ]
+    assert namespace["drift_by_day"].to_dict("records") == [
+        {"day": DAY, "post_status": "Published", "posts_corrected": 1, "comments_count_change": -3}
+    ]
+    # The empty day is read (it comes first in the glob) and has no rows to group.
+    assert namespace["jobs_by_day"].to_dict("records") == [{"day": DAY, "jobs": 1}]
+
+
+def _empty_frames() -> dict[AssetKey, pd.DataFrame]:
+    """Each derived frame of a partition with nothing in it."""
+    return {
+        DRIFT_BY_POST_STATUS: drift_by_post_status(None, pd.DataFrame({"corrections": []})),  # type: ignore[arg-type]
+        BUILDING_FREE_SHARE: building_free_share(
+            pd.DataFrame(columns=["level", "id", "name", "total_count", "free_count"])
+        ),
+        SCRAPING_DAILY_OUTCOMES: scraping_outcomes(pd.DataFrame()),
+    }
+
+
+DECLARED = {
+    DRIFT_BY_POST_STATUS: DRIFT_BY_STATUS_SCHEMA,
+    BUILDING_FREE_SHARE: BUILDING_FREE_SHARE_SCHEMA,
+    SCRAPING_DAILY_OUTCOMES: SCRAPING_OUTCOMES_SCHEMA,
+}
+
+
+def test_each_derived_asset_shows_its_columns_and_every_file_has_them(tmp_path: Path) -> None:
+    graph = build_definitions().resolve_asset_graph()
+    store = FrameStore(pafs.LocalFileSystem(), str(tmp_path))
+    for key, empty in _empty_frames().items():
+        declared = [(c.name, c.type, c.description) for c in DECLARED[key]]
+        shown = graph.get(key).metadata[COLUMN_SCHEMA]
+        assert [(c.name, c.type, c.description) for c in shown.columns] == declared, key
+        schema = declared_arrow_schema(key.to_user_string(), graph.get(key).metadata)
+        written = store.write(key.path, "empty", empty, schema)
+        assert pq.read_schema(written).remove_metadata() == arrow_schema(
+            (name, type_name) for name, type_name, _ in declared
+        ), key
+
+
+def test_a_frame_unlike_its_declaration_is_refused_naming_the_columns(tmp_path: Path) -> None:
+    store = FrameStore(pafs.LocalFileSystem(), str(tmp_path))
+    schema = arrow_schema([("status", "string"), ("jobs", "int64")])
+    with pytest.raises(FrameSchemaError, match=r"\['jobs', 'status'\] are not the declared"):
+        store.write(["scraping", "x"], "day", pd.DataFrame({"jobs": [1], "status": ["q"]}), schema)
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_docs_list_each_frames_columns_as_declared() -> None:
+    page = (ROOT / "docs" / "analysts.md").read_text()
+    for key, columns in DECLARED.items():
+        section = page.split(f"### {key.to_user_string()}\n", 1)[1].split("\n#", 1)[0]
+        rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.+) \|$", section, flags=re.MULTILINE)
+        assert rows == [(c.name, c.type, c.description) for c in columns], key
+
+
+def test_automation_builds_no_frame_on_a_partition_that_failed_its_check(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """chessboard/building_free_share reads a project's stored aggregates: after the
+    divergence check found them false, automation must not publish a frame from them."""
+    with db_engine.begin() as conn:
+        diverged, sound = add_project(conn), add_project(conn)
+        for project in (diverged, sound):
+            add_object(conn, project, status="Free", building_id=add_building(conn, project))
+    partitions = [str(diverged), str(sound)]
+    analyst_env.add_dynamic_partitions("chessboard_projects", partitions)
+    defs = build_definitions()
+    frames_only = AssetSelection.assets(BUILDING_FREE_SHARE)
+    # The automation sensor's previous tick: what happens next is news to it.
+    before = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only
+    )
+    for project in partitions:
+        recalculated = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=analyst_env, partition_key=project, asset_selection=[PROJECT_AGGREGATES]
+        )
+        assert recalculated.success
+    with db_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE chessboard.projects SET property_objects_free_count = 7 WHERE id = :p"),
+            {"p": diverged},
+        )
+    checked = defs.resolve_job_def("chessboard_divergence_check").execute_in_process(
+        instance=analyst_env,
+        run_config={"ops": {"check_project_divergence": {"config": {"project_ids": partitions}}}},
+    )
+    assert [e.passed for e in checked.get_asset_check_evaluations()] == [False, True]
+
+    evaluated = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=before.cursor
+    )
+    requested = evaluated.get_requested_partitions(BUILDING_FREE_SHARE)
+    assert requested == {str(sound)}
+
+    # The fix (a recalc, here forced from the UI) is a new materialization: the frame follows.
+    fixed = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=analyst_env, partition_key=str(diverged), asset_selection=[PROJECT_AGGREGATES]
+    )
+    assert fixed.success
+    after_fix = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=evaluated.cursor
+    )
+    assert after_fix.get_requested_partitions(BUILDING_FREE_SHARE) == {str(diverged)}

@@ -3,7 +3,8 @@
 An accidental rename of an asset, check, job, schedule or sensor breaks operators'
 bookmarks, backfills and alert routing, and a renamed op breaks saved run config (`ops:
 {name: ...}`): `definitions_snapshot.json` holds every one of them, committed beside this
-file, so a rename shows up in review as a diff of that file.
+file, so a rename shows up in review as a diff of that file. So does a change of what
+decides lateness and blocking: each asset's freshness policy and each blocking check.
 
 Naming rule (names are operator contracts: never renamed to follow it, only new ones): a
 job, schedule or sensor starts with its area — `news_`, `chessboard_`, `scraping_`, or
@@ -22,7 +23,12 @@ import json
 import sys
 from pathlib import Path
 
-from dagster import OpDefinition
+from dagster import AssetKey, OpDefinition, TimeWindowPartitionsDefinition
+from dagster._core.definitions.freshness import (
+    CronFreshnessPolicy,
+    FreshnessPolicy,
+    TimeWindowFreshnessPolicy,
+)
 
 from pin_orchestration.definitions import build_definitions
 from pin_orchestration.platform.settings import Settings
@@ -50,6 +56,23 @@ def sorted_nodes(job) -> list:
     return sorted(job.graph.nodes, key=lambda node: node.name)
 
 
+def freshness(policy: FreshnessPolicy) -> dict[str, str | None]:
+    """A freshness policy as the UI explains it: a deadline, or a window to have
+    materialized in."""
+    if isinstance(policy, CronFreshnessPolicy):
+        return {
+            "deadline_cron": policy.deadline_cron,
+            "timezone": policy.timezone,
+            "materialized_within_before_deadline": str(policy.lower_bound_delta),
+        }
+    if isinstance(policy, TimeWindowFreshnessPolicy):
+        return {
+            "fail_window": str(policy.fail_window.to_timedelta()),
+            "warn_window": str(policy.warn_window.to_timedelta()) if policy.warn_window else None,
+        }
+    raise AssertionError(f"render {type(policy).__name__} here")
+
+
 def definitions_snapshot() -> dict[str, list]:
     """Every name of the code location, sorted: what operators and saved config rely on."""
     repo = _repository()
@@ -58,6 +81,21 @@ def definitions_snapshot() -> dict[str, list]:
         "assets": sorted(key.to_user_string() for key in graph.get_all_asset_keys()),
         "asset_checks": sorted(
             f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys
+        ),
+        # A failed blocking check stops what is built from its asset (docs/analysts.md).
+        "blocking_checks": sorted(
+            f"{key.asset_key.to_user_string()}:{key.name}"
+            for key in graph.asset_check_keys
+            if graph.get(key).blocking
+        ),
+        # When the UI shows an asset as late (Dagster's freshness daemon).
+        "freshness_policies": sorted(
+            (
+                {"asset": key.to_user_string(), **freshness(graph.get(key).freshness_policy)}
+                for key in graph.get_all_asset_keys()
+                if graph.get(key).freshness_policy is not None
+            ),
+            key=lambda f: f["asset"],
         ),
         "jobs": [j.name for j in _named_jobs(repo)],
         # The keys of run config (`ops: {name: {config: ...}}`), as `job:op`.
@@ -150,6 +188,34 @@ def test_op_functions_are_named_as_their_ops() -> None:
             if fn.__name__ != node.name:
                 differ.add(f"op {node.name}: def {fn.__name__}")
     assert sorted(differ) == []
+
+
+def test_each_daily_asset_shows_a_late_day_by_its_freshness_policy() -> None:
+    """Every daily asset a run builds declares when its day is late, the reconcile's (and
+    its drift frame's) an hour after the 03:00 schedule that builds it."""
+    repo = _repository()
+    graph = repo.asset_graph
+    daily = [
+        key
+        for key in graph.get_all_asset_keys()
+        if graph.get(key).is_executable
+        and isinstance(graph.get(key).partitions_def, TimeWindowPartitionsDefinition)
+    ]
+    assert {key.to_user_string() for key in daily} == {
+        "news/post_comment_counts",
+        "news/daily_drift_by_post_status",
+        "scraping/daily_outcomes",
+    }
+    assert [k for k in daily if graph.get(k).freshness_policy is None] == []
+    schedule = repo.get_schedule_def("news_comment_reconcile_daily")
+    minute, hour = schedule.cron_schedule.split()[:2]
+    for key in ("news/post_comment_counts", "news/daily_drift_by_post_status"):
+        policy = graph.get(AssetKey.from_user_string(key)).freshness_policy
+        assert isinstance(policy, CronFreshnessPolicy)
+        deadline_minute, deadline_hour = policy.deadline_cron.split()[:2]
+        assert policy.timezone == schedule.execution_timezone
+        assert (deadline_minute, int(deadline_hour)) == (minute, int(hour) + 1)
+        assert policy.lower_bound_delta.total_seconds() == 3600
 
 
 def test_reconcile_asset_is_daily_partitioned_in_moscow() -> None:

@@ -10,10 +10,15 @@ import pytest
 from dagster import DagsterInstance, ExecuteInProcessResult
 from sqlalchemy import Engine, text
 
+from pin_orchestration.chessboard.drain import drain_tick
 from pin_orchestration.chessboard.metrics import record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.coordination.jobruns import record_failed_run, record_job_run
-from pin_orchestration.coordination.queue_health import counter_increase, quantile_upper_bound
+from pin_orchestration.coordination.queue_health import (
+    chessboard_recalc_counters,
+    counter_increase,
+    quantile_upper_bound,
+)
 from pin_orchestration.definitions import build_definitions
 from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
 from pin_orchestration.platform.ids import uuid7
@@ -156,7 +161,7 @@ def test_every_alert_passes_on_healthy_queues(
     add_scraping_job(db_engine, "succeeded", minutes_ago=90, started_after_seconds=5)
     checks = alert_checks(db_url, monkeypatch)
     assert [name for name, passed in checks.items() if not passed] == []
-    assert len(checks) == 18  # every alert of every area ran
+    assert len(checks) == 19  # every alert of every area ran
 
 
 def test_old_backlog_and_expired_leases_fail_their_checks(
@@ -349,11 +354,7 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     # What the checks tab shows (the job) and what the sensor and drains report.
     reported = [
         e for e in outcome.get_asset_check_evaluations() if e.check_name == QUARANTINE_CHECK
-    ] + [
-        e
-        for e in outbox_evaluations(db_engine, datetime.now(UTC))
-        if e.check_name == QUARANTINE_CHECK
-    ]
+    ] + [e for e in outbox_evaluations(db_engine) if e.check_name == QUARANTINE_CHECK]
     for evaluation in reported:
         assert not evaluation.passed
         assert "demo: quarantined on purpose; `pin detach requeue …` clears it" in (
@@ -362,3 +363,65 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
         for entry in demo_ids:
             assert f"`pin detach requeue {entry}`" in (evaluation.description or "")
         assert evaluation.metadata["demo"].value.startswith("demo: quarantined on purpose")
+
+
+def _last_tick_long_ago(engine: Engine) -> None:
+    record_outcomes(engine, [])
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE chessboard.recalc_metrics SET updated_at = now() - interval '10 min'")
+        )
+
+
+def test_a_long_drain_tick_is_alive_while_it_works(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick of 50 projects at up to 2 s each outlasts the check's two 30 s intervals: the
+    check run in the middle of a tick (the gate: the tick's first outcome) must see it."""
+    for _ in range(3):
+        add_recalc_request(db_engine, minutes_overdue=2)
+    _last_tick_long_ago(db_engine)
+    assert not alert_checks(db_url, monkeypatch)[LIVENESS]
+    seen_mid_tick: list[bool] = []
+
+    def check_mid_tick(outcome: ProjectOutcome) -> None:
+        if not seen_mid_tick:
+            seen_mid_tick.append(alert_checks(db_url, monkeypatch)[LIVENESS])
+
+    drain_tick(db_engine, on_outcome=check_mid_tick)
+    assert seen_mid_tick == [True]
+
+
+def test_a_drain_tick_beats_once_a_tick_not_once_a_project(db_engine: Engine) -> None:
+    for _ in range(3):
+        add_recalc_request(db_engine, minutes_overdue=2)
+    _last_tick_long_ago(db_engine)
+    # Read at the tick's start, before each project (and after a beat), before the look
+    # for a fourth project that finds none.
+    clock = iter([0.0, 0.0, 1.0, 6.0, 6.0, 6.0])
+    beats: list[datetime] = []
+
+    def last_tick(outcome: ProjectOutcome) -> None:
+        beats.append(chessboard_recalc_counters(db_engine).last_tick_at)  # type: ignore[arg-type]
+
+    drain_tick(db_engine, on_outcome=last_tick, clock=lambda: next(clock))
+    # Started (and beat) at 0; 1 s later no write; past a tick (5 s) one more.
+    assert beats[0] == beats[1] < beats[2]
+    assert beats[0] > datetime.now(UTC) - timedelta(minutes=1)
+
+
+def test_liveness_reads_the_databases_clock_not_the_daemons(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon clock 10 min ahead must not make a worker that just ticked look silent."""
+    import pin_orchestration.assets.chessboard_health as health
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def,override]
+            return datetime.now(tz) + timedelta(minutes=10)
+
+    add_recalc_request(db_engine, minutes_overdue=2)
+    record_outcomes(db_engine, [])
+    monkeypatch.setattr(health, "datetime", Ahead)
+    assert alert_checks(db_url, monkeypatch)[LIVENESS]

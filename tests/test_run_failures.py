@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from dagster import DagsterInstance, build_run_status_sensor_context
+from dagster import AssetKey, DagsterInstance, build_run_status_sensor_context
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
@@ -67,3 +67,48 @@ def test_a_reconcile_run_failed_on_bad_config_counts_everywhere(
     )
     checks = {e.check_name: e.passed for e in health.get_asset_check_evaluations()}
     assert checks["no_failed_runs_in_26h"] is False
+
+
+def test_failed_asset_job_runs_count_in_their_areas_check(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forced-recalc backfill and an analysts' frame run are runs of Dagster's implicit
+    asset job: their failures must reach the area's no_failed_runs check too."""
+    monkeypatch.setenv("PIN_DATABASE_URL", db_url)
+    defs = build_definitions()
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("chessboard_projects", ["not-a-project-id"])
+    asset_job = defs.resolve_implicit_global_asset_job_def()
+    alerts = defs.resolve_job_def("pin_alert_checks")
+
+    def chessboard_failed_runs_check() -> bool:
+        checked = alerts.execute_in_process(instance=instance)
+        (evaluation,) = [
+            e
+            for e in checked.get_asset_check_evaluations()
+            if e.asset_key == AssetKey(["chessboard", "recalc_health"])
+            and e.check_name == "no_failed_runs_in_1h"
+        ]
+        return evaluation.passed
+
+    assert chessboard_failed_runs_check()
+    for asset in (["chessboard", "project_aggregates"], ["chessboard", "building_free_share"]):
+        failed = asset_job.execute_in_process(
+            instance=instance,
+            partition_key="not-a-project-id",
+            asset_selection=[AssetKey(asset)],
+            raise_on_error=False,
+        )
+        assert not failed.success
+        context = build_run_status_sensor_context(
+            sensor_name="record_failed_runs",
+            dagster_event=failed.get_run_failure_event(),
+            dagster_instance=instance,
+            dagster_run=failed.dagster_run,
+            resources={"database": DatabaseResource(url=db_url)},
+        ).for_run_failure()
+        record_failed_runs(context)
+    assert not chessboard_failed_runs_check()
+    with db_engine.connect() as conn:
+        codes = conn.execute(text("SELECT job_code FROM pin.job_runs ORDER BY job_code")).scalars()
+        assert list(codes) == ["chessboard__building_free_share", "chessboard__project_aggregates"]

@@ -8,7 +8,7 @@ materialized. A health asset is observable: `pin_alert_checks` (every 5 minutes)
 it, recording the figures its checks judge, then runs the checks.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from dagster import (
@@ -62,32 +62,42 @@ class FailedRunsAlertConfig(Config):
 
 # Drains run all day, so a failure an hour old is still news; the run-failure sensor
 # (record_failed_runs) counts every failed run into pin.job_runs under these job codes.
-def no_failed_runs_check(asset: AssetKey, job_code: str) -> AssetChecksDefinition:
+def no_failed_runs_check(asset: AssetKey, job_codes: Sequence[str]) -> AssetChecksDefinition:
+    """`no_failed_runs_in_1h` on an area's health asset, over the area's job codes (its
+    named jobs', and `asset_job_code` of its assets run as Dagster's implicit asset job:
+    backfills, the analysts' automation)."""
+    codes = list(job_codes)
+    named = ", ".join(codes)
+
     @asset_check(
         asset=asset,
-        description=f"No {job_code} run failed in the last hour (config errors included)",
+        description=f"No run of {named} failed in the last hour (config errors included)",
     )
     def no_failed_runs_in_1h(
         context: AssetCheckExecutionContext,
         config: FailedRunsAlertConfig,
         database: DatabaseResource,
     ) -> AssetCheckResult:
-        failed = count_runs_since(
-            database.get_engine(), job_code, RunStatus.FAILED, config.window_seconds
-        )
+        engine = database.get_engine()
+        failed_by_code = {
+            code: count_runs_since(engine, code, RunStatus.FAILED, config.window_seconds)
+            for code in codes
+        }
+        failed = sum(failed_by_code.values())
+        which = ", ".join(f"{n} of {code}" for code, n in failed_by_code.items() if n)
         return AssetCheckResult(
             passed=failed == 0,
             severity=AssetCheckSeverity.WARN,
             description=(
-                f"{failed} failed {job_code} runs in the last {config.window_seconds:g} s: "
-                "open them in Runs (filter by job), fix the cause "
-                "(docs/runbooks.md#failed-runs)"
+                f"{failed} failed runs in the last {config.window_seconds:g} s ({which}): "
+                "open them in Runs (filter by job, or by the asset for __ASSET_JOB runs), "
+                "fix the cause (docs/runbooks.md#failed-runs)"
                 if failed
                 else "no failed runs"
             ),
             metadata={
                 "failed_runs": failed,
-                "job_code": job_code,
+                "job_codes": named,
                 "window_seconds": config.window_seconds,
             },
         )

@@ -1,6 +1,8 @@
 """The analysts' derived assets, one per area, materialized by automation as soon as their
 upstream partition is, lineage shown in the asset graph."""
 
+from datetime import timedelta
+
 import pandas as pd
 from dagster import (
     AssetExecutionContext,
@@ -10,13 +12,26 @@ from dagster import (
     AutomationCondition,
     AutomationConditionSensorDefinition,
     DefaultSensorStatus,
+    FreshnessPolicy,
     asset,
 )
 
-from pin_orchestration.analyst import building_free_share, drift_by_post_status, scraping_outcomes
+from pin_orchestration.analyst import (
+    BUILDING_FREE_SHARE_SCHEMA,
+    DRIFT_BY_STATUS_SCHEMA,
+    SCRAPING_OUTCOMES_SCHEMA,
+    building_free_share,
+    drift_by_post_status,
+    scraping_outcomes,
+)
 from pin_orchestration.assets.chessboard import PROJECT_AGGREGATES, chessboard_projects
-from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, news_daily_partitions
+from pin_orchestration.assets.news_reconcile import (
+    DAILY_RECONCILE_FRESHNESS,
+    POST_COMMENT_COUNTS,
+    news_daily_partitions,
+)
 from pin_orchestration.assets.scraping import RESULT_DAYS, SCRAPING_RESULTS
+from pin_orchestration.resources.analyst_io import column_schema
 from pin_orchestration.resources.database import DatabaseResource
 
 DRIFT_BY_POST_STATUS = AssetKey(["news", "daily_drift_by_post_status"])
@@ -24,8 +39,20 @@ BUILDING_FREE_SHARE = AssetKey(["chessboard", "building_free_share"])
 SCRAPING_DAILY_OUTCOMES = AssetKey(["scraping", "daily_outcomes"])
 
 # eager() without its latest-day restriction: a backfilled or re-run past day gets its
-# derived partition too, which is what an analyst comparing days needs.
-FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_latest_time_window())
+# derived partition too, which is what an analyst comparing days needs. Never from an
+# upstream partition whose blocking check failed on its latest materialization: the frame
+# would republish what the check found false (a newer materialization, e.g. a drain's
+# recalc, clears that, as it clears the check's status in the UI).
+FOLLOW_UPSTREAM = AutomationCondition.eager().without(
+    AutomationCondition.in_latest_time_window()
+) & ~AutomationCondition.any_deps_match(
+    AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
+).with_label("no_dep_failed_a_blocking_check")
+
+# Worker runs materialize scraping/results as they store results, not on a schedule, and
+# this frame follows within a minute: built at least once in any 25 h (a day with no
+# scraping at all also shows here, as late).
+SCRAPING_DAY_FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(hours=25))
 
 
 @asset(
@@ -33,7 +60,9 @@ FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_lat
     ins={"runs": AssetIn(POST_COMMENT_COUNTS)},
     partitions_def=news_daily_partitions,
     automation_condition=FOLLOW_UPSTREAM,
+    freshness_policy=DAILY_RECONCILE_FRESHNESS,
     io_manager_key="pin_frames",
+    metadata=column_schema(DRIFT_BY_STATUS_SCHEMA),
     group_name="news",
     kinds={"pandas"},
     description="Per day and post status: posts the reconcile corrected and the total "
@@ -51,6 +80,7 @@ def daily_drift_by_post_status(
     partitions_def=chessboard_projects,
     automation_condition=FOLLOW_UPSTREAM,
     io_manager_key="pin_frames",
+    metadata=column_schema(BUILDING_FREE_SHARE_SCHEMA),
     group_name="chessboard",
     kinds={"pandas"},
     description="Per project and building: free property objects as a share of all.",
@@ -64,7 +94,9 @@ def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
     ins={"jobs": AssetIn(SCRAPING_RESULTS)},
     partitions_def=RESULT_DAYS,
     automation_condition=FOLLOW_UPSTREAM,
+    freshness_policy=SCRAPING_DAY_FRESHNESS,
     io_manager_key="pin_frames",
+    metadata=column_schema(SCRAPING_OUTCOMES_SCHEMA),
     group_name="scraping",
     kinds={"pandas"},
     description="Per UTC day, tenant, target domain and status: jobs, attempts and the "

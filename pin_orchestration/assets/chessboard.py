@@ -18,6 +18,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
+    AssetRecordsFilter,
     DagsterInstance,
     DynamicPartitionsDefinition,
     Failure,
@@ -26,11 +27,14 @@ from dagster import (
     asset,
     asset_check,
 )
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.drain import POISON_ALERT, force_recalc_project
 from pin_orchestration.chessboard.queue import poison_rows
-from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence
+from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence, missing_projects
 from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
@@ -54,6 +58,17 @@ def project_id_of(partition_key: str) -> uuid.UUID:
         raise Failure(
             description=f"partition key must be a project id (uuid), got {partition_key!r}"
         ) from None
+
+
+def refuse_missing_projects(engine: Engine, project_ids: list[uuid.UUID]) -> None:
+    """Fail naming the ids that are no project (before anything is checked or registered)."""
+    with engine.connect() as conn:
+        missing = missing_projects(conn, project_ids)
+    if missing:
+        raise Failure(
+            description=f"no such project: {', '.join(map(str, missing))} (not in "
+            "chessboard.projects): check the ids; nothing was checked or registered"
+        )
 
 
 def ensure_project_partitions(instance: DagsterInstance, project_ids: list[uuid.UUID]) -> None:
@@ -94,22 +109,52 @@ def project_aggregates(
     asset=PROJECT_AGGREGATES,
     name=DIVERGENCE_CHECK,
     partitions_def=chessboard_projects,
+    # The analysts' chessboard/building_free_share is computed from these aggregates: a run
+    # does not build it past a failed check, nor does automation on a partition that failed.
+    blocking=True,
     description="Runbook 'divergence check': the project's stored aggregates equal "
     "count/min/max over its property objects and layouts. A failure is fixed by "
-    "materializing the partition (force recalc).",
+    "materializing the partition (force recalc). Blocking: no frame is built from "
+    "aggregates that failed it.",
 )
 def aggregates_match_source_of_truth(
     context: AssetCheckExecutionContext, database: DatabaseResource
 ) -> AssetCheckResult:
-    evaluation = divergence_evaluation(database.get_engine(), project_id_of(context.partition_key))
+    engine = database.get_engine()
+    project_id = project_id_of(context.partition_key)
+    refuse_missing_projects(engine, [project_id])
+    evaluation = divergence_evaluation(engine, project_id)
     return AssetCheckResult(
         passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
     )
 
 
-def divergence_evaluation(engine: Engine, project_id: uuid.UUID) -> AssetCheckEvaluation:
-    """The divergence check of one project as an evaluation of its partition, so the
-    runbook job can log it for any chosen projects."""
+def latest_materialization(
+    instance: DagsterInstance, project_id: uuid.UUID
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The project's latest materialization, which a divergence check run now judges: an
+    evaluation naming it is the partition's current check status (the UI's, and what the
+    analysts' automation reads); one naming none is never current. A check run as a step
+    gets this from Dagster; the runbook job's evaluations give it themselves."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=PROJECT_AGGREGATES, asset_partitions=[str(project_id)]),
+        limit=1,
+    ).records
+    if not records:
+        return None
+    latest = records[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=latest.storage_id, run_id=latest.run_id, timestamp=latest.timestamp
+    )
+
+
+def divergence_evaluation(
+    engine: Engine,
+    project_id: uuid.UUID,
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
+) -> AssetCheckEvaluation:
+    """The divergence check of one project as an evaluation of its partition (of `target`,
+    its latest materialization), so the runbook job can log it for any chosen projects."""
     with engine.connect() as conn:
         diverged = find_divergence(conn, project_id)
     metadata: dict[str, object] = {"diverged_rows": len(diverged)}
@@ -122,6 +167,7 @@ def divergence_evaluation(engine: Engine, project_id: uuid.UUID) -> AssetCheckEv
         asset_key=PROJECT_AGGREGATES,
         check_name=DIVERGENCE_CHECK,
         partition=str(project_id),
+        target_materialization_data=target,
         passed=not diverged,
         severity=AssetCheckSeverity.ERROR,
         metadata=metadata,

@@ -10,7 +10,6 @@ config into options, resources into an engine and a client, and results into eve
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 from dagster import (
     AssetCheckEvaluation,
@@ -71,12 +70,12 @@ def snapshot_detach_outbox(database: DatabaseResource) -> Iterator[ObserveResult
     )
 
 
-def outbox_evaluations(engine: Engine, now: datetime) -> list[AssetCheckEvaluation]:
+def outbox_evaluations(engine: Engine) -> list[AssetCheckEvaluation]:
     """The outbox's state-change alerts, evaluated now (the sensor and drain runs report
     them; the demo's deliberate quarantines are named as such)."""
     state = sensor_state(engine)
     demo_ids = demo_quarantined_ids(engine) if state.quarantined else []
-    return check_evaluations(state, now, demo_ids)
+    return check_evaluations(state, demo_ids)
 
 
 def _quarantine_description(quarantined: int, demo_ids: list[uuid.UUID]) -> str:
@@ -94,11 +93,11 @@ def _quarantine_description(quarantined: int, demo_ids: list[uuid.UUID]) -> str:
 
 
 def check_evaluations(
-    state: SensorState, now: datetime, demo_ids: list[uuid.UUID] | None = None
+    state: SensorState, demo_ids: list[uuid.UUID] | None = None
 ) -> list[AssetCheckEvaluation]:
-    """The two state-change alerts of the outbox as evaluations; `demo_ids`: the
-    Quarantined entries the demo made on purpose."""
-    stalled = state.stalled(now)
+    """The two state-change alerts of the outbox as evaluations, by the database's clock
+    (`state.now`); `demo_ids`: the Quarantined entries the demo made on purpose."""
+    stalled = state.stalled()
     demo_ids = demo_ids or []
     return [
         AssetCheckEvaluation(
@@ -146,7 +145,7 @@ def check_evaluations(
 def snapshot_detach_outbox_checks(database: DatabaseResource):
     """Run by pin_alert_checks and on demand; the sensor reports the same evaluations on
     every change."""
-    for evaluation in outbox_evaluations(database.get_engine(), datetime.now(UTC)):
+    for evaluation in outbox_evaluations(database.get_engine()):
         yield AssetCheckResult(
             check_name=evaluation.check_name,
             asset_key=evaluation.asset_key,

@@ -49,7 +49,12 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration.chessboard.metrics import LOCK_CONFLICTS, add_metrics, record_outcomes
+from pin_orchestration.chessboard.metrics import (
+    LOCK_CONFLICTS,
+    add_metrics,
+    record_heartbeat,
+    record_outcomes,
+)
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
@@ -310,20 +315,28 @@ def drain_tick(
     policy: RecalcPolicy = DEFAULT_POLICY,
     should_stop: Callable[[], bool] = lambda: False,
     on_outcome: Callable[[ProjectOutcome], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> TickResult:
     """One worker tick: up to `policy.batch_size` due projects, each claimed on its own.
-    The tick is recorded in the metrics even when empty (liveness of an idle worker)."""
+    The tick is recorded in the metrics even when empty (liveness of an idle worker); a
+    tick with work also beats when it starts and, while it works, once every
+    `policy.tick_seconds` by `clock` (between projects, so never a write per project)."""
     policy.validate()
     tick = TickResult()
     with engine.connect() as conn:
         due = queue_stats(conn, now=now, policy=policy).due
     if due:
         log.info("recalc_batch_started size=%d", min(due, policy.batch_size))
+        record_heartbeat(engine)
+        beat_at = clock()
     while due and len(tick.outcomes) < policy.batch_size:
         if should_stop():
             tick.stopped = True
             log.info("recalc_batch_cancelled after %d projects", len(tick.outcomes))
             break
+        if clock() - beat_at >= policy.tick_seconds:
+            record_heartbeat(engine)
+            beat_at = clock()
         outcome = process_next_due(engine, now=now, policy=policy)
         if outcome is None:
             break

@@ -59,6 +59,13 @@ def record_outcomes(engine: Engine, outcomes: Iterable[ProjectOutcome]) -> None:
         add_metrics(conn, {k: float(v) for k, v in increments.items()})
 
 
+def record_heartbeat(engine: Engine) -> None:
+    """Mark the worker alive in the middle of a tick (LAST_TICK's time, nothing counted): a
+    tick of many slow projects outlasts the liveness check's window."""
+    with engine.begin() as conn:
+        add_metrics(conn, {(LAST_TICK, ""): 0.0})
+
+
 def add_metrics(conn: Connection, increments: Mapping[tuple[str, str], float]) -> None:
     """Add to persisted counters (name, label) in the caller's transaction."""
     keys = list(increments)
@@ -109,7 +116,8 @@ class ChessboardRecalcCollector(Collector):
         )
         yield GaugeMetricFamily(
             "chessboard_recalc_last_tick_timestamp_seconds",
-            "When a drain tick last recorded its outcome (liveness)",
+            "When a drain tick last started, beat (at most once a tick_seconds while it "
+            "works) or recorded its outcome (liveness)",
             value=tick_at.timestamp() if tick_at else 0.0,
         )
         runs = CounterMetricFamily(

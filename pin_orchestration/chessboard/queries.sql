@@ -386,6 +386,10 @@ ORDER BY CASE c.entity WHEN 'project' THEN 0 WHEN 'layout' THEN 1 ELSE 2 END, c.
 -- ---------------------------------------------------------------------------------------
 -- Divergence check (runbook "расхождение денормализации"): stored values vs the truth.
 
+-- Which of the given ids name a project at all (a runbook action on a mistyped id refuses).
+-- name: existing_projects
+SELECT id FROM chessboard.projects WHERE id = ANY(:project_ids)
+
 -- name: divergence
 WITH po AS (
     SELECT * FROM chessboard.property_objects
@@ -463,8 +467,10 @@ FROM unnest(CAST(:names AS text[]), CAST(:labels AS text[]), CAST(:values AS flo
 ON CONFLICT (name, label) DO UPDATE
 SET value = m.value + excluded.value, updated_at = excluded.updated_at
 
+-- read_at: the database's clock, which updated_at is on (the liveness check's one clock).
 -- name: read_metrics
-SELECT name, label, value, updated_at FROM chessboard.recalc_metrics ORDER BY name, label
+SELECT name, label, value, updated_at, now() AS read_at
+FROM chessboard.recalc_metrics ORDER BY name, label
 
 -- name: outbox_stats
 SELECT count(*) AS pending,

@@ -112,6 +112,13 @@ class Divergence:
     truth: dict[str, Any]
 
 
+def missing_projects(conn: Connection, project_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """The ids no chessboard.projects row has, in the order given: a divergence check of
+    such an id would compare nothing and pass."""
+    found = set(conn.execute(query("existing_projects"), {"project_ids": project_ids}).scalars())
+    return [p for p in project_ids if p not in found]
+
+
 def find_divergence(conn: Connection, project_id: uuid.UUID) -> list[Divergence]:
     """Runbook "divergence check": rows whose stored aggregates differ from the truth."""
     rows = conn.execute(query("divergence"), {"project_id": project_id})

@@ -143,6 +143,8 @@ class RecalcCounters:
     failed: float  # chessboard_recalc_runs_total{result="failed"}
     duration_buckets: dict[str, float]  # chessboard_recalc_process_duration_seconds, {le: n}
     last_tick_at: datetime | None
+    # Seconds since the last tick by the database's clock (None: never ticked).
+    last_tick_age_seconds: float | None = None
 
 
 def chessboard_recalc_counters(engine: Engine) -> RecalcCounters:
@@ -151,8 +153,10 @@ def chessboard_recalc_counters(engine: Engine) -> RecalcCounters:
 
     with engine.connect() as conn:
         rows = conn.execute(query("read_metrics")).all()
+    tick = next((r for r in rows if r.name == LAST_TICK), None)
     return RecalcCounters(
         failed=next((r.value for r in rows if (r.name, r.label) == (RUNS, "failed")), 0.0),
         duration_buckets={r.label: r.value for r in rows if r.name == DURATION_BUCKET},
-        last_tick_at=next((r.updated_at for r in rows if r.name == LAST_TICK), None),
+        last_tick_at=tick.updated_at if tick else None,
+        last_tick_age_seconds=(tick.read_at - tick.updated_at).total_seconds() if tick else None,
     )

@@ -41,9 +41,11 @@ from pin_orchestration.assets.chessboard import (
     PROJECT_AGGREGATES,
     divergence_evaluation,
     ensure_project_partitions,
+    latest_materialization,
     poison_evaluation,
     project_id_of,
     recalc_metadata,
+    refuse_missing_projects,
 )
 from pin_orchestration.chessboard.drain import drain_loop
 from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
@@ -218,12 +220,15 @@ def check_project_divergence(
 ) -> None:
     """Runbook 'divergence check': stored aggregates vs count/min/max over the source of
     truth, reported as the aggregates_match_source_of_truth check of each project's
-    partition (a failure is fixed by materializing that partition)."""
+    partition (a failure is fixed by materializing that partition). An id that is no
+    project fails the run before anything is checked or registered."""
     ids = [project_id_of(p) for p in config.project_ids]
+    refuse_missing_projects(database.get_engine(), ids)
     ensure_project_partitions(context.instance, ids)
     diverged = 0
     for project_id in ids:
-        evaluation = divergence_evaluation(database.get_engine(), project_id)
+        target = latest_materialization(context.instance, project_id)
+        evaluation = divergence_evaluation(database.get_engine(), project_id, target)
         diverged += not evaluation.passed
         context.log_event(evaluation)
     context.log.info(f"{diverged} of {len(ids)} project(s) diverge from the source of truth")

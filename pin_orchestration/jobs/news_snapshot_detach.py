@@ -101,7 +101,7 @@ def drain_snapshot_detach_outbox(
         )
     )
     if result.quarantined:
-        for evaluation in outbox_evaluations(engine, datetime.now(UTC)):
+        for evaluation in outbox_evaluations(engine):
             context.log_event(evaluation)
     if result.status == RunStatus.FAILED:
         raise Failure(f"{JOB_CODE} failed: {result.error}", metadata=result.summary())
@@ -139,7 +139,7 @@ def news_snapshot_detach_outbox_sensor(
     cursor = json.loads(context.cursor) if context.cursor else {}
 
     demo_ids = demo_quarantined_ids(engine) if state.quarantined else []
-    evaluations = check_evaluations(state, now, demo_ids)
+    evaluations = check_evaluations(state, demo_ids)
     alerts = {e.check_name: e.passed for e in evaluations}
     asset_events = evaluations if alerts != cursor.get("alerts") else []
 

@@ -5,12 +5,17 @@ store's S3 bucket (PIN_S3_BUCKET) or, without one, under $PIN_HOME. pyarrow writ
 (its own S3 client, so no second botocore to keep in step with boto3's); pyarrow,
 `pandas.read_parquet` and DuckDB read them without this package. No Dagster here: the IO
 manager in `pin_orchestration.resources.analyst_io` calls this.
+
+Every file of an asset is written with the asset's declared columns and types, a day with
+no rows included: a reader of many files (DuckDB's glob, `pandas.read_parquet(folder)`)
+takes one file's schema for all, and an empty frame's columns would otherwise be of
+type null, which no string or number column can be cast to.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -26,6 +31,54 @@ UNPARTITIONED = "all"
 # As the results store's own client (store.py): a hung store must not hold a run for minutes.
 S3_CONNECT_TIMEOUT_SECONDS = 5.0
 S3_REQUEST_TIMEOUT_SECONDS = 20.0
+
+
+# The types a frame's column may be declared with, by the name the asset's column schema
+# shows in the UI. Few on purpose: each reads the same in pandas, DuckDB and Spark.
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "double": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+@dataclass(frozen=True)
+class FrameColumn:
+    name: str
+    type: str  # a key of COLUMN_TYPES
+    description: str
+
+    def __post_init__(self) -> None:
+        column_type(self.name, self.type)
+
+
+def column_type(name: str, type_name: str) -> pa.DataType:
+    if type_name not in COLUMN_TYPES:
+        raise ValueError(
+            f"column {name!r}: type {type_name!r} is not one of {sorted(COLUMN_TYPES)}"
+        )
+    return COLUMN_TYPES[type_name]
+
+
+def arrow_schema(columns: Iterable[tuple[str, str]]) -> pa.Schema:
+    """The Parquet schema of a frame declared as (name, type) pairs (types: COLUMN_TYPES)."""
+    return pa.schema([pa.field(name, column_type(name, type_name)) for name, type_name in columns])
+
+
+class FrameSchemaError(ValueError):
+    """A frame's columns are not the ones its asset declares."""
+
+
+def frame_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
+    """`frame` as an Arrow table of exactly `schema` (an empty frame included)."""
+    if list(frame.columns) != schema.names:
+        raise FrameSchemaError(
+            f"the frame's columns {list(frame.columns)} are not the declared "
+            f"{schema.names}: compute the declared columns, in that order, or change the "
+            "declaration (and docs/analysts.md)"
+        )
+    return pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
 
 
 class FrameMissing(LookupError):
@@ -53,11 +106,17 @@ class FrameStore:
     def uri(self, asset_path: Sequence[str], partition: str | None) -> str:
         return self.scheme + self.path(asset_path, partition)
 
-    def write(self, asset_path: Sequence[str], partition: str | None, frame: pd.DataFrame) -> str:
-        """Store `frame` whole (a reader sees the previous frame or this one, never a part
-        of it) and return its URI."""
+    def write(
+        self,
+        asset_path: Sequence[str],
+        partition: str | None,
+        frame: pd.DataFrame,
+        schema: pa.Schema,
+    ) -> str:
+        """Store `frame` whole with the asset's `schema` (a reader sees the previous frame or
+        this one, never a part of it) and return its URI."""
         path = self.path(asset_path, partition)
-        table = pa.Table.from_pandas(frame, preserve_index=False)
+        table = frame_table(frame, schema)
         if isinstance(self.filesystem, pafs.LocalFileSystem):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             partial = f"{Path(path).parent}/.{Path(path).name}.{uuid.uuid4().hex}.tmp"

@@ -5,17 +5,26 @@ The jobs' own assets live in PostgreSQL tables the jobs keep: `PostgresAssetRead
 a partition's value from them on load and stores nothing on materialization (the
 materialization already wrote the tables). The analysts' derived assets are computed
 frames: `ParquetFrameIOManager` keeps one Parquet file per partition on the results store
-(S3, or $PIN_HOME without a bucket), readable by any Parquet tool.
+(S3, or $PIN_HOME without a bucket), readable by any Parquet tool, each written with the
+columns its asset declares (`column_schema`, the asset's `dagster/column_schema`).
 """
 
 from __future__ import annotations
 
 import shlex
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
-from dagster import ConfigurableIOManager, Failure, InputContext, OutputContext
+import pyarrow as pa
+from dagster import (
+    ConfigurableIOManager,
+    Failure,
+    InputContext,
+    OutputContext,
+    TableColumn,
+    TableSchema,
+)
 from pydantic import Field
 from sqlalchemy import Engine
 
@@ -24,7 +33,13 @@ from pin_orchestration.analyst import (
     reconcile_runs_frame,
     scraping_results_frame,
 )
-from pin_orchestration.platform.frames import FrameMissing, FrameStore, build_frame_store
+from pin_orchestration.platform.frames import (
+    FrameColumn,
+    FrameMissing,
+    FrameStore,
+    arrow_schema,
+    build_frame_store,
+)
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
@@ -68,6 +83,29 @@ class PostgresAssetReader(ConfigurableIOManager):
         return frame_of(self.database.get_engine(), context.asset_partition_key)
 
 
+# Where Dagster's UI reads an asset's columns from; the IO manager writes the same.
+COLUMN_SCHEMA = "dagster/column_schema"
+
+
+def column_schema(columns: Iterable[FrameColumn]) -> dict[str, TableSchema]:
+    """A derived asset's metadata entry declaring its frame's columns."""
+    return {
+        COLUMN_SCHEMA: TableSchema(
+            columns=[TableColumn(c.name, c.type, description=c.description) for c in columns]
+        )
+    }
+
+
+def declared_arrow_schema(asset: str, metadata: Mapping[str, object]) -> pa.Schema:
+    schema = metadata.get(COLUMN_SCHEMA)
+    if not isinstance(schema, TableSchema):
+        raise ValueError(
+            f"{asset} declares no columns: give the asset "
+            "metadata=column_schema(<its FrameColumn tuple>) so every file has one schema"
+        )
+    return arrow_schema((c.name, c.type) for c in schema.columns)
+
+
 class FrameNotMaterialized(LookupError):
     """An analyst asked for a derived frame no run has stored yet."""
 
@@ -88,7 +126,10 @@ class ParquetFrameIOManager(ConfigurableIOManager):
         )
 
     def handle_output(self, context: OutputContext, obj: pd.DataFrame) -> None:
-        uri = self.frame_store().write(context.asset_key.path, _partition(context), obj)
+        schema = declared_arrow_schema(
+            context.asset_key.to_user_string(), context.definition_metadata
+        )
+        uri = self.frame_store().write(context.asset_key.path, _partition(context), obj, schema)
         context.add_output_metadata({"rows": len(obj), "path": uri})
 
     def load_input(self, context: InputContext) -> pd.DataFrame:

@@ -20,19 +20,29 @@ from pin_orchestration.resources.database import DatabaseResource
 # How many failed runs the daemon takes per tick (Dagster's default is 5).
 RUN_STATUS_SENSOR_PROCESS_LIMIT = 50
 
-# Runs launched for an asset rather than through its job (backfills from the asset page)
-# run as Dagster's implicit asset job: the asset tells whose run it was.
+# Runs launched for an asset rather than through its job (backfills from the asset page,
+# the analysts' automation) run as Dagster's implicit asset job: the asset tells whose run
+# it was. The reconcile's asset is its job's; any other asset's runs are known by the
+# asset's step name (`chessboard__project_aggregates`), which its area's no_failed_runs
+# check counts (definitions.py).
 _JOB_CODE_BY_ASSET = {"news/post_comment_counts": "news-comment-reconcile"}
+
+
+def asset_job_code(asset_key: str) -> str:
+    """The job_code of asset-job runs of an asset (`area/name` → `area__name`)."""
+    return asset_key.replace("/", "__")
 
 
 def job_code_of_run(job_name: str, tags: dict[str, str], asset_keys: list[str]) -> str:
     """The job_code pin.job_runs knows the run by: its `pin/job` tag, else its asset's job,
-    else the Dagster job name."""
+    else (the implicit asset job) its first asset's code, else the Dagster job name."""
     if "pin/job" in tags:
         return tags["pin/job"]
     for key in asset_keys:
         if key in _JOB_CODE_BY_ASSET:
             return _JOB_CODE_BY_ASSET[key]
+    if asset_keys:
+        return asset_job_code(sorted(asset_keys)[0])
     return job_name
 
 

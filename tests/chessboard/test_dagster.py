@@ -24,6 +24,7 @@ from sqlalchemy import Engine, text
 from pin_orchestration.assets.chessboard import (
     DIVERGENCE_CHECK,
     POISON_CHECK,
+    aggregates_match_source_of_truth,
     chessboard_projects,
     no_poison_recalc_requests,
     project_aggregates,
@@ -318,3 +319,47 @@ def test_drain_with_nothing_due_is_a_quick_noop(db_engine: Engine, instance, res
     assert result.success
     assert result.asset_materializations_for_node("drain_chessboard_project_recalc_queue") == []
     assert datetime.now(UTC) - started < timedelta(seconds=30)
+
+
+def test_the_divergence_check_of_a_project_that_does_not_exist_is_refused(
+    db_engine: Engine, instance, resources
+) -> None:
+    """A mistyped id must not pass as "no divergence" nor leave a partition behind."""
+    with db_engine.begin() as conn:
+        real = add_project(conn)
+    ghost = uuid.uuid4()
+    run = chessboard_divergence_check.execute_in_process(
+        instance=instance,
+        resources=resources,
+        run_config={
+            "ops": {
+                "check_project_divergence": {"config": {"project_ids": [str(real), str(ghost)]}}
+            }
+        },
+        raise_on_error=False,
+    )
+    assert not run.success
+    (failure,) = run.get_step_failure_events()
+    message = failure.step_failure_data.error.message
+    assert f"no such project: {ghost}" in message and str(real) not in message
+    assert instance.get_dynamic_partitions(chessboard_projects.name) == []
+    assert [
+        e for e in run.all_events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+    ] == []
+
+
+def test_the_divergence_check_of_a_partition_with_no_project_fails_naming_it(
+    db_engine: Engine, instance, resources
+) -> None:
+    ghost = str(uuid.uuid4())
+    instance.add_dynamic_partitions(chessboard_projects.name, [ghost])
+    run = materialize(
+        [project_aggregates, aggregates_match_source_of_truth],
+        instance=instance,
+        resources=resources,
+        partition_key=ghost,
+        raise_on_error=False,
+    )
+    assert not run.success
+    (failure,) = run.get_step_failure_events()
+    assert f"no such project: {ghost}" in failure.step_failure_data.error.message

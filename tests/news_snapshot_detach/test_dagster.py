@@ -254,3 +254,28 @@ def test_bad_polling_interval_names_the_variable(
     monkeypatch.setenv("PIN_SNAPSHOT_DETACH_POLLING_SECONDS", "0")
     with pytest.raises(SettingsError, match="PIN_SNAPSHOT_DETACH_POLLING_SECONDS"):
         evaluate(db_url)
+
+
+def test_the_stalled_check_reads_one_clock_the_databases(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's clock 20 min ahead of the database's: a row that fell due just now (by
+    the database) is not stalled, and one due for 20 min is, whatever the daemon says."""
+    ahead = datetime.now(UTC) + timedelta(minutes=20)
+    monkeypatch.setattr(sensor_module, "_now", lambda: ahead)
+    with db_engine.begin() as conn:
+        enqueue_snapshot_detach(conn, uuid.uuid4(), uuid.uuid4(), "BlockReplaced")
+        conn.execute(text("UPDATE news.snapshot_detach_outbox SET next_attempt_at = now()"))
+    checks = {e.check_name: e.passed for e in evaluate(db_url).asset_events}
+    assert checks["worker_not_stalled"] is True
+
+    behind = datetime.now(UTC) - timedelta(minutes=20)
+    monkeypatch.setattr(sensor_module, "_now", lambda: behind)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE news.snapshot_detach_outbox SET next_attempt_at = now() - interval '20 min'"
+            )
+        )
+    checks = {e.check_name: e.passed for e in evaluate(db_url).asset_events}
+    assert checks["worker_not_stalled"] is False

@@ -28,14 +28,17 @@ STALLED_AFTER_SECONDS = 15 * 60
 
 @dataclass(frozen=True)
 class SensorState:
+    # The database's time of the reading: due times and run ends are the database's too,
+    # so a daemon whose clock drifts cannot make the outbox look stalled (or not).
+    now: datetime
     due: int
     oldest_due: datetime | None  # the earliest next_attempt_at among Pending rows
     quarantined: int
     last_success: datetime | None
 
-    def stalled(self, now: datetime) -> bool:
+    def stalled(self) -> bool:
         """Rows have been due for over 15 min and no run succeeded in that time."""
-        limit = now - timedelta(seconds=STALLED_AFTER_SECONDS)
+        limit = self.now - timedelta(seconds=STALLED_AFTER_SECONDS)
         overdue = self.due > 0 and self.oldest_due is not None and self.oldest_due < limit
         return overdue and (self.last_success is None or self.last_success < limit)
 
@@ -44,6 +47,7 @@ def sensor_state(engine: Engine) -> SensorState:
     with engine.connect() as conn:
         row = conn.execute(query("sensor_state")).one()
     return SensorState(
+        now=row.now,
         due=row.due,
         oldest_due=row.oldest_due,
         quarantined=row.quarantined,

@@ -84,8 +84,11 @@ WHERE o.id = c.id AND o.status = 'Pending'
   AND o.attempts = c.attempts AND o.next_attempt_at = c.next_attempt_at
 
 -- What the sensor reads each tick: cheap on ix_sdo_due (status is its leading column).
+-- `now`: the clock the stalled check compares due times and the last success with (both
+-- the database's), never the daemon's.
 -- name: sensor_state
-SELECT count(*) FILTER (WHERE status = 'Pending' AND next_attempt_at <= now()) AS due,
+SELECT now() AS now,
+       count(*) FILTER (WHERE status = 'Pending' AND next_attempt_at <= now()) AS due,
        min(next_attempt_at) FILTER (WHERE status = 'Pending') AS oldest_due,
        count(*) FILTER (WHERE status = 'Quarantined') AS quarantined
 FROM news.snapshot_detach_outbox
