@@ -3,6 +3,7 @@ materialization launched through the UI's GraphQL API, metrics, and a clean shut
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -478,3 +480,119 @@ def assert_ui_renders_in_chromium(port: int) -> None:
         assert check in page, f"{check} not on the checks tab of {asset}"
         assert "Succeeded" in page, f"{asset}: the check's state is not on its checks tab"
         assert "Not evaluated" not in page, f"{asset}: a check reads Not evaluated"
+
+
+RUNS_IN_PROGRESS = """
+query {
+  runsOrError(filter: {statuses: [STARTING, STARTED]}, limit: 1) {
+    ... on Runs { results { runId } }
+  }
+}
+"""
+
+
+def a_run_in_progress(port: int) -> bool:
+    """A run is in progress (the demo's sensors launch some within a minute): its worker,
+    and the code server that waits for it before it shuts down, are part of what a stop
+    must end while the database is still there."""
+    try:
+        return bool(graphql(port, RUNS_IN_PROGRESS, {})["runsOrError"]["results"])
+    except (requests.RequestException, ValueError, KeyError):
+        return False
+
+
+def marked(variable: str, marker: str) -> list[psutil.Process]:
+    """Every live process whose environment carries `marker`: what a stack started,
+    wherever it was re-parented."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(variable) == marker and process.status() != (
+                psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+    return found
+
+
+# Ctrl-C of a terminal goes to the foreground process group (pin up and what it started in
+# its group); a service manager's stop goes to pin up's PID alone.
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stop", ["sigint_to_pin_up", "ctrl_c_to_the_group"])
+def test_pin_up_on_the_embedded_database_stops_everything_it_started(
+    stop: str, tmp_path: Path
+) -> None:
+    port, metrics_port, api_port = free_port(), free_port(), free_port()
+    marker_variable, marker = "PIN_TEST_STACK", uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "PIN_HOME": str(tmp_path / "home"),
+        "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
+        marker_variable: marker,  # inherited by every process of the stack
+    }
+    # The embedded default: pin up starts (and must stop) its own PostgreSQL.
+    env.pop("PIN_DATABASE_URL", None)
+    env.pop("PIN_DAGSTER_PG_URL", None)
+    log_path = tmp_path / "pin-up.log"
+    with log_path.open("w") as output:
+        stack = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pin_orchestration.cli",
+                "up",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--api-port",
+                str(api_port),
+                "--dagster-yaml",
+                str(ROOT / "dagster.yaml"),
+                "--workspace",
+                str(ROOT / "workspace.yaml"),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            # A group of its own, as a terminal gives a command: the test can Ctrl-C it.
+            start_new_session=True,
+        )
+    seen: dict[int, psutil.Process] = {}
+
+    def ready() -> bool:
+        # Everything the stack runs, noted on every poll: a code server re-parented to init
+        # when its parent exits is no longer among pin up's children afterwards.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in psutil.Process(stack.pid).children(recursive=True):
+                seen.setdefault(process.pid, process)
+        assert stack.poll() is None, log_path.read_text()[-5000:]
+        return responds(f"http://127.0.0.1:{port}/server_info") and a_run_in_progress(port)
+
+    try:
+        wait_until(ready, 300, "the UI and a run in progress")
+        ready()
+        seen.update({process.pid: process for process in marked(marker_variable, marker)})
+        commands = " ".join(" ".join(p.cmdline()) for p in seen.values() if p.is_running())
+        assert "code-server" in commands and "postgres" in commands, commands
+    finally:
+        stopped_at = time.monotonic()
+        if stop == "sigint_to_pin_up":
+            stack.send_signal(signal.SIGINT)
+        else:
+            os.killpg(stack.pid, signal.SIGINT)
+        stack.wait(timeout=120)
+    took = time.monotonic() - stopped_at
+    print(f"pin up stopped ({stop}) in {took:.1f} s")  # the figure, for the record
+    # A bounded poll: whatever is still alive 5 s after pin up exited was left behind.
+    _, alive = psutil.wait_procs(list(seen.values()), timeout=5)
+    alive += [p for p in marked(marker_variable, marker) if p.pid not in {a.pid for a in alive}]
+    left = [f"{p.pid}: {' '.join(p.cmdline())[:150]}" for p in alive if p.is_running()]
+    for process in alive:  # the check itself leaves nothing behind
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    assert left == [], "left running after pin up stopped:\n" + "\n".join(left)
+    log = log_path.read_text()
+    assert "Traceback" not in log, log[-5000:]
+    assert "Retrying" not in log, log[-5000:]
+    assert stack.returncode == 0, log[-5000:]
