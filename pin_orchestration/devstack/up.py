@@ -331,9 +331,8 @@ def end_dagster(stack_id: str, dagster_dev: subprocess.Popen[bytes]) -> None:
     ):
         time.sleep(0.2)
     left = stack_processes(stack_id)
-    # Also the webserver and the daemon if dagster dev died first: nothing told them.
-    code_servers = _matching(left, CODE_SERVERS + WEBSERVER_AND_DAEMON)
-    servers = {process.pid for process in code_servers}
+    # The webserver and the daemon too if dagster dev died first: nothing told them.
+    servers = {process.pid for process in _matching(left, CODE_SERVERS + WEBSERVER_AND_DAEMON)}
     for process in left:
         with contextlib.suppress(psutil.Error):
             if process.pid in servers or process.ppid() in servers:
