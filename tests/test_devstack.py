@@ -20,6 +20,8 @@ import requests
 from dagster_graphql import DagsterGraphQLClient
 from sqlalchemy import text
 
+from pin_orchestration.devstack import up
+from pin_orchestration.devstack.stack_recovery import STACK_VARIABLE, new_stack_id
 from pin_orchestration.platform.db import create_db_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -596,3 +598,56 @@ def test_pin_up_on_the_embedded_database_stops_everything_it_started(
     assert "Traceback" not in log, log[-5000:]
     assert "Retrying" not in log, log[-5000:]
     assert stack.returncode == 0, log[-5000:]
+
+
+def _stack_member(env: dict[str, str], *words: str, on_sigint: str) -> psutil.Popen:
+    """A process of the stack whose command line holds `words` (what end_dagster goes by),
+    returned once it has exec'd and set its SIGINT handling: "ignore", or a path it writes
+    when interrupted before it exits."""
+    handling = (
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)"
+        if on_sigint == "ignore"
+        else f"signal.signal(signal.SIGINT, lambda *_: (open({on_sigint!r}, 'w'), exit()))"
+    )
+    process = psutil.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import signal, time; {handling}; print(flush=True); time.sleep(60)",
+            *words,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    process.stdout.readline()
+    return process
+
+
+def test_what_outlives_dagster_dev_is_interrupted_then_killed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """dagster dev gone (here it died on its own): its code servers are interrupted, one
+    deaf to SIGINT is killed once the bound has passed; another stack's are left alone."""
+    monkeypatch.setattr(up, "INTERRUPTED_STOP_SECONDS", 2.0)
+    stack_id = new_stack_id()
+    ours = {**os.environ, STACK_VARIABLE: stack_id}
+    dagster_dev = subprocess.Popen([sys.executable, "-c", "pass"], env=ours)
+    dagster_dev.wait()
+    interrupted = tmp_path / "interrupted"
+    code_server = _stack_member(ours, "dagster", "code-server", "start", on_sigint=str(interrupted))
+    stuck = _stack_member(ours, "dagster", "api", "grpc", on_sigint="ignore")
+    other = _stack_member(
+        {**os.environ, STACK_VARIABLE: new_stack_id()}, "code-server", on_sigint="ignore"
+    )
+    try:
+        with caplog.at_level("INFO", logger=up.__name__):
+            up.end_dagster(stack_id, dagster_dev)
+        assert interrupted.exists(), "the code server was not interrupted"
+        assert not code_server.is_running() and not stuck.is_running()
+        assert f"killed: {stuck.pid}" in caplog.text
+        assert other.is_running(), "another stack's process was stopped"
+    finally:
+        for process in (code_server, stuck, other):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+                process.wait()
