@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, text
 
-from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.migrations import alembic_config, upgrade_database
 from pin_orchestration.news.reconcile import SLICE_SECONDS, Scope, read_checkpoint
 from pin_orchestration.platform.db import create_db_engine
 from tests.conftest import embedded_data_dir
@@ -32,6 +34,28 @@ def pin(
     return subprocess.run(
         [*PIN, *args], env=env, capture_output=True, text=True, timeout=120, **kwargs
     )
+
+
+def test_db_upgrade_logs_one_line_per_migration(empty_db_url: str) -> None:
+    """A first start applies every migration: one INFO line each (revision and the first
+    line of its docstring), not alembic's paragraphs; an up-to-date database none."""
+    revisions = {
+        script.revision
+        for script in ScriptDirectory.from_config(alembic_config(empty_db_url)).walk_revisions()
+    }
+    first = pin("db", "upgrade", url=empty_db_url)
+    assert first.returncode == 0, first.stderr
+    lines = [line for line in first.stderr.splitlines() if line.strip()]
+    # Every line is a log record's own line: none continues a multi-line message.
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", line) for line in lines), (
+        first.stderr
+    )
+    applied = [line for line in lines if "INFO pin_orchestration.migrations: applied" in line]
+    assert {line.split("applied migration ")[1].split(":")[0] for line in applied} == revisions
+    assert len(applied) == len(revisions) == len(lines), first.stderr
+    second = pin("db", "upgrade", url=empty_db_url)
+    assert second.returncode == 0, second.stderr
+    assert "applied migration" not in second.stderr, second.stderr
 
 
 def test_db_upgrade_creates_every_schema_and_is_repeatable(empty_db_url: str) -> None:

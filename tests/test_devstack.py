@@ -3,6 +3,7 @@ materialization launched through the UI's GraphQL API, metrics, and a clean shut
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -18,6 +20,8 @@ import requests
 from dagster_graphql import DagsterGraphQLClient
 from sqlalchemy import text
 
+from pin_orchestration.devstack import up
+from pin_orchestration.devstack.stack_recovery import STACK_VARIABLE, new_stack_id
 from pin_orchestration.platform.db import create_db_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -478,3 +482,172 @@ def assert_ui_renders_in_chromium(port: int) -> None:
         assert check in page, f"{check} not on the checks tab of {asset}"
         assert "Succeeded" in page, f"{asset}: the check's state is not on its checks tab"
         assert "Not evaluated" not in page, f"{asset}: a check reads Not evaluated"
+
+
+RUNS_IN_PROGRESS = """
+query {
+  runsOrError(filter: {statuses: [STARTING, STARTED]}, limit: 1) {
+    ... on Runs { results { runId } }
+  }
+}
+"""
+
+
+def a_run_in_progress(port: int) -> bool:
+    """A run is in progress (the demo's sensors launch some within a minute): its worker,
+    and the code server that waits for it before it shuts down, are part of what a stop
+    must end while the database is still there."""
+    try:
+        return bool(graphql(port, RUNS_IN_PROGRESS, {})["runsOrError"]["results"])
+    except (requests.RequestException, ValueError, KeyError):
+        return False
+
+
+def marked(variable: str, marker: str) -> list[psutil.Process]:
+    """Every live process whose environment carries `marker`: what a stack started,
+    wherever it was re-parented."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(variable) == marker and process.status() != (
+                psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+    return found
+
+
+# Ctrl-C of a terminal goes to the foreground process group (pin up and what it started in
+# its group); a service manager's stop goes to pin up's PID alone.
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stop", ["sigint_to_pin_up", "ctrl_c_to_the_group"])
+def test_pin_up_on_the_embedded_database_stops_everything_it_started(
+    stop: str, tmp_path: Path
+) -> None:
+    port, metrics_port, api_port = free_port(), free_port(), free_port()
+    marker_variable, marker = "PIN_TEST_STACK", uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "PIN_HOME": str(tmp_path / "home"),
+        "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
+        marker_variable: marker,  # inherited by every process of the stack
+    }
+    # The embedded default: pin up starts (and must stop) its own PostgreSQL.
+    env.pop("PIN_DATABASE_URL", None)
+    env.pop("PIN_DAGSTER_PG_URL", None)
+    log_path = tmp_path / "pin-up.log"
+    with log_path.open("w") as output:
+        stack = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pin_orchestration.cli",
+                "up",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--api-port",
+                str(api_port),
+                "--dagster-yaml",
+                str(ROOT / "dagster.yaml"),
+                "--workspace",
+                str(ROOT / "workspace.yaml"),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            # A group of its own, as a terminal gives a command: the test can Ctrl-C it.
+            start_new_session=True,
+        )
+    seen: dict[int, psutil.Process] = {}
+
+    def ready() -> bool:
+        # Everything the stack runs, noted on every poll: a code server re-parented to init
+        # when its parent exits is no longer among pin up's children afterwards.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in psutil.Process(stack.pid).children(recursive=True):
+                seen.setdefault(process.pid, process)
+        assert stack.poll() is None, log_path.read_text()[-5000:]
+        return responds(f"http://127.0.0.1:{port}/server_info") and a_run_in_progress(port)
+
+    try:
+        wait_until(ready, 300, "the UI and a run in progress")
+        ready()
+        seen.update({process.pid: process for process in marked(marker_variable, marker)})
+        commands = " ".join(" ".join(p.cmdline()) for p in seen.values() if p.is_running())
+        assert "code-server" in commands and "postgres" in commands, commands
+    finally:
+        stopped_at = time.monotonic()
+        if stop == "sigint_to_pin_up":
+            stack.send_signal(signal.SIGINT)
+        else:
+            os.killpg(stack.pid, signal.SIGINT)
+        stack.wait(timeout=120)
+    took = time.monotonic() - stopped_at
+    print(f"pin up stopped ({stop}) in {took:.1f} s")  # the figure, for the record
+    # A bounded poll: whatever is still alive 5 s after pin up exited was left behind.
+    _, alive = psutil.wait_procs(list(seen.values()), timeout=5)
+    alive += [p for p in marked(marker_variable, marker) if p.pid not in {a.pid for a in alive}]
+    left = [f"{p.pid}: {' '.join(p.cmdline())[:150]}" for p in alive if p.is_running()]
+    for process in alive:  # the check itself leaves nothing behind
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    assert left == [], "left running after pin up stopped:\n" + "\n".join(left)
+    log = log_path.read_text()
+    assert "Traceback" not in log, log[-5000:]
+    assert "Retrying" not in log, log[-5000:]
+    assert stack.returncode == 0, log[-5000:]
+
+
+def _stack_member(env: dict[str, str], *words: str, on_sigint: str) -> psutil.Popen:
+    """A process of the stack whose command line holds `words` (what end_dagster goes by),
+    returned once it has exec'd and set its SIGINT handling: "ignore", or a path it writes
+    when interrupted before it exits."""
+    handling = (
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)"
+        if on_sigint == "ignore"
+        else f"signal.signal(signal.SIGINT, lambda *_: (open({on_sigint!r}, 'w'), exit()))"
+    )
+    process = psutil.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import signal, time; {handling}; print(flush=True); time.sleep(60)",
+            *words,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    process.stdout.readline()
+    return process
+
+
+def test_what_outlives_dagster_dev_is_interrupted_then_killed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """dagster dev gone (here it died on its own): its code servers are interrupted, one
+    deaf to SIGINT is killed once the bound has passed; another stack's are left alone."""
+    monkeypatch.setattr(up, "INTERRUPTED_STOP_SECONDS", 2.0)
+    stack_id = new_stack_id()
+    ours = {**os.environ, STACK_VARIABLE: stack_id}
+    dagster_dev = subprocess.Popen([sys.executable, "-c", "pass"], env=ours)
+    dagster_dev.wait()
+    interrupted = tmp_path / "interrupted"
+    code_server = _stack_member(ours, "dagster", "code-server", "start", on_sigint=str(interrupted))
+    stuck = _stack_member(ours, "dagster", "api", "grpc", on_sigint="ignore")
+    other = _stack_member(
+        {**os.environ, STACK_VARIABLE: new_stack_id()}, "code-server", on_sigint="ignore"
+    )
+    try:
+        with caplog.at_level("INFO", logger=up.__name__):
+            up.end_dagster(stack_id, dagster_dev)
+        assert interrupted.exists(), "the code server was not interrupted"
+        assert not code_server.is_running() and not stuck.is_running()
+        assert f"killed: {stuck.pid}" in caplog.text
+        assert other.is_running(), "another stack's process was stopped"
+    finally:
+        for process in (code_server, stuck, other):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+                process.wait()

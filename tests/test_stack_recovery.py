@@ -5,6 +5,7 @@ sensor counts them as in flight forever)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -16,21 +17,24 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from pin_orchestration.devstack.stack_recovery import (
     PIDS_FILE,
+    STACK_VARIABLE,
     StackAlreadyRunning,
     clear_previous_stack,
     fail_runs_left_behind,
     forget_stack,
+    new_stack_id,
     record_stack,
 )
 
 
-def _sleeper(tag: str) -> subprocess.Popen[bytes]:
+def _sleeper(tag: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # "dagster" in its command line: what a survivor of a dead stack looks like. Returned
     # once it has printed, i.e. exec'd: until then its command line is still pytest's
     # (the legacy-file test once read that and did not take the sleeper for the stack).
     process = subprocess.Popen(
         [sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", tag],
         stdout=subprocess.PIPE,
+        env=env,
     )
     assert process.stdout is not None
     process.stdout.readline()
@@ -59,6 +63,25 @@ def test_survivors_of_a_dead_stack_are_killed(tmp_path: Path) -> None:
         assert not psutil.pid_exists(survivor.pid)
     finally:
         survivor.kill()
+
+
+def test_code_servers_that_outlived_dagster_dev_are_killed(tmp_path: Path) -> None:
+    """dagster dev died too: its code servers, re-parented to init, are no one's children
+    any more; the stack id in their environment still names them."""
+    stack_id = new_stack_id()
+    orphan = _sleeper("code-server", env={**os.environ, STACK_VARIABLE: stack_id})
+    stranger = _sleeper("code-server", env={**os.environ, STACK_VARIABLE: new_stack_id()})
+    try:
+        record_stack(
+            tmp_path, pin_up_pid=_dead_pid(), dagster_dev_pid=_dead_pid(), stack_id=stack_id
+        )
+        assert clear_previous_stack(tmp_path) is True
+        orphan.wait(timeout=10)
+        assert not psutil.pid_exists(orphan.pid)
+        assert stranger.poll() is None, "another stack's process was killed"
+    finally:
+        orphan.kill()
+        stranger.kill()
 
 
 def test_a_live_stack_is_not_started_beside(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ import logging
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Libraries' routine at INFO (pgserver's initdb/pg_ctl command lines, alembic's plugin
-# registrations on every start): only their problems concern an operator.
-CHATTY_LOGGERS = ("pgserver", "alembic.runtime.plugins")
+# registrations on every start, and its migration lines: each migration's docstring, a
+# paragraph, where pin_orchestration.migrations logs one line): only their problems
+# concern an operator.
+CHATTY_LOGGERS = ("pgserver", "alembic.runtime.plugins", "alembic.runtime.migration")
 
 
 def configure_logging(level: str) -> None:

@@ -17,6 +17,8 @@ import contextlib
 import json
 import logging
 import os
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,43 @@ LEFT_BEHIND = [
 ]
 
 
+# Every Dagster process of a stack carries this variable, set to the stack's id: the code
+# servers and run workers dagster dev starts are re-parented to init once their parent
+# exits, and only this finds them then.
+STACK_VARIABLE = "PIN_UP_STACK"
+
+
 class StackAlreadyRunning(RuntimeError):
     pass
+
+
+def new_stack_id() -> str:
+    return uuid.uuid4().hex
+
+
+def stack_processes(stack_id: str) -> list[psutil.Process]:
+    """The live processes (this one aside) whose environment names stack `stack_id`."""
+    found = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            if (
+                process.environ().get(STACK_VARIABLE) == stack_id
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+    return found
+
+
+def kill_processes(processes: Iterable[psutil.Process]) -> None:
+    """SIGKILL each process and wait for it (a Dagster code server stuck in its shutdown
+    ends on nothing else)."""
+    processes = list(processes)
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(processes, timeout=10)
 
 
 def _started(pid: int) -> float | None:
@@ -92,24 +129,28 @@ def clear_previous_stack(home: Path) -> bool:
             f"or set PIN_HOME to run another stack"
         )
     survivor = _ours(pids, "dagster_dev")
+    tree = {} if survivor is None else {survivor.pid: survivor}
     if survivor is not None:
-        tree = [survivor, *survivor.children(recursive=True)]
+        tree.update({child.pid: child for child in survivor.children(recursive=True)})
+    if pids.get("stack"):  # also what outlived dagster dev (a file of an earlier version
+        # names no stack: dagster dev's tree is all there is to go on then)
+        tree.update({process.pid: process for process in stack_processes(pids["stack"])})
+    if tree:
         log.warning(
-            "the previous pin up died and left dagster dev (pid %d) and %d processes "
-            "running: killing them",
-            survivor.pid,
-            len(tree) - 1,
+            "the previous pin up died and left %d Dagster processes running (%s): killing them",
+            len(tree),
+            "dagster dev among them" if survivor is not None else "dagster dev gone",
         )
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(tree, timeout=10)
+        kill_processes(tree.values())
     return True
 
 
-def record_stack(home: Path, *, dagster_dev_pid: int, pin_up_pid: int | None = None) -> None:
+def record_stack(
+    home: Path, *, dagster_dev_pid: int, stack_id: str | None = None, pin_up_pid: int | None = None
+) -> None:
     """Write down this stack's processes (pin up: this process unless `pin_up_pid`) with
-    their start times, which tell them from later processes given the same PIDs."""
+    their start times, which tell them from later processes given the same PIDs, and the
+    id its Dagster processes carry in STACK_VARIABLE."""
     pin_up = os.getpid() if pin_up_pid is None else pin_up_pid
     (home / PIDS_FILE).write_text(
         json.dumps(
@@ -118,6 +159,7 @@ def record_stack(home: Path, *, dagster_dev_pid: int, pin_up_pid: int | None = N
                 "pin_up_started": _started(pin_up),
                 "dagster_dev": dagster_dev_pid,
                 "dagster_dev_started": _started(dagster_dev_pid),
+                "stack": stack_id,
             }
         )
     )

@@ -9,15 +9,18 @@ events go to $PIN_HOME/chessboard-events.jsonl).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+import psutil
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
@@ -27,10 +30,14 @@ from pin_orchestration.devstack.demo import (
     seed_demo_data,
 )
 from pin_orchestration.devstack.stack_recovery import (
+    STACK_VARIABLE,
     clear_previous_stack,
     fail_runs_left_behind,
     forget_stack,
+    kill_processes,
+    new_stack_id,
     record_stack,
+    stack_processes,
 )
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.platform.dagster_warnings import pythonwarnings_value
@@ -47,6 +54,15 @@ log = logging.getLogger(__name__)
 
 # What stops `pin up` when sent to its PID alone (kill PID, systemd, docker stop, Ctrl-C).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The stop, Dagster first. dagster dev stops its webserver and daemon (it gives each 60 s
+# before it kills it); once they are gone no run starts any more, and its code servers and
+# the runs' workers are interrupted, with this long to stop before what is left is killed.
+SERVICES_STOP_SECONDS = 130.0
+INTERRUPTED_STOP_SECONDS = 10.0
+# Dagster's processes by their command line's words: the webserver and the daemon, the code
+# servers (a run worker is a code server's child).
+WEBSERVER_AND_DAEMON = ({"dagster_webserver"}, {"dagster._daemon"})
+CODE_SERVERS = ({"code-server"}, {"api", "grpc"})
 
 
 def prepare_dagster_home(
@@ -245,31 +261,102 @@ def run_stack(
         dagster_level,
     ]
     log.info("Dagster UI on http://%s:%d", host, port)
-    # Its own session: a terminal's Ctrl-C reaches only `pin up`, which then tells dagster
-    # dev exactly once, the same way as for a signal sent to `pin up`'s PID alone.
+    # Its own session: a terminal's Ctrl-C reaches only `pin up`, which then stops Dagster
+    # exactly once, the same way as for a signal sent to `pin up`'s PID alone. Every Dagster
+    # process carries the stack's id (STACK_VARIABLE): see end_dagster.
     # cwd is DAGSTER_HOME so dagster dev does not warn that the repository's dagster.yaml
     # (the source of the copy there) is ignored. A process started in the background
     # inherits an ignored SIGINT: give it the default back so it can be stopped.
+    stack_id = new_stack_id()
     dagster_dev = subprocess.Popen(
         dagster,
-        env=env,
+        env={**env, STACK_VARIABLE: stack_id},
         cwd=dagster_home,
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    stopping: list[float] = []  # when the stop began
 
     def stop_dagster(_signo: int, _frame: FrameType | None) -> None:
-        # SIGINT is how dagster dev stops its webserver, daemon and code servers cleanly.
+        if stopping:  # a second Ctrl-C: the stop is under way, and bounded
+            return
+        stopping.append(time.monotonic())
+        log.info("stopping: Dagster first, the database last")
+        # SIGINT is how dagster dev stops its webserver and daemon cleanly: see end_dagster.
         dagster_dev.send_signal(signal.SIGINT)
 
     previous = {signo: signal.signal(signo, stop_dagster) for signo in STOP_SIGNALS}
-    record_stack(settings.home, dagster_dev_pid=dagster_dev.pid)
+    record_stack(settings.home, dagster_dev_pid=dagster_dev.pid, stack_id=stack_id)
     try:
-        return dagster_dev.wait()
+        while dagster_dev.poll() is None and not stopping:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                dagster_dev.wait(timeout=0.5)
+        # Dagster first: while its processes finish (a run records its end) the database
+        # they write to is still up. The embedded PostgreSQL stops last, when this process
+        # exits.
+        end_dagster(stack_id, dagster_dev)
+        if stopping:
+            log.info("Dagster stopped in %.1f s", time.monotonic() - stopping[0])
+            return 0
+        return dagster_dev.returncode
     finally:
         forget_stack(settings.home)
-        for signo, handler in previous.items():
-            signal.signal(signo, handler)
         metrics_server.shutdown()
         for stop in reversed(stoppers):
             stop()
+        if stopping:
+            log.info("stopped in %.1f s", time.monotonic() - stopping[0])
+        for signo, handler in previous.items():
+            signal.signal(signo, handler)
+
+
+def end_dagster(stack_id: str, dagster_dev: subprocess.Popen[bytes]) -> None:
+    """Stop every Dagster process of the stack, before the database stops under them.
+
+    Told alone, dagster dev stops its webserver and daemon, asks its code servers to shut
+    down once their runs end, and exits: they outlived `pin up`, retrying the stopped
+    database forever. What outlives it is re-parented to init; the stack's id in their
+    environment finds them all. Once the webserver and the daemon have stopped, no run is
+    starting (a run worker interrupted while it imports its code prints a traceback, and
+    the daemon launching it another): then the code servers and the runs' workers are sent
+    SIGINT, as a terminal's Ctrl-C to `dagster dev` gives them — a run stops and is
+    recorded as interrupted, a code server stops — and what has not stopped
+    INTERRUPTED_STOP_SECONDS later is killed (a run worker that recorded its end can hang
+    in its exit, and a code server finishes its calls for up to 60 s)."""
+    deadline = time.monotonic() + SERVICES_STOP_SECONDS
+    while (
+        dagster_dev.poll() is None
+        and _matching(stack_processes(stack_id), WEBSERVER_AND_DAEMON)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    left = stack_processes(stack_id)
+    # The webserver and the daemon too if dagster dev died first: nothing told them.
+    servers = {process.pid for process in _matching(left, CODE_SERVERS + WEBSERVER_AND_DAEMON)}
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            if process.pid in servers or process.ppid() in servers:
+                process.send_signal(signal.SIGINT)
+    psutil.wait_procs(left, timeout=INTERRUPTED_STOP_SECONDS)
+    stuck = stack_processes(stack_id)  # those started meanwhile too
+    if stuck:
+        log.info(
+            "%d Dagster process(es) not stopped %.0f s after SIGINT, killed: %s",
+            len(stuck),
+            INTERRUPTED_STOP_SECONDS,
+            ", ".join(str(process.pid) for process in stuck),
+        )
+        kill_processes(stuck)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        dagster_dev.wait(timeout=1)  # reaped
+
+
+def _matching(processes: list[psutil.Process], kinds: tuple[set[str], ...]) -> list[psutil.Process]:
+    """The processes whose command line holds every word of one of `kinds`."""
+    found = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            words = set(process.cmdline())
+            if any(kind <= words for kind in kinds):
+                found.append(process)
+    return found

@@ -7,15 +7,18 @@ the revision ids and, where a step needs Python (it reads rows and branches), th
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from alembic import command, op
 from alembic.config import Config
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
 
 VERSION_TABLE_SCHEMA = "pin"
 
@@ -49,6 +52,22 @@ def run_frozen_sql(
                 cursor.execute(part)
     finally:
         cursor.close()
+
+
+def log_applied(*, step: Any, **_: Any) -> None:
+    """Alembic's on_version_apply callback: one line per migration, its docstring's first
+    line. Alembic's own "Running upgrade" line holds the docstring's whole first paragraph
+    (several lines for most migrations), so its logger is kept below INFO (cli/logs.py)."""
+    revision = step.up_revision
+    doc = (revision.doc or "").strip() if revision is not None else ""
+    first, _, more = doc.partition("\n")
+    log.info(
+        "%s migration %s: %s%s",
+        "applied" if step.is_upgrade else "reverted",
+        step.up_revision_id,
+        first,
+        " …" if more else "",
+    )
 
 
 def alembic_config(database_url: str) -> Config:

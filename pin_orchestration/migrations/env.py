@@ -3,7 +3,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from pin_orchestration.migrations import VERSION_TABLE_SCHEMA
+from pin_orchestration.migrations import VERSION_TABLE_SCHEMA, log_applied
 
 url = context.config.get_main_option("sqlalchemy.url")
 engine = create_engine(url, poolclass=pool.NullPool)
@@ -16,6 +16,7 @@ with engine.connect() as connection:
         connection=connection,
         version_table_schema=VERSION_TABLE_SCHEMA,
         transaction_per_migration=True,
+        on_version_apply=log_applied,
     )
     with context.begin_transaction():
         context.run_migrations()
