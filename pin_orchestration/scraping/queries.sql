@@ -394,19 +394,29 @@ WITH expired AS (
 )
 SELECT id, attempts, status FROM swept
 
--- name: expired_lease_domains
--- The domains of the jobs the next sweep takes (those whose lease ran out longest ago).
-SELECT DISTINCT e.domain
-FROM (
-    SELECT j.domain FROM scraping.jobs j
-    WHERE j.status = 'running' AND j.lease_expires_at < now()
-    ORDER BY j.lease_expires_at
-    LIMIT :limit
-) e
+-- name: expired_lease_jobs
+-- The jobs the next sweep takes (those whose lease ran out longest ago), and their domains.
+SELECT j.id, j.domain FROM scraping.jobs j
+WHERE j.status = 'running' AND j.lease_expires_at < now()
+ORDER BY j.lease_expires_at
+LIMIT :limit
 
 -- name: failed_job_domains
 SELECT DISTINCT j.domain FROM scraping.jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND j.status = 'failed'
+
+-- name: lock_fair_tag_rows
+-- The fair-tag rows (class × tenant) of these jobs, locked in one order by a statement or
+-- round that may send jobs of several tenants back to the queue: each requeue takes its
+-- tenant's next tag under that row's lock (scraping.take_fair_tags) before it touches its
+-- domain's queue, and two rounds whose tenants cross deadlocked. Everywhere: these rows
+-- first, then the domain queues (lock_domain_queues, or writes in domain order).
+SELECT 1 FROM scraping.tenant_vtimes v
+WHERE (v.priority, v.tenant_id) IN (
+    SELECT j.priority, j.tenant_id FROM scraping.jobs j
+    WHERE j.id = ANY(CAST(:ids AS uuid[])))
+ORDER BY v.priority, v.tenant_id
+FOR NO KEY UPDATE
 
 -- name: lock_domain_queues
 -- The queue rows of these domains, locked in domain order, by a statement about to change

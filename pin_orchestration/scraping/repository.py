@@ -672,6 +672,9 @@ def finish_attempts(
         by_domain.setdefault(o.job_domain or "", []).append(o)
     written: dict[uuid.UUID, str] = {}
     with engine.begin() as conn:
+        # A retry takes its tenant's next fair tag before its domain's queue is touched:
+        # those rows first, in one order (two rounds whose tenants crossed deadlocked).
+        _lock_fair_tag_rows(conn, [o.job_id for o in outcomes if o.status == "queued"])
         if pauses and max_pause_seconds is not None:
             conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
         for domain in sorted(by_domain.keys() | pauses.keys()):
@@ -732,10 +735,12 @@ def attempts_written(
 
 def sweep_expired_leases(engine: Engine, *, max_attempts: int, limit: int = 1000) -> list[Any]:
     """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept. Their
-    domains' queue rows are locked first, in domain order (lock_domain_queues)."""
+    fair-tag rows, then their domains' queue rows, are locked first, each in one order
+    (lock_fair_tag_rows, lock_domain_queues)."""
     with engine.begin() as conn:
-        domains = conn.execute(_q("expired_lease_domains"), {"limit": limit}).scalars().all()
-        _lock_domain_queues(conn, domains)
+        expired = conn.execute(_q("expired_lease_jobs"), {"limit": limit}).all()
+        _lock_fair_tag_rows(conn, [r.id for r in expired])
+        _lock_domain_queues(conn, sorted({r.domain for r in expired}))
         return conn.execute(
             _q("sweep_expired_leases"), {"max_attempts": max_attempts, "limit": limit}
         ).all()
@@ -748,13 +753,20 @@ def list_failed_jobs(engine: Engine, limit: int = 100) -> list[dict[str, Any]]:
 
 def requeue_failed_jobs(engine: Engine, job_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """Runbook: failed jobs back to queued with a fresh attempt budget; others untouched.
-    Their domains' queue rows are locked first, in domain order (lock_domain_queues)."""
+    Their fair-tag rows, then their domains' queue rows, are locked first, each in one
+    order (lock_fair_tag_rows, lock_domain_queues)."""
     ids = [str(i) for i in job_ids]
     with engine.begin() as conn:
+        _lock_fair_tag_rows(conn, ids)
         domains = conn.execute(_q("failed_job_domains"), {"ids": ids}).scalars().all()
         _lock_domain_queues(conn, domains)
         rows = conn.execute(_q("requeue_failed_jobs"), {"ids": ids}).all()
     return [r.id for r in rows]
+
+
+def _lock_fair_tag_rows(conn: Connection, job_ids: Sequence[uuid.UUID | str]) -> None:
+    if job_ids:
+        conn.execute(_q("lock_fair_tag_rows"), {"ids": [str(i) for i in job_ids]}).all()
 
 
 def _lock_domain_queues(conn: Connection, domains: Sequence[str]) -> None:

@@ -500,3 +500,66 @@ def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
             raise worker.error
     assert a.result == {xa.id: "failed", ya.id: "failed"}
     assert sorted(b.result) == sorted([xf.id, yf.id])
+
+
+def _retry(job: Any) -> repository.AttemptOutcome:
+    return repository.AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued",
+        outcome="retry",
+        http_status=503,
+        error_class="http_503",
+        job_domain=job.domain,
+    )
+
+
+def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    """A retry takes its tenant's next fair tag (a lock on the tenant's row of its class)
+    before its domain's queue: rounds whose domains come in one order but whose tenants
+    cross must still queue, not deadlock."""
+    from sqlalchemy import event
+
+    from pin_orchestration.scraping.worker import claim_due_jobs
+    from tests.chessboard.test_concurrency import Worker
+    from tests.scraping.conftest import UNLIMITED
+
+    one, two = make_tenant("one")[0].id, make_tenant("two")[0].id
+    for tenant, url in ((one, "http://x.example/1"), (two, "http://x.example/2")):
+        enqueue(db_engine, tenant, url)
+    for tenant, url in ((two, "http://y.example/1"), (one, "http://y.example/2")):
+        enqueue(db_engine, tenant, url)
+    claimed = claim_due_jobs(
+        db_engine, worker="claimer", limit=4, lease_seconds=60, domain_defaults=UNLIMITED
+    )
+    by_url = {j.url: j for j in claimed}
+    xa, ya = by_url["http://x.example/1"], by_url["http://y.example/1"]  # tenants one, two
+    xb, yb = by_url["http://x.example/2"], by_url["http://y.example/2"]  # tenants two, one
+    for job, worker in ((xa, "A"), (ya, "A"), (xb, "B"), (yb, "B")):
+        _own(db_engine, job, worker)
+    gate = _Gate(db_engine)
+    event.listen(db_engine, "before_cursor_execute", gate.before)
+    event.listen(db_engine, "after_cursor_execute", gate.after)
+    written: dict[str, Any] = {}
+
+    def finish(role: str, outcomes: list[repository.AttemptOutcome]) -> None:
+        gate.local.role = role
+        written[role] = repository.finish_attempts(db_engine, worker=role, outcomes=outcomes)
+
+    try:
+        a = Worker(lambda: finish("A", [_retry(xa), _retry(ya)]))
+        b = Worker(lambda: finish("B", [_retry(xb), _retry(yb)]))
+        a.start()
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        event.remove(db_engine, "before_cursor_execute", gate.before)
+        event.remove(db_engine, "after_cursor_execute", gate.after)
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert written["A"] == {xa.id: "queued", ya.id: "queued"}
+    assert written["B"] == {xb.id: "queued", yb.id: "queued"}
