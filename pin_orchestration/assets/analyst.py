@@ -42,7 +42,7 @@ FOLLOW_UPSTREAM = AutomationCondition.eager().without(AutomationCondition.in_lat
 def daily_drift_by_post_status(
     context: AssetExecutionContext, runs: pd.DataFrame, database: DatabaseResource
 ) -> pd.DataFrame:
-    return drift_by_post_status(database.get_engine(), runs)
+    return drift_by_post_status(database.get_engine(), runs, context.partition_key)
 
 
 @asset(
