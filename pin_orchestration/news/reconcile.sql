@@ -293,15 +293,16 @@ ON CONFLICT (checkpoint_key) DO UPDATE
         window_end = excluded.window_end, updated_at = excluded.updated_at
     WHERE k.last_id IS NULL
 
--- A FullSweep skipped on the held lock owes its pass: the next FullSweep starts one from
--- the first post unless one is already under way (the holder may be sweeping). Not
--- fenced (this run holds no lock); it only ever turns "no pass" into "a pass owed".
+-- A FullSweep skipped on the held lock owes a whole pass: the next FullSweep starts from
+-- the first post (a pass left pending further on would not reach the posts before its
+-- cursor again). Not fenced, this run holds no lock: a FullSweep holding it moves the
+-- checkpoint on with its next batch, and its pass is the one owed.
 -- name: owe_full_sweep
 INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
 VALUES (:checkpoint_key, CAST(:start_cursor AS uuid), now())
 ON CONFLICT (checkpoint_key) DO UPDATE
-    SET last_id = excluded.last_id, updated_at = excluded.updated_at
-    WHERE k.last_id IS NULL
+    SET last_id = excluded.last_id, window_start = NULL, window_end = NULL,
+        updated_at = excluded.updated_at
 
 -- A DailyWindow skipped on the held lock owes its window: the posts with comment activity
 -- in it become owed, for the next run to reconcile whatever its own window.
