@@ -222,3 +222,46 @@ def test_backlog_gauge_while_a_cut_full_sweep_is_pending(db_engine: Engine) -> N
     assert daily.status == RunStatus.SUCCEEDED
     assert daily.backlog_remaining is True  # the FullSweep pass is still owed
     assert metric(db_engine, "news_comment_reconcile_backlog_remaining") == 1
+
+
+def test_0023_keeps_the_counters_and_the_recorded_days(empty_db_url: str) -> None:
+    """Upgrading copies the runs pin.job_runs holds into the runs' records and what
+    retention had retired into one 'retired' row: the Prometheus counters, now read from
+    the records, do not go down; those days' drift by post status is unknown, and says so."""
+    from pin_orchestration.migrations import upgrade_database
+    from pin_orchestration.platform.db import create_db_engine
+
+    upgrade_database(empty_db_url, "0022")
+    engine = create_db_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO pin.job_runs (job_code, run_id, status, started_at, "
+                    "finished_at, result) VALUES ('news-comment-reconcile', 'old', "
+                    '\'cancelled\', now(), now(), \'{"partition": "2026-10-01", '
+                    '"scope": "FullSweep", "posts_reconciled": 9, '
+                    '"drift_corrected": 4, "corrections": []}\')'
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO pin.retired_totals (counter, label, value) VALUES "
+                    "('job_runs/news-comment-reconcile/drift_corrected', 'succeeded', 7), "
+                    "('job_runs/news-comment-reconcile/posts_reconciled', 'succeeded', 70)"
+                )
+            )
+        upgrade_database(empty_db_url)
+        # Before: the live run's 4 plus the retired 7, as 0022's counter read them.
+        assert metric(engine, "news_comment_reconcile_drift_corrected_total") == 11
+        assert metric(engine, "news_comment_reconcile_posts_reconciled_total") == 79
+        runs = reconcile_runs_frame(engine, "2026-10-01")
+        assert list(runs[["run_id", "status", "drift_corrected"]].iloc[0]) == [
+            "old",
+            "cancelled",
+            4,
+        ]
+        with pytest.raises(analyst.ReconcileValueMissing, match="2026-10-01.*0023"):
+            drift_by_post_status(engine, runs, "2026-10-01")
+    finally:
+        engine.dispose()
