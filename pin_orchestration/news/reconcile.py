@@ -614,6 +614,9 @@ def _sweep(
     run_ref: int,
     run_id: str,
 ) -> None:
+    """Walk the legs slice by slice until done, the budget is spent, a stop is requested
+    or the lock is lost. What is left needs no flag here: the checkpoint and the owed
+    posts say it, and `_finish` reads backlog_remaining from them."""
     for leg in legs:
         cursor = leg.after
         while True:
@@ -621,12 +624,10 @@ def _sweep(
                 # Another runner may hold the lock now: not one more batch.
                 result.status = RunStatus.FAILED
                 result.error = f"lost the lock {LOCK_KEY}; stopped"
-                result.backlog_remaining = True
                 logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
                 return
             if stop_requested is not None and stop_requested.is_set():
                 result.status = RunStatus.CANCELLED
-                result.backlog_remaining = True
                 logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
                 return
             remaining = options.max_run_duration_seconds - (time.monotonic() - started)
@@ -662,13 +663,11 @@ def _sweep(
                 lease.mark_lost("a batch found the lock expired or taken over")
                 result.status = RunStatus.FAILED
                 result.error = f"lost the lock {LOCK_KEY}; stopped"
-                result.backlog_remaining = True
                 logger.error("%s lost its lock; the batch changed nothing, stopped", JOB_CODE)
                 return
             if piece.error is not None:
                 result.status = RunStatus.FAILED
                 result.error = piece.error[:512]
-                result.backlog_remaining = True
                 logger.error(
                     "%s batch after %s failed (%s); earlier batches stay committed",
                     JOB_CODE,
@@ -682,7 +681,6 @@ def _sweep(
             # Checked after a slice (at least one batch), so even a tiny budget makes
             # progress every run.
             if time.monotonic() - started >= options.max_run_duration_seconds:
-                result.backlog_remaining = True
                 logger.warning(
                     "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
                     JOB_CODE,
