@@ -1418,6 +1418,62 @@ CREATE TABLE chessboard.recalc_metrics (
 );
 
 --
+-- Name: comment_reconcile_owed; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.comment_reconcile_owed (
+    post_id uuid NOT NULL,
+    reason text NOT NULL,
+    owed_since timestamp with time zone DEFAULT now() NOT NULL,
+    run_id text,
+    CONSTRAINT comment_reconcile_owed_reason_check CHECK ((reason = ANY (ARRAY['skipped'::text, 'lock_held'::text])))
+);
+
+--
+-- Name: comment_reconcile_run_totals; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.comment_reconcile_run_totals (
+    run_ref bigint NOT NULL,
+    post_status text NOT NULL,
+    posts_corrected bigint NOT NULL,
+    comments_count_change bigint NOT NULL
+);
+
+--
+-- Name: comment_reconcile_runs; Type: TABLE; Schema: news; Owner: -
+--
+
+CREATE TABLE news.comment_reconcile_runs (
+    id bigint NOT NULL,
+    run_id text NOT NULL,
+    partition text,
+    scope text NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    posts_reconciled bigint DEFAULT 0 NOT NULL,
+    drift_corrected bigint DEFAULT 0 NOT NULL,
+    posts_skipped bigint DEFAULT 0 NOT NULL,
+    corrections jsonb DEFAULT '[]'::jsonb NOT NULL,
+    by_status_recorded boolean DEFAULT true NOT NULL,
+    CONSTRAINT comment_reconcile_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'skipped'::text, 'cancelled'::text, 'failed'::text, 'retired'::text])))
+);
+
+--
+-- Name: comment_reconcile_runs_id_seq; Type: SEQUENCE; Schema: news; Owner: -
+--
+
+ALTER TABLE news.comment_reconcile_runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME news.comment_reconcile_runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: comments; Type: TABLE; Schema: news; Owner: -
 --
 
@@ -1746,6 +1802,27 @@ ALTER TABLE ONLY chessboard.recalc_metrics
     ADD CONSTRAINT recalc_metrics_pkey PRIMARY KEY (name, label);
 
 --
+-- Name: comment_reconcile_owed comment_reconcile_owed_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comment_reconcile_owed
+    ADD CONSTRAINT comment_reconcile_owed_pkey PRIMARY KEY (post_id);
+
+--
+-- Name: comment_reconcile_run_totals comment_reconcile_run_totals_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comment_reconcile_run_totals
+    ADD CONSTRAINT comment_reconcile_run_totals_pkey PRIMARY KEY (run_ref, post_status);
+
+--
+-- Name: comment_reconcile_runs comment_reconcile_runs_pkey; Type: CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comment_reconcile_runs
+    ADD CONSTRAINT comment_reconcile_runs_pkey PRIMARY KEY (id);
+
+--
 -- Name: comments comments_pkey; Type: CONSTRAINT; Schema: news; Owner: -
 --
 
@@ -1933,6 +2010,12 @@ CREATE INDEX ix_project_recalc_claimable ON chessboard.project_recalc_requests U
 --
 
 CREATE INDEX ix_property_objects_project_live ON chessboard.property_objects USING btree (project_id) INCLUDE (building_id, layout_id, status, price) WHERE (deleted_at IS NULL);
+
+--
+-- Name: ix_comment_reconcile_runs_partition; Type: INDEX; Schema: news; Owner: -
+--
+
+CREATE INDEX ix_comment_reconcile_runs_partition ON news.comment_reconcile_runs USING btree (partition);
 
 --
 -- Name: ix_comments_created_at; Type: INDEX; Schema: news; Owner: -
@@ -2149,6 +2232,13 @@ CREATE TRIGGER jobs_notify_finished AFTER UPDATE OF status ON scraping.jobs FOR 
 --
 
 CREATE TRIGGER jobs_updated_at_advances BEFORE UPDATE ON scraping.jobs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.updated_at <= old.updated_at))) EXECUTE FUNCTION scraping.advance_job_updated_at();
+
+--
+-- Name: comment_reconcile_run_totals comment_reconcile_run_totals_run_ref_fkey; Type: FK CONSTRAINT; Schema: news; Owner: -
+--
+
+ALTER TABLE ONLY news.comment_reconcile_run_totals
+    ADD CONSTRAINT comment_reconcile_run_totals_run_ref_fkey FOREIGN KEY (run_ref) REFERENCES news.comment_reconcile_runs(id) ON DELETE CASCADE;
 
 --
 -- Name: comments comments_post_id_fkey; Type: FK CONSTRAINT; Schema: news; Owner: -

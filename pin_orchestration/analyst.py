@@ -10,7 +10,6 @@ from urllib.parse import urlsplit
 import pandas as pd
 from sqlalchemy import Engine, TextClause, text
 
-from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
 from pin_orchestration.platform.frames import FrameColumn
 from pin_orchestration.platform.sql import load_queries
 
@@ -29,8 +28,12 @@ RECONCILE_COLUMNS = [
 # (dagster/column_schema), every Parquet file of the asset is written with them, and
 # docs/analysts.md lists them (tests/test_analyst.py holds the page to these).
 DRIFT_BY_STATUS_SCHEMA = (
-    FrameColumn("post_status", "string", "The post's status now ('deleted': no such post)"),
-    FrameColumn("posts_corrected", "int64", "Posts of that status the day's reconcile corrected"),
+    FrameColumn("post_status", "string", "The post's status when its counter was corrected"),
+    FrameColumn(
+        "posts_corrected",
+        "int64",
+        "Corrections of that status by the day's runs (a post corrected twice counts twice)",
+    ),
     FrameColumn(
         "comments_count_change",
         "int64",
@@ -66,16 +69,30 @@ def _query(name: str) -> TextClause:
     return text(load_queries("pin_orchestration", "analyst.sql")[name])
 
 
+class ReconcileValueMissing(LookupError):
+    """A day of news/post_comment_counts has no recorded value: no reconcile run of it is
+    recorded, or its runs predate the totals by post status (migration 0023)."""
+
+
 def reconcile_runs_frame(engine: Engine, partition: str) -> pd.DataFrame:
-    """`news/post_comment_counts` for a day: one row per reconcile run of that partition,
-    the posts it reconciled, the drift it corrected, and its corrections (a list of
-    {post_id, from, to}; the first 50 a run made)."""
+    """`news/post_comment_counts` for a day: one row per reconcile run of that partition
+    (whatever its status: a cancelled or failed run's committed batches count), the posts
+    it reconciled, the drift it corrected, and its first corrections (a list of
+    {post_id, from, to}; at most 50 — the totals are in `drift_by_post_status`).
+
+    Read from the record each run keeps for good, never emptied by pin-retention; a day
+    with no run recorded raises ReconcileValueMissing naming it, never an empty frame."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            _query("reconcile_runs_of_partition"),
-            {"job_code": RECONCILE_JOB_CODE, "partition": partition},
-        ).all()
-    return pd.DataFrame([tuple(r) for r in rows], columns=RECONCILE_COLUMNS)
+        rows = conn.execute(_query("reconcile_runs_of_partition"), {"partition": partition}).all()
+    if not rows:
+        raise ReconcileValueMissing(
+            f"partition {partition!r} of news/post_comment_counts has no reconcile run "
+            "recorded: it was never reconciled (a run skipped on a held lock is recorded "
+            f"as skipped); materialize it (job news_comment_reconcile, partition {partition})"
+        )
+    return pd.DataFrame(
+        [tuple(getattr(r, c) for c in RECONCILE_COLUMNS) for r in rows], columns=RECONCILE_COLUMNS
+    )
 
 
 def project_aggregates_frame(engine: Engine, project_id: uuid.UUID) -> pd.DataFrame:
@@ -94,26 +111,26 @@ def scraping_results_frame(engine: Engine, day: str) -> pd.DataFrame:
         return pd.DataFrame(result.all(), columns=list(result.keys()))
 
 
-def drift_by_post_status(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
-    """Per post status: how many posts a day's reconcile corrected and by how much their
-    comments_count changed in total (negative: the counter had run ahead)."""
-    corrections = [c for kept in runs["corrections"] for c in kept]
-    if not corrections:
-        return pd.DataFrame(columns=column_names(DRIFT_BY_STATUS_SCHEMA))
-    frame = pd.DataFrame(corrections)
-    frame["post_id"] = frame["post_id"].map(uuid.UUID)
+def drift_by_post_status(engine: Engine, runs: pd.DataFrame, partition: str) -> pd.DataFrame:
+    """Per post status: how many corrections a day's reconcile runs (`runs`, the day's
+    news/post_comment_counts) made and by how much they changed comments_count in total
+    (negative: the counter had run ahead). Every correction counts, each batch's totals
+    stored with the batch, whatever the run's status."""
+    run_ids = sorted(set(runs["run_id"]))
+    params = {"partition": partition, "run_ids": run_ids}
     with engine.connect() as conn:
-        statuses = pd.DataFrame(
-            conn.execute(_query("post_statuses"), {"post_ids": list(frame["post_id"])}).all(),
-            columns=["post_id", "post_status"],
+        unrecorded = list(
+            conn.execute(_query("reconcile_runs_without_status_totals"), params).scalars()
         )
-    frame = frame.merge(statuses, on="post_id", how="left").fillna({"post_status": "deleted"})
-    frame["change"] = frame["to"] - frame["from"]
-    return (
-        frame.groupby("post_status")
-        .agg(posts_corrected=("post_id", "nunique"), comments_count_change=("change", "sum"))
-        .reset_index()[column_names(DRIFT_BY_STATUS_SCHEMA)]
-    )
+        if unrecorded:
+            raise ReconcileValueMissing(
+                f"partition {partition!r}: reconcile runs {', '.join(unrecorded)} ran before "
+                "their corrections were recorded by post status (migration 0023); this "
+                "day's drift by post status is not known"
+            )
+        rows = conn.execute(_query("reconcile_corrections_by_post_status"), params).all()
+    frame = pd.DataFrame([tuple(r) for r in rows], columns=column_names(DRIFT_BY_STATUS_SCHEMA))
+    return frame.astype({"posts_corrected": "int64", "comments_count_change": "int64"})
 
 
 def building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:

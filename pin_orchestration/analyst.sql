@@ -1,22 +1,39 @@
 -- What analysts load as DataFrames (pin_orchestration/analyst.py): asset values read from
 -- the tables the jobs keep, never copied.
 
+-- The reconcile's runs of a day, from the record each run keeps for good (not
+-- pin.job_runs, which pin-retention empties): every status, since a cancelled or failed
+-- run's committed batches changed counters too.
 -- name: reconcile_runs_of_partition
-SELECT run_id,
+SELECT id AS run_ref,
+       run_id,
        status,
        started_at,
        finished_at,
-       result->>'scope' AS scope,
-       coalesce((result->>'posts_reconciled')::bigint, 0) AS posts_reconciled,
-       coalesce((result->>'drift_corrected')::bigint, 0) AS drift_corrected,
-       coalesce(result->'corrections', '[]'::jsonb) AS corrections
-FROM pin.job_runs
-WHERE job_code = :job_code AND result->>'partition' = :partition
-  AND status IN ('succeeded', 'failed')
-ORDER BY finished_at, id
+       scope,
+       posts_reconciled,
+       drift_corrected,
+       corrections,
+       by_status_recorded
+FROM news.comment_reconcile_runs
+WHERE partition = :partition
+ORDER BY started_at, id
 
--- name: post_statuses
-SELECT id AS post_id, status AS post_status FROM news.posts WHERE id = ANY(:post_ids)
+-- Every correction of the given runs, by the corrected post's status.
+-- name: reconcile_corrections_by_post_status
+SELECT t.post_status,
+       CAST(sum(t.posts_corrected) AS bigint) AS posts_corrected,
+       CAST(sum(t.comments_count_change) AS bigint) AS comments_count_change
+FROM news.comment_reconcile_run_totals AS t
+JOIN news.comment_reconcile_runs AS r ON r.id = t.run_ref
+WHERE r.partition = :partition AND r.run_id = ANY(:run_ids)
+GROUP BY t.post_status
+ORDER BY t.post_status
+
+-- name: reconcile_runs_without_status_totals
+SELECT run_id FROM news.comment_reconcile_runs
+WHERE partition = :partition AND run_id = ANY(:run_ids) AND NOT by_status_recorded
+ORDER BY run_id
 
 -- name: project_aggregates_of_project
 SELECT 'project' AS level, id, name, property_objects_total_count AS total_count,

@@ -138,6 +138,19 @@ def test_locks_list_and_release(db_url: str) -> None:
     assert pin("locks", "list", url=db_url).stdout == ""
 
 
+def test_locks_release_takes_the_job_code_the_runbook_names(db_url: str) -> None:
+    """docs/runbooks.md: `pin locks release news-comment-reconcile` — what an operator
+    types is the job code, not the lock's full key."""
+    from pin_orchestration.coordination.locks import try_acquire_lock
+    from pin_orchestration.news.reconcile import LOCK_KEY
+
+    assert try_acquire_lock(create_db_engine(db_url), LOCK_KEY, 600, "stuck-pod")
+    released = pin("locks", "release", "news-comment-reconcile", url=db_url)
+    assert released.returncode == 0, released.stderr
+    assert f"released {LOCK_KEY}" in released.stdout
+    assert pin("locks", "list", url=db_url).stdout == ""
+
+
 def test_sigterm_stops_between_batches_keeping_committed_work(db_url: str) -> None:
     engine = create_db_engine(db_url)
     posts = sorted(add_post(engine, comments_count=1) for _ in range(20))

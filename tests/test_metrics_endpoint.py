@@ -93,8 +93,20 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
     from pin_orchestration.platform.metrics import build_registry
 
     with db_engine.begin() as conn:
-        # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration; the
-        # latest non-skipped run stopped with posts left.
+        # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration. A
+        # FullSweep pass is unfinished and two posts are owed (the backlog gauges).
+        conn.execute(
+            text(
+                "INSERT INTO pin.job_checkpoints (checkpoint_key, last_id) "
+                "VALUES ('news-comment-reconcile:FullSweep', gen_random_uuid())"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO news.comment_reconcile_owed (post_id, reason) "
+                "VALUES (gen_random_uuid(), 'skipped'), (gen_random_uuid(), 'lock_held')"
+            )
+        )
         for n, (status, duration, backlog, minutes_ago) in enumerate(
             [
                 ("succeeded", 50, False, 30),
@@ -160,6 +172,7 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
     registry = build_registry(db_engine)
     value = registry.get_sample_value
     assert value("news_comment_reconcile_backlog_remaining") == 1
+    assert value("news_comment_reconcile_owed_posts") == 2
     buckets = {
         le: value("news_comment_reconcile_run_duration_ms_bucket", {"le": le})
         for le in ("100", "500", "1000", "30000", "60000", "+Inf")

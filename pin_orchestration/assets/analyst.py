@@ -71,7 +71,7 @@ SCRAPING_DAY_FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(hours
 def daily_drift_by_post_status(
     context: AssetExecutionContext, runs: pd.DataFrame, database: DatabaseResource
 ) -> pd.DataFrame:
-    return drift_by_post_status(database.get_engine(), runs)
+    return drift_by_post_status(database.get_engine(), runs, context.partition_key)
 
 
 @asset(

@@ -142,12 +142,14 @@ def locks_list() -> None:
 @locks.command("release")
 @click.argument("lock_key")
 def locks_release(lock_key: str) -> None:
-    """Runbook: drop a stuck lock whoever holds it."""
+    """Runbook: drop a stuck lock whoever holds it. LOCK_KEY is the full key or the job
+    code (news-comment-reconcile → Pin:lock:job:scheduled:news-comment-reconcile)."""
     from pin_orchestration.coordination.locks import force_release_lock
 
-    if not force_release_lock(engine_from_env(), lock_key):
-        raise click.ClickException(f"no lock {lock_key!r}")
-    click.echo(f"released {lock_key}")
+    released = force_release_lock(engine_from_env(), lock_key)
+    if released is None:
+        raise click.ClickException(f"no lock {lock_key!r} (`pin locks list` shows the held ones)")
+    click.echo(f"released {released}")
 
 
 @click.group()

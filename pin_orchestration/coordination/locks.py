@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 LOCK_NOT_AVAILABLE = "55P03"
 
+# Every lock key starts so; a scheduled job's lock is this prefix and its job code (seeds).
+LOCK_KEY_PREFIX = "Pin:lock:"
+SCHEDULED_JOB_LOCK_PREFIX = "Pin:lock:job:scheduled:"
+
 # A fenced write in flight key-share-locks the lock row: a takeover (it changes the token,
 # a key column: UNIQUE) waits for it at most this long and then reports the lock as held,
 # so acquiring never queues. A renewal changes no key column and never waits for it.
@@ -144,10 +148,18 @@ def release_lock(engine: Engine, key: str, token: uuid.UUID) -> bool:
         return conn.execute(_RELEASE, {"key": key, "token": token}).rowcount == 1
 
 
-def force_release_lock(engine: Engine, key: str) -> bool:
-    """Runbook action for a stuck holder: drop the lock whoever holds it."""
+def force_release_lock(engine: Engine, key: str) -> str | None:
+    """Runbook action for a stuck holder: drop the lock `key` whoever holds it; a name
+    that is no held key is read as a job code (`news-comment-reconcile` → its scheduled
+    job's lock), what an operator types. Returns the key released, None if none was."""
+    candidates = [key]
+    if not key.startswith(LOCK_KEY_PREFIX):
+        candidates.append(SCHEDULED_JOB_LOCK_PREFIX + key)
     with engine.begin() as conn:
-        return conn.execute(_FORCE_RELEASE, {"key": key}).rowcount == 1
+        for candidate in candidates:
+            if conn.execute(_FORCE_RELEASE, {"key": candidate}).rowcount == 1:
+                return candidate
+    return None
 
 
 def list_locks(engine: Engine) -> list[LockInfo]:

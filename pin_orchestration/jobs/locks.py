@@ -11,16 +11,19 @@ from pin_orchestration.resources.database import DatabaseResource
 
 
 class ReleaseLockConfig(Config):
-    lock_key: str = Field(description="The lock to drop (see `pin locks list`)")
+    lock_key: str = Field(
+        description="The lock to drop (see `pin locks list`): its full key or the job code"
+    )
 
 
 @op
 def release_lock(
     context: OpExecutionContext, config: ReleaseLockConfig, database: DatabaseResource
 ) -> None:
-    if not force_release_lock(database.get_engine(), config.lock_key):
+    released = force_release_lock(database.get_engine(), config.lock_key)
+    if released is None:
         raise Failure(f"no lock {config.lock_key!r}: `pin locks list` shows the held ones")
-    context.log.info(f"released lock {config.lock_key}")
+    context.log.info(f"released lock {released}")
 
 
 @job(

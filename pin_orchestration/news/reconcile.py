@@ -2,15 +2,23 @@
 the post's Visible comments.
 
 Read top to bottom: options and their validation, the checkpoint and the pass plan, then
-`run_reconcile`, which takes the distributed lock, resumes from the checkpoint and walks
-posts in id order one batch (one statement, one transaction) at a time — the loop runs
-server-side, in a procedure (reconcile.sql), a slice of batches per round trip — until
-the pass is complete, the run's time is up, or a stop was requested.
+`run_reconcile`, which takes the distributed lock, drains the posts owed by earlier runs,
+resumes from the checkpoint and walks posts in id order one batch (one statement, one
+transaction) at a time — the loop runs server-side, in a procedure (reconcile.sql), a
+slice of batches per round trip — until the pass is complete, the run's time is up, or a
+stop was requested.
+
+Nothing owed is forgotten (SPEC REC-3, issue 29): a drifted post a batch could not lock
+(a hot-path writer held or changed it) and the window of a run skipped on the held lock
+become owed posts (news.comment_reconcile_owed), which every run reconciles first; a pass
+is recorded as begun before its first batch, so a run that dies leaves it owed too.
+`read_backlog` is that durable state: what the result, the metadata and the gauges show.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -25,7 +33,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 
 from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
-from pin_orchestration.coordination.locks import LockLease, renewed_lock
+from pin_orchestration.coordination.locks import LockLease, list_locks, renewed_lock
 from pin_orchestration.platform import tracing
 from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
@@ -39,8 +47,13 @@ END_CURSOR = uuid.UUID(int=2**128 - 1)
 # The client hands the server a slice of batches at a time: it checks for a stop request
 # and the run's budget between slices, and pays one round trip per slice.
 SLICE_SECONDS = 0.25
-# How many individual corrections a run keeps for its report.
+# How many individual corrections a run keeps for people to look at (its metadata, the
+# `corrections` column analysts see); its totals are kept in full.
 CORRECTIONS_REPORTED = 50
+# A run's record (news.comment_reconcile_runs) until it records its end.
+RUNNING = "running"
+# The sweep over the owed posts (news.comment_reconcile_owed), which every run does first.
+OWED = "owed"
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +134,13 @@ class ReconcileResult:
     backlog_remaining: bool = False
     duration_ms: int = 0
     error: str | None = None
+    # Drifted posts this run could not lock (a hot-path writer held or changed them): owed.
+    posts_skipped: int = 0
+    # Posts owed a reconcile when the run ended (news.comment_reconcile_owed), whoever
+    # left them; backlog_remaining is true while any is, or a pass is unfinished.
+    owed_posts: int = 0
+    # Skipped: who held the lock.
+    lock_holder: str | None = None
     # The Dagster partition (day) the run reconciled, when it ran for one: what analysts
     # load `news/post_comment_counts` by.
     partition: str | None = None
@@ -161,11 +181,29 @@ class Window:
 @dataclass(frozen=True)
 class Leg:
     """Posts after `after` up to `upper` (inclusive); at its end the checkpoint becomes
-    `end_cursor` (None: the pass is complete)."""
+    `end_cursor` (None: the pass is complete). The owed leg walks the owed posts and has
+    no checkpoint: the owed table is its own record of what is left."""
 
     after: uuid.UUID
     upper: uuid.UUID
     end_cursor: uuid.UUID | None
+    owed: bool = False
+
+
+OWED_LEG = Leg(START_CURSOR, END_CURSOR, None, owed=True)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What is owed, durably: posts (news.comment_reconcile_owed) and unfinished passes
+    (a checkpoint with a cursor: cut by the time limit, stopped, failed, crashed)."""
+
+    owed_posts: int
+    pending_passes: tuple[Scope, ...]
+
+    @property
+    def remaining(self) -> bool:
+        return self.owed_posts > 0 or bool(self.pending_passes)
 
 
 @dataclass(frozen=True)
@@ -195,26 +233,46 @@ def _queries() -> dict[str, str]:
     return load_queries("pin_orchestration.news", "reconcile.sql")
 
 
-def _procedure_name(scope: Scope) -> str:
-    return "news_reconcile_" + ("full_sweep" if scope == Scope.FULL_SWEEP else "daily_window")
+# A sweep procedure per kind of leg: its name and its candidate and Visible-count fragments.
+_SWEEPS = {
+    Scope.FULL_SWEEP: ("full_sweep", "full_sweep_candidates", "visible_in_id_range"),
+    Scope.DAILY_WINDOW: ("daily_window", "daily_window_candidates", "visible_in_id_list"),
+    OWED: ("owed", "owed_candidates", "visible_in_id_list"),
+}
+
+
+def _procedure_name(kind: str) -> str:
+    return "news_reconcile_" + _SWEEPS[kind][0]
 
 
 @functools.cache
-def _procedure_source(scope: Scope) -> str:
+def _procedure_source(kind: str) -> str:
     queries = _queries()
-    if scope == Scope.FULL_SWEEP:
-        candidates, visible = queries["full_sweep_candidates"], queries["visible_in_id_range"]
-    else:
-        candidates, visible = queries["daily_window_candidates"], queries["visible_in_id_list"]
+    _, candidates, visible = _SWEEPS[kind]
     # Only SQL fragments are composed here; every value is a parameter of the procedure.
     return queries["sweep_procedure"].format(
-        procedure=_procedure_name(scope), candidates=candidates, visible_filter=visible
+        procedure=_procedure_name(kind),
+        candidates=queries[candidates],
+        visible_filter=queries[visible],
     )
 
 
 @functools.cache
-def _call_statement(scope: Scope) -> TextClause:
-    return text(_queries()["call_sweep_procedure"].format(procedure=_procedure_name(scope)))
+def _call_statement(kind: str) -> TextClause:
+    return text(_queries()["call_sweep_procedure"].format(procedure=_procedure_name(kind)))
+
+
+def _statement(name: str) -> TextClause:
+    return text(_queries()[name])
+
+
+def read_backlog(engine: Engine) -> Backlog:
+    with engine.connect() as conn:
+        row = conn.execute(
+            _statement("backlog"), {"checkpoint_keys": [checkpoint_key(s) for s in Scope]}
+        ).one()
+    keys = {checkpoint_key(s): s for s in Scope}
+    return Backlog(int(row.owed_posts), tuple(keys[k] for k in row.pending_passes))
 
 
 def read_checkpoint_state(engine: Engine, scope: Scope) -> Checkpoint | None:
@@ -235,7 +293,7 @@ def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
 @contextmanager
 def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
     """One connection for a whole sweep, in autocommit (the procedure commits each batch),
-    with the scope's sweep procedure created in its pg_temp."""
+    with the scope's and the owed posts' sweep procedures created in its pg_temp."""
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         # The counter is recomputable from comments: losing the last batch to a crash costs
@@ -257,6 +315,7 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
         for name, value in settings.items():
             conn.execute(_SET_CONFIG, {"name": name, "value": value})
         conn.exec_driver_sql(_procedure_source(scope))
+        conn.exec_driver_sql(_procedure_source(OWED))
         try:
             yield conn
         finally:
@@ -285,13 +344,16 @@ def reconcile_slice(
     window: Window | None,
     slice_seconds: float,
     corrections_kept: int,
+    run_ref: int,
+    run_id: str,
 ) -> _Slice:
     """Reconcile batches after `cursor` in `leg` for up to `slice_seconds` (at least one
-    batch), each batch its own transaction fenced by the lease's token, in one round trip."""
+    batch), each batch its own transaction fenced by the lease's token, in one round trip;
+    each batch adds to the run's record `run_ref` and to the owed posts what it skipped."""
     row = conn.execute(
-        _call_statement(scope),
+        _call_statement(OWED if leg.owed else scope),
         {
-            "checkpoint_key": checkpoint_key(scope),
+            "checkpoint_key": None if leg.owed else checkpoint_key(scope),
             "batch_size": batch_size,
             "window_start": window.start if window else None,
             "window_end": window.end if window else None,
@@ -301,6 +363,8 @@ def reconcile_slice(
             "corrections_kept": corrections_kept,
             "lock_key": lease.key,
             "lock_token": lease.token,
+            "run_ref": run_ref,
+            "run_id": run_id,
             "cursor": cursor,
         },
     ).one()
@@ -389,14 +453,27 @@ def run_reconcile(
 
     with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
-            logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
             result.status = RunStatus.SKIPPED
-            _finish(engine, result, run_id, started, started_at)
+            result.lock_holder = _holder_of(engine, LOCK_KEY)
+            run_ref = _owe_skipped_run(engine, result, run_id, own_window, started_at)
+            logger.info(
+                "%s skipped, lock held (key=%s, holder=%s, run=%s); owed to the next run",
+                JOB_CODE,
+                LOCK_KEY,
+                result.lock_holder,
+                run_id,
+            )
+            _finish(engine, result, run_id, run_ref, started, started_at)
             return result
 
         checkpoint = read_checkpoint_state(engine, scope)
         legs, window = plan_pass(scope, checkpoint, own_window)
         result.start_after_post_id = checkpoint.last_id if checkpoint else None
+        run_ref = _begin_run(engine, lease, result, run_id, scope, checkpoint, window, started_at)
+        if read_backlog(engine).owed_posts:
+            # The owed posts first: they are the oldest debt. (Posts owed from here on, by
+            # a run skipped meanwhile, wait for the next run.)
+            legs = [OWED_LEG, *legs]
         logger.info(
             "%s started: jobRunId=%s scope=%s cursor=%s window=%s legs=%d batch_size=%d",
             JOB_CODE,
@@ -409,22 +486,118 @@ def run_reconcile(
         )
         with sweep_connection(engine, scope) as conn:
             _sweep(
-                conn, scope, legs, window, options, started, stop_requested, lease, logger, result
+                conn,
+                scope,
+                legs,
+                window,
+                options,
+                started,
+                stop_requested,
+                lease,
+                logger,
+                result,
+                run_ref,
+                run_id,
             )
 
-        _finish(engine, result, run_id, started, started_at)
+        _finish(engine, result, run_id, run_ref, started, started_at)
         logger.info(
             "%s completed: status=%s postsReconciled=%d driftCorrected=%d batches=%d "
-            "backlogRemaining=%s durationMs=%d",
+            "postsSkipped=%d owedPosts=%d backlogRemaining=%s durationMs=%d",
             JOB_CODE,
             result.status.value,
             result.posts_reconciled,
             result.drift_corrected,
             result.batches_processed,
+            result.posts_skipped,
+            result.owed_posts,
             result.backlog_remaining,
             result.duration_ms,
         )
         return result
+
+
+def _holder_of(engine: Engine, key: str) -> str | None:
+    return next((lock.holder for lock in list_locks(engine) if lock.lock_key == key), None)
+
+
+def _record_run(
+    engine: Engine,
+    run_id: str,
+    partition: str | None,
+    scope: Scope,
+    status: str,
+    started_at: datetime,
+) -> int:
+    with engine.begin() as conn:
+        return int(
+            conn.execute(
+                _statement("begin_run"),
+                {
+                    "run_id": run_id,
+                    "partition": partition,
+                    "scope": scope.value,
+                    "status": status,
+                    "started_at": started_at,
+                },
+            ).scalar_one()
+        )
+
+
+def _owe_skipped_run(
+    engine: Engine,
+    result: ReconcileResult,
+    run_id: str,
+    own_window: Window | None,
+    started_at: datetime,
+) -> int:
+    """A run skipped on the held lock owes its work: a DailyWindow its window's posts, a
+    FullSweep its pass. Returns its run record."""
+    with engine.begin() as conn:
+        if own_window is not None:
+            conn.execute(
+                _statement("owe_window"),
+                {"run_id": run_id, "window_start": own_window.start, "window_end": own_window.end},
+            )
+        else:
+            conn.execute(
+                _statement("owe_full_sweep"),
+                {"checkpoint_key": checkpoint_key(result.scope), "start_cursor": START_CURSOR},
+            )
+    return _record_run(
+        engine, run_id, result.partition, result.scope, RunStatus.SKIPPED.value, started_at
+    )
+
+
+def _begin_run(
+    engine: Engine,
+    lease: LockLease,
+    result: ReconcileResult,
+    run_id: str,
+    scope: Scope,
+    checkpoint: Checkpoint | None,
+    window: Window | None,
+    started_at: datetime,
+) -> int:
+    """Under the lock, before any batch: runs left 'running' by a dead process are ended,
+    owed posts since archived or deleted forgiven, this run's record drawn, and a fresh
+    pass recorded as begun (so a run that dies before its first batch still owes it)."""
+    with engine.begin() as conn:
+        conn.execute(_statement("end_dead_runs"))
+        conn.execute(_statement("forgive_gone_posts"))
+        if checkpoint is None:
+            conn.execute(
+                _statement("begin_pass"),
+                {
+                    "checkpoint_key": checkpoint_key(scope),
+                    "start_cursor": START_CURSOR,
+                    "window_start": window.start if window else None,
+                    "window_end": window.end if window else None,
+                    "lock_key": lease.key,
+                    "lock_token": lease.token,
+                },
+            )
+    return _record_run(engine, run_id, result.partition, scope, RUNNING, started_at)
 
 
 def _sweep(
@@ -438,7 +611,12 @@ def _sweep(
     lease: LockLease,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     result: ReconcileResult,
+    run_ref: int,
+    run_id: str,
 ) -> None:
+    """Walk the legs slice by slice until done, the budget is spent, a stop is requested
+    or the lock is lost. What is left needs no flag here: the checkpoint and the owed
+    posts say it, and `_finish` reads backlog_remaining from them."""
     for leg in legs:
         cursor = leg.after
         while True:
@@ -446,12 +624,10 @@ def _sweep(
                 # Another runner may hold the lock now: not one more batch.
                 result.status = RunStatus.FAILED
                 result.error = f"lost the lock {LOCK_KEY}; stopped"
-                result.backlog_remaining = True
                 logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
                 return
             if stop_requested is not None and stop_requested.is_set():
                 result.status = RunStatus.CANCELLED
-                result.backlog_remaining = True
                 logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
                 return
             remaining = options.max_run_duration_seconds - (time.monotonic() - started)
@@ -465,9 +641,12 @@ def _sweep(
                 window,
                 slice_seconds=max(min(SLICE_SECONDS, remaining), 0.0),
                 corrections_kept=max(CORRECTIONS_REPORTED - len(result.corrections), 0),
+                run_ref=run_ref,
+                run_id=run_id,
             )
             result.batches_processed += piece.batches
             result.posts_reconciled += piece.candidates - piece.skipped_locked
+            result.posts_skipped += piece.skipped_locked
             result.drift_corrected += piece.corrections_count
             result.last_post_id = piece.last_id or result.last_post_id
             result.corrections.extend(piece.corrections)
@@ -484,13 +663,11 @@ def _sweep(
                 lease.mark_lost("a batch found the lock expired or taken over")
                 result.status = RunStatus.FAILED
                 result.error = f"lost the lock {LOCK_KEY}; stopped"
-                result.backlog_remaining = True
                 logger.error("%s lost its lock; the batch changed nothing, stopped", JOB_CODE)
                 return
             if piece.error is not None:
                 result.status = RunStatus.FAILED
                 result.error = piece.error[:512]
-                result.backlog_remaining = True
                 logger.error(
                     "%s batch after %s failed (%s); earlier batches stay committed",
                     JOB_CODE,
@@ -504,7 +681,6 @@ def _sweep(
             # Checked after a slice (at least one batch), so even a tiny budget makes
             # progress every run.
             if time.monotonic() - started >= options.max_run_duration_seconds:
-                result.backlog_remaining = True
                 logger.warning(
                     "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
                     JOB_CODE,
@@ -515,9 +691,28 @@ def _sweep(
 
 
 def _finish(
-    engine: Engine, result: ReconcileResult, run_id: str, started: float, started_at: datetime
+    engine: Engine,
+    result: ReconcileResult,
+    run_id: str,
+    run_ref: int,
+    started: float,
+    started_at: datetime,
 ) -> None:
     result.duration_ms = int((time.monotonic() - started) * 1000)
+    # What is owed when the run ends, whoever owes it: the durable state, not this run's
+    # view of its own pass (a crash, another scope's cut pass and owed posts count too).
+    backlog = read_backlog(engine)
+    result.owed_posts = backlog.owed_posts
+    result.backlog_remaining = backlog.remaining
+    with engine.begin() as conn:
+        conn.execute(
+            _statement("end_run"),
+            {
+                "run_ref": run_ref,
+                "status": result.status.value,
+                "corrections": json.dumps(result.corrections),
+            },
+        )
     record_job_run(
         engine,
         job_code=JOB_CODE,

@@ -51,6 +51,16 @@ WHERE p.id > io_cursor AND p.id <= p_upper AND p.status <> 'Archived'
 ORDER BY p.id
 LIMIT p_batch_size
 
+-- The posts owed a reconcile (news.comment_reconcile_owed), drained by every run first.
+-- name: owed_candidates
+SELECT p.id, p.comments_count, p.xmin AS row_version
+FROM news.posts AS p
+WHERE p.id > io_cursor AND p.id <= p_upper AND p.status <> 'Archived'
+  AND p.id IN (SELECT o.post_id FROM news.comment_reconcile_owed AS o
+               WHERE o.post_id > io_cursor AND o.post_id <= p_upper)
+ORDER BY p.id
+LIMIT p_batch_size
+
 -- A FullSweep batch covers a dense id range: one index-only range scan counts it (the
 -- comments of archived posts in the range are counted too, and ignored).
 -- name: visible_in_id_range
@@ -63,8 +73,15 @@ c.post_id = ANY(ARRAY(SELECT id FROM candidates))
 -- One call reconciles batches after io_cursor up to p_upper (inclusive) until the range
 -- is exhausted (io_reached_end) or p_slice_seconds have passed (at least one batch). At
 -- the end of the range the checkpoint becomes p_end_cursor: NULL when the pass is
--- complete, the first id when a resumed DailyWindow pass wraps around. A failing batch
--- is rolled back alone and reported in io_error; the batches before it stay committed.
+-- complete, the first id when a resumed DailyWindow pass wraps around (no checkpoint at
+-- all for the owed leg: p_checkpoint_key NULL). A failing batch is rolled back alone and
+-- reported in io_error; the batches before it stay committed.
+--
+-- Nothing a batch skips is lost: a drifted post it could not lock (or whose row changed
+-- since its snapshot) is added to news.comment_reconcile_owed, and every post it looked
+-- at with its row in hand leaves it. The run's totals (news.comment_reconcile_runs, row
+-- p_run_ref) and its corrections by post status (news.comment_reconcile_run_totals) grow
+-- in the same transaction: what a batch committed is counted, however the run ends.
 -- name: sweep_procedure
 CREATE OR REPLACE PROCEDURE pg_temp.{procedure}(
     p_checkpoint_key text,
@@ -77,6 +94,8 @@ CREATE OR REPLACE PROCEDURE pg_temp.{procedure}(
     p_corrections_kept integer,
     p_lock_key text,
     p_lock_token uuid,
+    p_run_ref bigint,
+    p_run_id text,
     INOUT io_cursor uuid,
     INOUT io_last_id uuid DEFAULT NULL,
     INOUT io_batches integer DEFAULT 0,
@@ -139,7 +158,42 @@ BEGIN
                 SET comments_count = d.new_count, updated_at = now()
                 FROM drifted AS d
                 WHERE p.id = ANY(ARRAY(SELECT id FROM locked)) AND p.id = d.id
-                RETURNING p.id, d.old_count, d.new_count
+                RETURNING p.id, p.status AS post_status, d.old_count, d.new_count
+            ),
+            -- Drifted, not locked: a hot-path writer holds or changed the row.
+            skipped AS MATERIALIZED (
+                SELECT d.id FROM drifted AS d
+                WHERE d.id <> ALL(ARRAY(SELECT id FROM locked))
+            ),
+            owed_added AS (
+                INSERT INTO news.comment_reconcile_owed AS owed (post_id, reason, run_id)
+                SELECT id, 'skipped', p_run_id FROM skipped WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (post_id) DO NOTHING
+            ),
+            owed_paid AS (
+                DELETE FROM news.comment_reconcile_owed AS owed
+                WHERE owed.post_id = ANY(ARRAY(SELECT id FROM candidates))
+                  AND owed.post_id <> ALL(ARRAY(SELECT id FROM skipped))
+                  AND EXISTS (SELECT FROM fence)
+            ),
+            run_totals AS (
+                UPDATE news.comment_reconcile_runs AS run
+                SET posts_reconciled = run.posts_reconciled
+                        + (SELECT candidate_count FROM batch) - (SELECT count(*) FROM skipped),
+                    drift_corrected = run.drift_corrected + (SELECT count(*) FROM corrected),
+                    posts_skipped = run.posts_skipped + (SELECT count(*) FROM skipped)
+                WHERE run.id = p_run_ref AND EXISTS (SELECT FROM fence)
+            ),
+            status_totals AS (
+                INSERT INTO news.comment_reconcile_run_totals AS total
+                    (run_ref, post_status, posts_corrected, comments_count_change)
+                SELECT p_run_ref, c.post_status, count(*), sum(c.new_count - c.old_count)
+                FROM corrected AS c
+                GROUP BY c.post_status
+                ON CONFLICT (run_ref, post_status) DO UPDATE
+                    SET posts_corrected = total.posts_corrected + excluded.posts_corrected,
+                        comments_count_change =
+                            total.comments_count_change + excluded.comments_count_change
             ),
             next_checkpoint AS (
                 -- A full batch leaves the cursor at its last candidate; a short one means
@@ -156,7 +210,7 @@ BEGIN
                        CASE WHEN last_id IS NOT NULL THEN p_window_end END,
                        now()
                 FROM next_checkpoint
-                WHERE EXISTS (SELECT FROM fence)
+                WHERE EXISTS (SELECT FROM fence) AND p_checkpoint_key IS NOT NULL
                 ON CONFLICT (checkpoint_key) DO UPDATE
                     SET last_id = excluded.last_id, window_start = excluded.window_start,
                         window_end = excluded.window_end, updated_at = excluded.updated_at
@@ -214,9 +268,86 @@ CALL pg_temp.{procedure}(
     CAST(:window_start AS timestamptz), CAST(:window_end AS timestamptz),
     CAST(:upper AS uuid), CAST(:end_cursor AS uuid),
     CAST(:slice_seconds AS double precision), CAST(:corrections_kept AS integer),
-    CAST(:lock_key AS text), CAST(:lock_token AS uuid), CAST(:cursor AS uuid)
+    CAST(:lock_key AS text), CAST(:lock_token AS uuid), CAST(:run_ref AS bigint),
+    CAST(:run_id AS text), CAST(:cursor AS uuid)
 )
 
 -- name: read_checkpoint
 SELECT last_id, window_start, window_end
 FROM pin.job_checkpoints WHERE checkpoint_key = :checkpoint_key
+
+-- A pass begins: its checkpoint at the first post (with its window) before any batch, so
+-- a run that dies before its first batch commits still leaves the pass owed. Fenced: only
+-- while the run holds its lock. An unfinished pass (a row with a cursor) is left as is.
+-- name: begin_pass
+INSERT INTO pin.job_checkpoints AS k
+    (checkpoint_key, last_id, window_start, window_end, updated_at)
+SELECT :checkpoint_key, CAST(:start_cursor AS uuid), :window_start, :window_end, now()
+WHERE EXISTS (
+    SELECT 1 FROM pin.distributed_locks
+    WHERE lock_key = :lock_key AND token = :lock_token AND expires_at > clock_timestamp()
+    FOR KEY SHARE
+)
+ON CONFLICT (checkpoint_key) DO UPDATE
+    SET last_id = excluded.last_id, window_start = excluded.window_start,
+        window_end = excluded.window_end, updated_at = excluded.updated_at
+    WHERE k.last_id IS NULL
+
+-- A FullSweep skipped on the held lock owes a whole pass: the next FullSweep starts from
+-- the first post (a pass left pending further on would not reach the posts before its
+-- cursor again). Not fenced, this run holds no lock: a FullSweep holding it moves the
+-- checkpoint on with its next batch, and its pass is the one owed.
+-- name: owe_full_sweep
+INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
+VALUES (:checkpoint_key, CAST(:start_cursor AS uuid), now())
+ON CONFLICT (checkpoint_key) DO UPDATE
+    SET last_id = excluded.last_id, window_start = NULL, window_end = NULL,
+        updated_at = excluded.updated_at
+
+-- A DailyWindow skipped on the held lock owes its window: the posts with comment activity
+-- in it become owed, for the next run to reconcile whatever its own window.
+-- name: owe_window
+INSERT INTO news.comment_reconcile_owed AS o (post_id, reason, run_id)
+SELECT p.id, 'lock_held', :run_id
+FROM news.posts AS p
+WHERE p.status <> 'Archived'
+  AND p.id IN (
+      SELECT c.post_id FROM news.comments AS c
+      WHERE c.updated_at >= :window_start AND c.updated_at < :window_end
+      UNION
+      SELECT c.post_id FROM news.comments AS c
+      WHERE c.created_at >= :window_start AND c.created_at < :window_end
+  )
+ON CONFLICT (post_id) DO NOTHING
+
+-- Owed posts that were archived or deleted since are owed nothing.
+-- name: forgive_gone_posts
+DELETE FROM news.comment_reconcile_owed AS o
+WHERE NOT EXISTS (
+    SELECT 1 FROM news.posts AS p WHERE p.id = o.post_id AND p.status <> 'Archived'
+)
+
+-- A run's own record, drawn when it starts (under the lock); runs recorded as running
+-- before it died with their process: no other run holds the lock.
+-- name: end_dead_runs
+UPDATE news.comment_reconcile_runs
+SET status = 'failed', finished_at = now()
+WHERE status = 'running'
+
+-- name: begin_run
+INSERT INTO news.comment_reconcile_runs (run_id, partition, scope, status, started_at)
+VALUES (:run_id, :partition, :scope, :status, :started_at)
+RETURNING id
+
+-- name: end_run
+UPDATE news.comment_reconcile_runs
+SET status = :status, finished_at = now(), corrections = CAST(:corrections AS jsonb)
+WHERE id = :run_ref
+
+-- What is owed: posts, and passes cut, crashed or not yet done (a checkpoint with a
+-- cursor), of either scope.
+-- name: backlog
+SELECT (SELECT count(*) FROM news.comment_reconcile_owed) AS owed_posts,
+       ARRAY(SELECT checkpoint_key FROM pin.job_checkpoints
+             WHERE checkpoint_key = ANY(:checkpoint_keys) AND last_id IS NOT NULL
+             ORDER BY checkpoint_key) AS pending_passes

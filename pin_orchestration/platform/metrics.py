@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.coordination.jobruns import RUN_DURATION_BUCKETS_MS
 from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
+from pin_orchestration.news.reconcile import read_backlog
 from pin_orchestration.news.snapshot_detach.monitoring import SnapshotDetachCollector
 
 # Counters and histograms over pin.job_runs add what runs deleted by pin-retention had
@@ -74,11 +75,14 @@ _RUN_DURATION_BUCKETS = text(
     GROUP BY b.le ORDER BY b.le
     """
 )
-_LATEST_BACKLOG = text(
+# Posts reconciled and drift corrected, from each run's record (news.comment_reconcile_runs):
+# each batch adds to it as it commits, so a cancelled, failed or crashed run's work counts,
+# the same totals the analysts read; pin-retention never deletes it.
+_RECONCILE_WORK = text(
     """
-    SELECT (result->>'backlog_remaining')::boolean FROM pin.job_runs
-    WHERE job_code = :job_code AND status <> 'skipped'
-    ORDER BY finished_at DESC LIMIT 1
+    SELECT coalesce(sum(posts_reconciled), 0) AS posts_reconciled,
+           coalesce(sum(drift_corrected), 0) AS drift_corrected
+    FROM news.comment_reconcile_runs
     """
 )
 
@@ -111,24 +115,32 @@ class ReconcileCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.engine.connect() as conn:
             totals = conn.execute(_RECONCILE_TOTALS, {"job_code": RECONCILE_JOB_CODE}).one()
-            backlog = conn.execute(_LATEST_BACKLOG, {"job_code": RECONCILE_JOB_CODE}).scalar()
+            work = conn.execute(_RECONCILE_WORK).one()
+        backlog = read_backlog(self.engine)
         yield CounterMetricFamily(
             "news_comment_reconcile_posts_reconciled",
             "Posts compared with their Visible comment count",
-            value=totals.posts_reconciled,
+            value=work.posts_reconciled,
         )
         yield CounterMetricFamily(
             "news_comment_reconcile_drift_corrected",
             "Posts whose comments_count was wrong and was corrected",
-            value=totals.drift_corrected,
+            value=work.drift_corrected,
         )
         yield CounterMetricFamily(
             "news_comment_reconcile_errors", "Reconcile runs that failed", value=totals.errors
         )
         yield GaugeMetricFamily(
             "news_comment_reconcile_backlog_remaining",
-            "1 when the last run stopped at max_run_duration_seconds with posts left",
-            value=1 if backlog else 0,
+            "1 while anything is owed: posts (news_comment_reconcile_owed_posts) or a pass "
+            "not finished (cut by max_run_duration_seconds, stopped, failed, crashed)",
+            value=1 if backlog.remaining else 0,
+        )
+        yield GaugeMetricFamily(
+            "news_comment_reconcile_owed_posts",
+            "Posts owed a reconcile: skipped by a batch (a hot-path writer held or changed "
+            "the row) or in the window of a run skipped on the held lock",
+            value=backlog.owed_posts,
         )
         yield run_duration_histogram(
             self.engine,

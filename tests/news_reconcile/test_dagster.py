@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -23,6 +25,7 @@ from pin_orchestration.jobs.news_reconcile import (
     news_comment_reconcile_daily,
     news_comment_reconcile_health_job,
 )
+from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import LOCK_KEY
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
@@ -82,6 +85,33 @@ def test_lock_held_skips_successfully_without_materializing(db_url: str, db_engi
     assert result.success
     assert result.asset_materializations_for_node(OP) == []
     assert comments_count(db_engine, post) == 5
+
+
+def test_a_run_cancelled_by_sigterm_materializes_nothing(
+    db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster terminates a run with SIGTERM: the run stops after its batch, keeps what it
+    committed, and its partition is not recorded as materialized."""
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(3))
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)  # a slice is one batch
+
+    real_slice = reconcile_module.reconcile_slice
+    sent: list[bool] = []
+
+    def terminate_after_first_batch(*args: object, **kwargs: object):
+        piece = real_slice(*args, **kwargs)  # type: ignore[arg-type]
+        if piece.batches and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # as `dagster run terminate` does
+        return piece
+
+    monkeypatch.setattr(reconcile_module, "reconcile_slice", terminate_after_first_batch)
+    result = run_asset(db_url, {"scope": "FullSweep", "batch_size": 1}, raise_on_error=False)
+    assert sent
+    assert not result.success
+    assert result.asset_materializations_for_node(OP) == []
+    # The batch before the stop stays committed.
+    assert [comments_count(db_engine, p) for p in posts] == [0, 1, 1]
 
 
 def test_invalid_config_fails_naming_the_field(db_url: str, db_engine: Engine) -> None:
