@@ -117,6 +117,10 @@ def drift_by_post_status(engine: Engine, runs: pd.DataFrame, partition: str) -> 
     (negative: the counter had run ahead). Every correction counts, each batch's totals
     stored with the batch, whatever the run's status."""
     run_ids = sorted(set(runs["run_id"]))
+    if not run_ids:
+        return pd.DataFrame(columns=column_names(DRIFT_BY_STATUS_SCHEMA)).astype(
+            {"posts_corrected": "int64", "comments_count_change": "int64"}
+        )
     params = {"partition": partition, "run_ids": run_ids}
     with engine.connect() as conn:
         unrecorded = list(

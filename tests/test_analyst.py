@@ -366,7 +366,11 @@ def test_every_day_of_a_frame_reads_as_one_table_an_empty_day_included(
 def _empty_frames() -> dict[AssetKey, pd.DataFrame]:
     """Each derived frame of a partition with nothing in it."""
     return {
-        DRIFT_BY_POST_STATUS: drift_by_post_status(None, pd.DataFrame({"corrections": []})),  # type: ignore[arg-type]
+        DRIFT_BY_POST_STATUS: drift_by_post_status(
+            None,  # type: ignore[arg-type]  # no run: nothing is read
+            pd.DataFrame({"run_id": []}),
+            "2026-01-01",
+        ),
         BUILDING_FREE_SHARE: building_free_share(
             pd.DataFrame(columns=["level", "id", "name", "total_count", "free_count"])
         ),
