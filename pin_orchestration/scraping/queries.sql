@@ -393,6 +393,13 @@ SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
 RETURNING id
 
+-- name: give_back_intake_tokens
+-- Tokens taken for jobs a grouped POST /jobs did not store (a key reused with another
+-- body: that request stores nothing, so it spends nothing), in the taking transaction.
+UPDATE scraping.intake_buckets
+SET tokens = LEAST(CAST(:burst AS double precision), tokens + :jobs)
+WHERE tenant_id = :tenant_id
+
 -- name: take_intake_token
 -- The per-tenant intake limit (migration 0010): refill the tenant's bucket by the time
 -- elapsed since its last refill (capped at the burst) and take :jobs tokens (one per job

@@ -418,6 +418,16 @@ def take_intake_token(
     return IntakeTaken(max((jobs - level) / limit.rps, 0.001), max(level, 0.0))
 
 
+def give_back_intake_tokens(
+    conn: Connection, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int
+) -> None:
+    """Return tokens take_intake_token took in this transaction for jobs not stored."""
+    conn.execute(
+        _q("give_back_intake_tokens"),
+        {"tenant_id": tenant_id, "burst": limit.burst, "jobs": jobs},
+    )
+
+
 def replayed_job(
     conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str
 ) -> Submitted | None:
