@@ -4,12 +4,13 @@ one transaction, one statement and one commit.
 A job's insert takes its tenant's fair-tag row (scraping.take_fair_tags) and its domain's
 queue, and holds them until its commit: one tenant's POSTs went one commit (one WAL flush)
 at a time, ~160/s on this machine however many arrived at once. Here the first request
-that finds no group being written leads: it writes every waiting job of its tenant (up
-to MAX_GROUP) in one transaction, as POST /jobs/batch writes a batch (repository.
+that finds no group of its tenant being written leads: it writes every waiting job of
+that tenant (up to MAX_GROUP) in one transaction, as POST /jobs/batch writes a batch (repository.
 submit_jobs, not atomic: each job keeps its own answer), while the requests that arrive
 meanwhile wait for the next group. Alone, a request is its own group at once: nothing
-waits for a timer. One tenant per group keeps the lock order of a batch (bucket, fair
-tags, domain queues), so groups of two API processes cannot deadlock on each other.
+waits for a timer. Tenants are written in parallel, each by its own leader; one tenant
+per group keeps the lock order of a batch (bucket, fair tags, domain queues), so groups
+of two API processes cannot deadlock on each other.
 
 A group whose transaction fails is written again job by job, each in its own
 transaction, so a job's failure is its own request's answer only.
@@ -57,7 +58,7 @@ class GroupedIntake:
         self._limit = limit
         self._changed = threading.Condition()
         self._waiting: list[Intake] = []
-        self._writing = False
+        self._writing: set[uuid.UUID] = set()  # tenants a group is being written for
 
     def submit(
         self, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
@@ -68,17 +69,17 @@ class GroupedIntake:
         with self._changed:
             self._waiting.append(job)
             while not job.done:
-                if self._writing:
+                if tenant_id in self._writing:
                     self._changed.wait()
                     continue
-                self._writing = True
-                group = self._take_group()
+                self._writing.add(tenant_id)
+                group = self._take_group(tenant_id)
                 self._changed.release()
                 try:
                     self._write(group)
                 finally:
                     self._changed.acquire()
-                    self._writing = False
+                    self._writing.discard(tenant_id)
                     self._changed.notify_all()
         if job.error is not None:
             raise job.error
@@ -89,8 +90,7 @@ class GroupedIntake:
         with self._changed:
             return len(self._waiting)
 
-    def _take_group(self) -> list[Intake]:
-        tenant_id = self._waiting[0].tenant_id
+    def _take_group(self, tenant_id: uuid.UUID) -> list[Intake]:
         group = [j for j in self._waiting if j.tenant_id == tenant_id][:MAX_GROUP]
         taken = {id(j) for j in group}
         self._waiting = [j for j in self._waiting if id(j) not in taken]

@@ -103,3 +103,46 @@ def _lock_waiters(engine: Engine) -> int:
                 "WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
         ).scalar_one()
+
+
+def test_another_tenants_post_is_not_held_behind_a_tenants_write(
+    client: TestClient, db_engine: Engine, db_url: str, make_tenant
+) -> None:
+    _, shop = make_tenant("shop")
+    _, other = make_tenant("other")
+    assert client.post("/jobs", json={"url": "http://a.example/0"}, headers=auth(shop)).is_success
+    assert client.post("/jobs", json={"url": "http://a.example/1"}, headers=auth(other)).is_success
+
+    gate_engine = create_engine(db_url)
+    gate = gate_engine.connect()
+    gate.execute(
+        text(
+            "SELECT 1 FROM scraping.tenant_vtimes v JOIN scraping.tenants t "
+            "ON t.id = v.tenant_id WHERE t.name = 'shop' FOR UPDATE OF v"
+        )
+    ).all()
+    answers: dict[str, Any] = {}
+
+    def post(name: str, key: str) -> None:
+        answers[name] = client.post(
+            "/jobs", json={"url": f"http://a.example/{name}"}, headers=auth(key)
+        )
+
+    held = threading.Thread(target=post, args=("held", shop))
+    free = threading.Thread(target=post, args=("free", other))
+    try:
+        held.start()
+        _wait_until(lambda: _lock_waiters(db_engine) == 1, "shop's write waits for its row")
+        free.start()
+        free.join(30)
+        # Written while shop's group still waits: tenants do not queue behind each other.
+        assert "free" in answers, "another tenant's POST waited for shop's write"
+        assert answers["free"].status_code == 202
+        assert "held" not in answers
+    finally:
+        gate.rollback()
+        held.join(60)
+        free.join(60)
+        gate.close()
+        gate_engine.dispose()
+    assert answers["held"].status_code == 202
