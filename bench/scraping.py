@@ -9,8 +9,10 @@ A target on 127.0.0.1 (its own process, asyncio, keep-alive) answers every GET a
 `--latency` seconds with 10 KB. The bare loop is `--slots` threads with one pooled
 `requests` session making `--jobs` GETs. The pipeline: `pin api` (uvicorn) and
 `dagster-daemon` in their own processes on a fresh database; `--jobs` POST /jobs from 16
-client threads; the daemon's sensor launches worker runs (PIN_SCRAPING_MAX_WORKER_RUNS=1
-by default so the pipeline has the same `--slots` as the bare loop); the bench waits
+client threads (`--intake batch`: POST /jobs/batch of `--batch-size`; `both`, the
+default: one pipeline run each, printed side by side); the daemon's sensor launches
+worker runs (PIN_SCRAPING_MAX_WORKER_RUNS=1 by default so the pipeline has the same
+`--slots` as the bare loop); the bench waits
 until every job is terminal and reads the figures from scraping.jobs/job_attempts:
   - jobs/s: jobs / (last finish − first attempt start) — the fetch pipeline's rate;
   - end to end: jobs / (last finish − first accept), which adds the sensor tick and the
@@ -122,7 +124,14 @@ def wait_for(url: str, seconds: float) -> None:
 
 
 def pipeline(
-    target: str, jobs: int, slots: int, api_port: int, runs: int = 1, rate: float = 0.0
+    target: str,
+    jobs: int,
+    slots: int,
+    api_port: int,
+    runs: int = 1,
+    rate: float = 0.0,
+    intake: str = "single",
+    batch_size: int = 200,
 ) -> dict[str, float]:
     db_url = fresh_bench_database("pin_bench_scraping")
     engine = create_db_engine(db_url)
@@ -192,10 +201,24 @@ def pipeline(
             )
             assert answer.status_code == 202, answer.text
 
+        def post_batch(first: int) -> None:
+            numbers = range(first, min(first + batch_size, jobs))
+            answer = client.post(
+                f"{api_url}/jobs/batch",
+                json={"jobs": [{"url": f"{target}/job/{i}"} for i in numbers]},
+                headers=headers,
+                timeout=60,
+            )
+            assert answer.status_code == 202, answer.text
+            assert answer.json()["accepted"] == len(numbers), answer.text[:300]
+
         requests.get(f"{target}/__peak", timeout=5)  # forget the bare loop's peak
         started = time.monotonic()
         with ThreadPoolExecutor(16 if not rate else 64) as pool:
-            list(pool.map(post, range(jobs)))
+            if intake == "batch":
+                list(pool.map(post_batch, range(0, jobs, batch_size)))
+            else:
+                list(pool.map(post, range(jobs)))
         accept_seconds = time.monotonic() - started
         deadline = time.monotonic() + 600
         while True:
@@ -266,6 +289,14 @@ def main() -> None:
         default=0.0,
         help="POST jobs at this rate (jobs/s) instead of all at once, e.g. the seed's 28",
     )
+    parser.add_argument(
+        "--intake",
+        choices=["single", "batch", "both"],
+        default="both",
+        help="how the jobs are posted: POST /jobs each, POST /jobs/batch of --batch-size "
+        "(all at once only), or one pipeline run of each, printed side by side",
+    )
+    parser.add_argument("--batch-size", type=int, default=200)
     args = parser.parse_args()
     if args.api_port == 0:
         import socket
@@ -281,7 +312,22 @@ def main() -> None:
     try:
         ceiling = args.slots / args.latency
         bare, bare_peak = bare_loop(target, args.jobs, args.slots)
-        piped = pipeline(target, args.jobs, args.slots, args.api_port, args.runs, args.rate)
+        intakes = ["single", "batch"] if args.intake == "both" else [args.intake]
+        if args.rate:
+            intakes = ["single"]  # an open loop posts job by job
+        results = {
+            intake: pipeline(
+                target,
+                args.jobs,
+                args.slots,
+                args.api_port,
+                args.runs,
+                args.rate,
+                intake=intake,
+                batch_size=args.batch_size,
+            )
+            for intake in intakes
+        }
     finally:
         server.terminate()
     print(
@@ -293,15 +339,18 @@ def main() -> None:
     print(
         f"bare requests loop                 {bare:8.1f} jobs/s  (peak {bare_peak:.0f} in flight)"
     )
-    print(
-        f"pipeline (first attempt → last)    {piped['jobs_per_s']:8.1f} jobs/s  "
-        f"({piped['jobs_per_s'] / bare:.2f}× the bare loop)"
-    )
-    print(f"pipeline end to end (accept → last){piped['end_to_end_jobs_per_s']:8.1f} jobs/s")
-    print(f"peak jobs in flight                {piped['peak_in_flight']:8.0f}")
-    print(f"p95 accept → first attempt         {piped['p95_first_attempt_s']:8.2f} s")
-    print(f"intake of {args.jobs} POSTs            {piped['accept_s']:8.2f} s")
-    print(f"succeeded                          {piped['succeeded']:8.0f} of {args.jobs}")
+    for intake, piped in results.items():
+        how = "POST /jobs" if intake == "single" else f"POST /jobs/batch of {args.batch_size}"
+        print(f"-- intake by {how}")
+        print(
+            f"pipeline (first attempt → last)    {piped['jobs_per_s']:8.1f} jobs/s  "
+            f"({piped['jobs_per_s'] / bare:.2f}× the bare loop)"
+        )
+        print(f"pipeline end to end (accept → last){piped['end_to_end_jobs_per_s']:8.1f} jobs/s")
+        print(f"peak jobs in flight                {piped['peak_in_flight']:8.0f}")
+        print(f"p95 accept → first attempt         {piped['p95_first_attempt_s']:8.2f} s")
+        print(f"intake of {args.jobs} jobs             {piped['accept_s']:8.2f} s")
+        print(f"succeeded                          {piped['succeeded']:8.0f} of {args.jobs}")
 
 
 if __name__ == "__main__":

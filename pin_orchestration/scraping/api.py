@@ -60,6 +60,7 @@ def create_app(
         lifespan=_lifespan(deps, listen_for_invalidations),
     )
     app.state.job_cache = deps.job_cache
+    app.state.intake = deps.intake
 
     # Before the job routes: /jobs/batch is not a job id.
     app.include_router(batch_router(deps), responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})

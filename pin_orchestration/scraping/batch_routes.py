@@ -1,10 +1,10 @@
 """POST /jobs/batch: up to 1,000 jobs in one request and one transaction.
 
 Each job is what POST /jobs takes, with its own optional `idempotency_key`, and is
-accepted by the same intake path (`repository.submit_jobs` → the per-job insert POST /jobs
-uses). The answer lists, in order, each job's receipt or its problem: a job that does not
-validate (or reuses a key with another body) is refused alone, unless `atomic` is true,
-when any refusal stores nothing and the whole batch is a 422. The per-tenant intake limit
+accepted by the same intake path (the same checks, `repository.submit_jobs`' statement).
+The answer lists, in order, each job's receipt or its problem: a job that does not validate
+(or reuses a key with another body) is refused alone, unless `atomic` is true, when any
+refusal stores nothing and the whole batch is a 422. The per-tenant intake limit
 counts jobs: a batch takes one token per job it submits, all or none.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pin_orchestration.scraping import problems, ratelimit, repository
 from pin_orchestration.scraping.deps import ApiDeps
@@ -42,6 +42,16 @@ class BatchJob(JobCreate):
         max_length=255,
         description="As POST /jobs' Idempotency-Key header, for this job alone",
     )
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _storable_key(cls, value: str | None) -> str | None:
+        # A header cannot carry NUL or a lone surrogate; a JSON string can, and PostgreSQL
+        # cannot store either: this job's 422, not the batch's 500.
+        problem = None if value is None else repository.idempotency_key_problem(value)
+        if problem:
+            raise ValueError(f"idempotency_key {problem}")
+        return value
 
     @model_validator(mode="wrap")
     @classmethod
@@ -148,7 +158,7 @@ def batch_router(deps: ApiDeps) -> APIRouter:
                     atomic=body.atomic,
                 )
         except IdempotencyKeyReused as reused:
-            index = next(i for i, job in valid if job.idempotency_key == reused.args[0])
+            index = valid[reused.position][0]  # the job that reused the key, not its first
             raise _atomic_refusal({index: [_key_reused(index)]}) from None
         items = {i: _refusal(i, errors) for i, errors in refused.items()}
         for (i, _), answer in zip(valid, answers, strict=True):

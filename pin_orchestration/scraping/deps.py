@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine
 
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.cache import JobCache
+from pin_orchestration.scraping.intake import GroupedIntake
 from pin_orchestration.scraping.limits import MAX_HEADER_BYTES
 from pin_orchestration.scraping.problems import Problem
 from pin_orchestration.scraping.repository import Tenant
@@ -104,6 +105,8 @@ class ApiDeps:
         self.intake_limit = repository.IntakeLimit(
             rps=settings.intake_rps, burst=settings.intake_burst
         )
+        # POST /jobs' writer: one per app, so concurrent requests share its groups.
+        self.intake = GroupedIntake(engine_provider, self.intake_limit)
         self._known_keys = ApiKeyCache(api_key_cache_seconds)
         self.caller: Any = Annotated[Tenant, Depends(self._tenant)]
 

@@ -8,11 +8,9 @@ worker may fetch; the OpenAPI schema says as much of that as JSON Schema can.
 
 import json
 import math
-import re
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -24,18 +22,16 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from pin_orchestration.scraping import repository
+from pin_orchestration.scraping import hosts
+from pin_orchestration.scraping.hosts import MAX_URL_LENGTH
 
-MAX_URL_LENGTH = 2048
 MAX_PARAMS_BYTES = 16 * 1024
 # Levels of arrays and objects inside `params` (a job's query parameters are flat; this
 # bounds the work of checking and storing them).
 MAX_PARAMS_DEPTH = 32
-# What the schema can say of a URL (scheme, a host, no whitespace); _check_url says the rest.
+# What the schema can say of a URL (scheme, a host, no whitespace); hosts.check_url, the
+# one definition every door uses, says the rest.
 URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
-# Whitespace as str.isspace has it (\s of a str pattern is the same set) or NUL: one scan
-# in C, where a generator over the characters cost a batch of 400 URLs ~1 ms.
-_WHITESPACE_OR_NUL = re.compile(r"[\s\x00]")
 # params' size is json.dumps' (ASCII, non-ASCII escaped): at most 3 times the UTF-8 JSON
 # pydantic_core writes in ~0.5 us (an escape is 6 bytes for 2 of UTF-8, 12 for 4), so only
 # params within 3x of the limit pay for json.dumps (~5 us, ~2 ms of a batch of 400).
@@ -58,39 +54,6 @@ def _has_lone_surrogate(value: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def _check_url(value: str, field: str) -> str:
-    if len(value) > MAX_URL_LENGTH:
-        raise ValueError(f"{field} is longer than {MAX_URL_LENGTH} characters")
-    if _WHITESPACE_OR_NUL.search(value):
-        raise ValueError(f"{field} must not contain whitespace or NUL characters")
-    if _has_lone_surrogate(value):
-        raise ValueError(
-            f"{field} contains a lone UTF-16 surrogate (such as \\ud800), which is not text: "
-            "percent-encode the bytes you mean"
-        )
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"{field} is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{field} must be an http:// or https:// URL")
-    if "@" in parts.netloc:
-        # They would be stored and shown in every read of the job (and sent on redirects).
-        raise ValueError(
-            f"{field}: credentials in a URL are not accepted (remove the user:password@ part)"
-        )
-    if not parts.hostname:
-        raise ValueError(f"{field} has no host")
-    if port == 0:
-        raise ValueError(f"{field} has port 0")
-    try:
-        repository.job_domain(value)  # the domain its politeness limits count against
-    except ValueError as exc:
-        raise ValueError(f"{field} has a host that is not a valid name: {exc}") from None
-    return value
 
 
 def _check_json_value(value: Any, path: str) -> None:
@@ -129,7 +92,7 @@ def _check_json_value(value: Any, path: str) -> None:
                 pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
 
 
-# The pattern is documented, not enforced: _check_url says what is wrong in words, naming
+# The pattern is documented, not enforced: hosts.check_url says what is wrong in words, naming
 # the field (a failed pattern would answer with the raw regular expression).
 UrlText = Annotated[
     str, Field(max_length=MAX_URL_LENGTH, json_schema_extra={"pattern": URL_PATTERN})
@@ -156,12 +119,15 @@ class JobCreate(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        return _check_url(value, "url")
+        hosts.check_url(value, "url")
+        return value
 
     @field_validator("callback_url")
     @classmethod
     def _callback_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, "callback_url")
+        if value is not None:
+            hosts.check_url(value, "callback_url")
+        return value
 
     @field_validator("params")
     @classmethod

@@ -1,10 +1,11 @@
 """The job endpoints (SCR-1, SCR-2): POST /jobs, the list, one job, its result link,
 cancel, its attempts and its webhook deliveries.
 
-Intake writes one row in one transaction and answers 202 with a receipt: it never touches
-the target. Queries return only the caller's own jobs — another tenant's id is a 404, not
-a 403, so ids leak nothing. Result bytes never pass through the API: `/jobs/{id}/result`
-hands out a signed, expiring URL of the results store.
+Intake writes the job in one transaction (shared with the tenant's other POSTs in flight:
+intake.py) and answers 202 with a receipt: it never touches the target. Queries return
+only the caller's own jobs — another tenant's id is a 404, not a 403, so ids leak nothing.
+Result bytes never pass through the API: `/jobs/{id}/result` hands out a signed, expiring
+URL of the results store.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations,
@@ -16,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import Connection
 
 from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
 from pin_orchestration.scraping.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, ApiDeps
@@ -134,6 +134,7 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
     engine_provider, reading = deps.engine_provider, deps.reading
     store, settings = deps.store, deps.settings
     intake_limit, job_cache = deps.intake_limit, deps.job_cache
+    intake = deps.intake
     JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
     router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
 
@@ -186,9 +187,9 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
             callback_url=body.callback_url,
         )
         try:
-            # The token and the job in one transaction: one connection, one commit.
-            with engine_provider().begin() as conn:
-                return intake(conn, caller.id, request, idempotency_key or None)
+            # The token and the job in one transaction, shared with the tenant's other
+            # requests in flight (intake.py): one commit for all of them.
+            written = intake.submit(caller.id, request, idempotency_key or None)
         except IdempotencyKeyReused:
             raise ProblemError(
                 422,
@@ -204,26 +205,13 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
                     )
                 ],
             ) from None
-
-    def intake(
-        conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
-    ) -> JSONResponse:
         limit_headers: dict[str, str] = {}
         if intake_limit.enabled:
-            taken = repository.take_intake_token(conn, tenant_id, intake_limit)
-            limit_headers = ratelimit.headers(intake_limit, taken.remaining)
-            if taken.wait_seconds > 0:
-                # A repeat of an accepted request costs one indexed read, only here: it is
-                # answered as intake would, so a client retrying a lost 202 is never
-                # refused (and spends no token while the bucket is empty).
-                replayed = None
-                if idempotency_key:
-                    replayed = repository.replayed_job(conn, tenant_id, request, idempotency_key)
-                if replayed is None:
-                    return ratelimit.refusal(intake_limit, taken.wait_seconds, limit_headers)
-                return receipt_response(replayed, limit_headers)
-        submitted = repository.insert_job(conn, tenant_id, request, idempotency_key)
-        return receipt_response(submitted, limit_headers)
+            limit_headers = ratelimit.headers(intake_limit, written.remaining)
+            if written.wait_seconds > 0:
+                return ratelimit.refusal(intake_limit, written.wait_seconds, limit_headers)
+        assert written.submitted is not None
+        return receipt_response(written.submitted, limit_headers)
 
     def receipt_response(
         submitted: repository.Submitted, limit_headers: dict[str, str]

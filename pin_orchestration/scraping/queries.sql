@@ -25,14 +25,8 @@ SELECT id, name, api_key_sha256 FROM scraping.tenants WHERE api_key_sha256 = :ap
 -- name: tenant_by_name
 SELECT id, name FROM scraping.tenants WHERE name = :name
 
--- name: submit_job
--- Intake (pin_orchestration/scraping/sql/submit_job.sql): validation, the domain, the
--- fair tag, idempotency, all in the function another service calls too.
-SELECT scraping.submit_job(
-    :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url, :idempotency_key)
-
 -- name: forget_expired_idempotency_keys
--- submit_job's forgetting of a key past its 24 h, for the keys of a batch (POST /jobs/batch).
+-- submit_job's forgetting of a key past its 24 h, for the keys of the jobs submitted.
 UPDATE scraping.jobs
 SET idempotency_key = NULL
 WHERE tenant_id = :tenant_id AND idempotency_key = ANY(CAST(:keys AS text[]))
@@ -94,12 +88,6 @@ FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS r(
 )
 JOIN scraping.jobs j ON j.tenant_id = :tenant_id AND j.idempotency_key = r.idempotency_key
 WHERE r.ord = ANY(CAST(:ords AS integer[]))
-
--- name: submitted_job
--- The job submit_job answered with; replayed when this transaction did not insert it.
-SELECT id, status, xmin <> pg_current_xact_id()::xid AS replayed
-FROM scraping.jobs
-WHERE id = :id
 
 -- name: remembered_job_by_idempotency_key
 -- A key is remembered for a documented period (IDEMPOTENCY_KEY_TTL, submit_job's 24 h).
@@ -447,6 +435,13 @@ SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now
     cancel_requested_at = NULL, attempt_objects_swept_at = NULL, updated_at = now()
 WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'failed'
 RETURNING id
+
+-- name: give_back_intake_tokens
+-- Tokens taken for jobs a grouped POST /jobs did not store (a key reused with another
+-- body: that request stores nothing, so it spends nothing), in the taking transaction.
+UPDATE scraping.intake_buckets
+SET tokens = LEAST(CAST(:burst AS double precision), tokens + :jobs)
+WHERE tenant_id = :tenant_id
 
 -- name: take_intake_token
 -- The per-tenant intake limit (migration 0010): refill the tenant's bucket by the time

@@ -17,14 +17,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
-import idna
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration.platform.ids import uuid7, uuid7s
 from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.scraping import hosts
 
 # How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600
@@ -134,36 +132,12 @@ def set_tenant_weight(engine: Engine, name: str, weight: float) -> Tenant:
 
 
 def normalize_host(host: str) -> str:
-    """A host as the politeness limits key it: lowercased, IDNA (punycode) for non-ASCII
-    names, no trailing dot; IP addresses as written (IPv6 without brackets). ValueError,
-    saying why, for a name IDNA refuses."""
-    host = host.strip().rstrip(".")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host:
-        raise ValueError("the host is empty")
-    if ":" in host or host.isascii():
-        # IPv6 literals and ASCII names: lowercase is all there is to do (an ASCII name
-        # IDNA would refuse, such as one with '_', still names a host some DNS answers).
-        return host.lower()
+    """A host an operator names (`pin scraping domain …`) as the politeness limits key it:
+    hosts.host_key, the key intake gives a job's URL. DomainError saying why."""
     try:
-        return idna.encode(host, uts46=True).decode("ascii")
-    except idna.IDNAError as exc:
-        raise ValueError(
-            f"the host {host!r} is not a valid internationalised name: {exc}"
-        ) from None
-
-
-# A batch's URLs are parsed by its validation and again by its insert: a memo of one
-# batch's worth saves the second parse of every URL (~6 us each; urlsplit's own memo holds
-# 128). Errors are not memoized; they are raised again.
-@functools.lru_cache(maxsize=2048)
-def job_domain(url: str) -> str:
-    """The domain a job's politeness limits count against: its URL's host."""
-    host = urlsplit(url).hostname
-    if not host:
-        raise ValueError("the URL has no host")
-    return normalize_host(host)
+        return hosts.host_key(host.strip(), "the host")
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
 
 
 class DomainError(ValueError):
@@ -181,10 +155,7 @@ def set_domain_limits(
 ) -> dict[str, Any]:
     """Override a domain's requests per second and/or concurrent connections (what is not
     given stays as it is); every worker obeys it from its next claim."""
-    try:
-        domain = normalize_host(host)
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
+    domain = normalize_host(host)
     if rps is not None and not MIN_DOMAIN_RPS <= rps <= MAX_DOMAIN_RPS:
         raise DomainError(
             f"--rps must be between {MIN_DOMAIN_RPS:g} and {MAX_DOMAIN_RPS:g} (got {rps})"
@@ -204,10 +175,7 @@ def set_domain_limits(
 
 def clear_domain_limits(engine: Engine, host: str) -> bool:
     """Back to the defaults; False when the domain had no row."""
-    try:
-        domain = normalize_host(host)
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
+    domain = normalize_host(host)
     with engine.begin() as conn:
         return conn.execute(_q("clear_domain_limits"), {"domain": domain}).one_or_none() is not None
 
@@ -219,10 +187,7 @@ def pause_domain(
     capped at `max_pause_seconds`; a longer pause in force stands. Returns the pause kept."""
     if not seconds > 0:
         raise DomainError(f"--for must be a duration > 0 (got {seconds:g} s)")
-    try:
-        domain = normalize_host(host)
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
+    domain = normalize_host(host)
     with engine.begin() as conn:
         conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
         return conn.execute(_q("pause_domain"), {"domain": domain, "seconds": seconds}).scalar_one()
@@ -230,10 +195,7 @@ def pause_domain(
 
 def resume_domain(engine: Engine, host: str) -> bool:
     """Lift a domain's pause at once; False when none was in force."""
-    try:
-        domain = normalize_host(host)
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
+    domain = normalize_host(host)
     with engine.begin() as conn:
         return bool(conn.execute(_q("resume_domain"), {"domain": domain}).one().was_paused)
 
@@ -247,6 +209,10 @@ def list_domains(engine: Engine) -> list[dict[str, Any]]:
 # --- intake and queries ----------------------------------------------------------------
 
 
+PRIORITIES = ("high", "normal", "low")
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
 @dataclass(frozen=True)
 class JobRequest:
     url: str
@@ -256,10 +222,12 @@ class JobRequest:
 
     @property
     def domain(self) -> str:
-        return job_domain(self.url)
+        """The host key of its URL (hosts.check_url: memoized, so the API's validation
+        already paid for it)."""
+        return hosts.check_url(self.url, "url")
 
     def bind(self) -> dict[str, Any]:
-        """The request as the parameters of scraping.submit_job's named queries."""
+        """The request as the parameters of the intake's named queries."""
         return {
             "url": self.url,
             "params": json.dumps(self.params),
@@ -276,19 +244,61 @@ class Submitted:
 
 
 class IdempotencyKeyReused(Exception):
-    """The Idempotency-Key was used before with a different request body."""
+    """The Idempotency-Key was used before with a different request body. `position`: the
+    job of the batch that reused it (its place in the list submitted)."""
+
+    def __init__(self, key: str | None, position: int = 0) -> None:
+        super().__init__(key)
+        self.key = key
+        self.position = position
 
 
 class JobRejected(ValueError):
-    """scraping.submit_job refused an argument (SQLSTATE 22023); the message names it."""
+    """A job refused at intake; the message names the field (as scraping.submit_job's
+    SQLSTATE 22023 names the argument)."""
+
+
+def check_job(request: JobRequest, idempotency_key: str | None) -> None:
+    """What the API's models check of a job, for the Python callers: the same URL rules
+    (hosts.check_url), a priority, a JSON object of params, a key PostgreSQL can store.
+    JobRejected naming the field."""
+    try:
+        hosts.check_url(request.url, "url")
+        if request.callback_url is not None:
+            hosts.check_url(request.callback_url, "callback_url")
+    except ValueError as exc:
+        raise JobRejected(str(exc)) from None
+    if request.priority not in PRIORITIES:
+        raise JobRejected(f"priority must be high, normal or low (got {request.priority!r})")
+    if not isinstance(request.params, Mapping):
+        raise JobRejected("params must be a JSON object")
+    if idempotency_key is not None:
+        problem = idempotency_key_problem(idempotency_key)
+        if problem:
+            raise JobRejected(f"idempotency_key {problem}")
+
+
+def idempotency_key_problem(key: str) -> str | None:
+    """Why PostgreSQL could not keep `key` as an Idempotency-Key, or None."""
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
+        return f"must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters (got {len(key)})"
+    if "\x00" in key:
+        return "must not contain NUL characters"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate (such as \\ud800), which is not text"
+    return None
 
 
 def submit_job(
     engine: Engine, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
 ) -> Submitted:
-    """Accept a job through scraping.submit_job, the one intake path (SCR-1, SCR-4): it
-    validates, derives the domain, gives the job its fair tag and domain queue, and
-    answers a repeated Idempotency-Key with the first job."""
+    """Accept a job (SCR-1, SCR-4) by the intake path every door of the API takes: checked
+    as POST /jobs checks it (JobRejected naming the field), its domain keyed as the fetcher
+    resolves its host, its fair tag and domain queue given, a repeated Idempotency-Key
+    answered with the first job."""
+    check_job(request, idempotency_key)
     with engine.begin() as conn:
         return insert_job(conn, tenant_id, request, idempotency_key)
 
@@ -296,25 +306,11 @@ def submit_job(
 def insert_job(
     conn: Connection, tenant_id: uuid.UUID, request: JobRequest, idempotency_key: str | None
 ) -> Submitted:
-    """submit_job in the caller's transaction (POST /jobs commits its intake token with the
-    job: one commit, one fsync, per request)."""
-    try:
-        job_id = conn.execute(
-            _q("submit_job"),
-            {"tenant_id": tenant_id, "idempotency_key": idempotency_key, **request.bind()},
-        ).scalar_one()
-    except DBAPIError as exc:
-        sqlstate = getattr(exc.orig, "sqlstate", None)
-        if sqlstate == "23505" and "p_idempotency_key" in str(exc.orig):
-            raise IdempotencyKeyReused(idempotency_key) from None
-        if sqlstate == "22023":
-            raise JobRejected(str(exc.orig).splitlines()[0]) from None
-        raise
-    if idempotency_key is None:
-        # Without a key the job is always a new one, and a new job is queued: no read back.
-        return Submitted(job_id, "queued", replayed=False)
-    row = conn.execute(_q("submitted_job"), {"id": job_id}).one()
-    return Submitted(row.id, row.status, replayed=row.replayed)
+    """One checked job in the caller's transaction: submit_jobs' statement with one job
+    (IdempotencyKeyReused raised)."""
+    answer = submit_jobs(conn, tenant_id, [(request, idempotency_key)], atomic=True)[0]
+    assert isinstance(answer, Submitted)  # atomic: a reused key is raised
+    return answer
 
 
 def submit_jobs(
@@ -324,11 +320,12 @@ def submit_jobs(
     *,
     atomic: bool,
 ) -> list[Submitted | IdempotencyKeyReused]:
-    """Accept a batch in the caller's transaction, each job as submit_job accepts one (the
-    same columns, the same Idempotency-Key rules), in three statements whatever its size:
-    one statement per job costs ~0.6 ms, 400 of them far more than the batch's 100 ms. A
-    reused key is that job's answer (the others are stored), or with `atomic` raised: the
-    caller's transaction then rolls every job back."""
+    """Accept checked jobs (the API's models or check_job checked them) in the caller's
+    transaction, in three statements whatever their number: one statement per job costs
+    ~0.6 ms, 400 of them far more than a batch's 100 ms. The same Idempotency-Key rules as
+    scraping.submit_job. A reused key is that job's answer (the others are stored), or
+    with `atomic` raised, naming the job: the caller's transaction then rolls every job
+    back."""
     ids = uuid7s(len(requests))
     rows = [
         {
@@ -376,9 +373,10 @@ def submit_jobs(
         # Not inserted: its key is taken, by an earlier request or an earlier job here.
         winner = existing[row["ord"]]
         if not winner.same_body:
+            reused = IdempotencyKeyReused(row["idempotency_key"], row["ord"])
             if atomic:
-                raise IdempotencyKeyReused(row["idempotency_key"])
-            answers.append(IdempotencyKeyReused(row["idempotency_key"]))
+                raise reused
+            answers.append(reused)
         else:
             answers.append(Submitted(winner.id, winner.status, replayed=True))
     return answers
@@ -418,6 +416,16 @@ def take_intake_token(
     # wait is a floor; a client told too short a wait is simply refused again.
     level = row.level if row.level is not None else 0.0
     return IntakeTaken(max((jobs - level) / limit.rps, 0.001), max(level, 0.0))
+
+
+def give_back_intake_tokens(
+    conn: Connection, tenant_id: uuid.UUID, limit: IntakeLimit, jobs: int
+) -> None:
+    """Return tokens take_intake_token took in this transaction for jobs not stored."""
+    conn.execute(
+        _q("give_back_intake_tokens"),
+        {"tenant_id": tenant_id, "burst": limit.burst, "jobs": jobs},
+    )
 
 
 def replayed_job(

@@ -214,7 +214,7 @@ def test_whitespace_or_nul_anywhere_in_a_url_is_refused(char: str) -> None:
 
     from pin_orchestration.scraping.job_models import JobCreate
 
-    with pytest.raises(ValidationError, match="whitespace or NUL"):
+    with pytest.raises(ValidationError, match="whitespace or control characters"):
         JobCreate(url=f"https://example.com/a{char}b")
-    with pytest.raises(ValidationError, match="whitespace or NUL"):
+    with pytest.raises(ValidationError, match="whitespace or control characters"):
         JobCreate(url="https://example.com/", callback_url=f"https://cb.example/{char}")

@@ -1,11 +1,16 @@
--- Intake from SQL (README "Scheduling", docs/integration.md): the one path by which a job
--- enters scraping.jobs. POST /jobs and the Python helper call it; another service calls it
--- in its own transaction (the job exists exactly when that transaction commits), one row
--- or set-based (`SELECT scraping.submit_job(t.id, u.url) FROM …`).
+-- Intake from SQL (docs/integration.md): another service submits a job in its own
+-- transaction (the job exists exactly when that transaction commits), one row or
+-- set-based (`SELECT scraping.submit_job(t.id, u.url) FROM …`). The API's doors check a
+-- job in Python (pin_orchestration/scraping/hosts.py) and insert it with queries.sql's
+-- insert_jobs; scraping.job_url_host is hosts.check_url in SQL, held equal to it by
+-- tests/scraping/test_intake_differential.py, but for one thing: a host with non-ASCII
+-- characters is refused here (IDNA 2008 is the `idna` package's, not PostgreSQL's), its
+-- ASCII (xn--) form accepted with the key POST /jobs gives the Unicode one.
 
--- A host as the politeness limits key it (Python: repository.normalize_host): no trailing
--- dot, no brackets around an IPv6 literal, lowercased; a non-ASCII label in its IDNA
--- (punycode, RFC 3492) form after NFKC normalisation.
+-- A host named by the worker (a pause, a redirect hop: ASCII, as requests sends it) as
+-- the politeness limits key it: no trailing dot, no brackets around an IPv6 literal,
+-- lowercased. (Its punycode of a non-ASCII name is not IDNA 2008's: intake no longer
+-- uses it.)
 CREATE OR REPLACE FUNCTION scraping.idna_host(p_host text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT AS $fn$
 DECLARE
@@ -106,13 +111,13 @@ CREATE OR REPLACE FUNCTION scraping.submit_job(
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $fn$
--- Validates as POST /jobs does (SQLSTATE 22023, the message naming the argument), derives
--- the domain, inserts the job (its fair tag and domain queue come from the triggers of
--- migration 0011). Same key and same body: the first job's id; same key, other body:
--- SQLSTATE 23505 naming the key. A key is remembered 24 hours (the API's documented TTL).
+-- Validates as POST /jobs does (SQLSTATE 22023, the message naming the argument), keys
+-- the domain as the fetcher resolves the host (scraping.job_url_host), inserts the job
+-- (its fair tag and domain queue come from the triggers of migration 0011). Same key and
+-- same body: the first job's id; same key, other body: SQLSTATE 23505 naming the key. A
+-- key is remembered 24 hours (the API's documented TTL).
 DECLARE
-    v_authority text;
-    v_host text;
+    v_domain text;
     v_digest text;
     v_id uuid;
     v_existing record;
@@ -122,9 +127,9 @@ BEGIN
         RAISE EXCEPTION 'p_tenant_id: no tenant %', coalesce(p_tenant_id::text, 'NULL')
             USING ERRCODE = '22023', HINT = 'pin tenant list shows the tenants';
     END IF;
-    PERFORM scraping.check_job_url(p_url, 'p_url');
+    v_domain := scraping.job_url_host(p_url, 'p_url');
     IF p_callback_url IS NOT NULL THEN
-        PERFORM scraping.check_job_url(p_callback_url, 'p_callback_url');
+        PERFORM scraping.job_url_host(p_callback_url, 'p_callback_url');
     END IF;
     IF p_params IS NULL OR jsonb_typeof(p_params) <> 'object' THEN
         RAISE EXCEPTION 'p_params must be a JSON object (got %)',
@@ -142,14 +147,6 @@ BEGIN
             length(p_idempotency_key)
             USING ERRCODE = '22023';
     END IF;
-
-    v_authority := substring(p_url FROM '^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)');
-    v_authority := regexp_replace(v_authority, '^.*@', '');
-    IF v_authority LIKE '[%' THEN
-        v_host := substring(v_authority FROM '^(\[[^]]*\])');
-    ELSE
-        v_host := split_part(v_authority, ':', 1);
-    END IF;
     v_digest := scraping.request_sha256(p_url, p_params, p_priority, p_callback_url);
 
     IF p_idempotency_key IS NOT NULL THEN
@@ -162,7 +159,7 @@ BEGIN
         request_sha256
     )
     VALUES (
-        pin.uuid7(), p_tenant_id, p_url, scraping.idna_host(v_host), p_params,
+        pin.uuid7(), p_tenant_id, p_url, v_domain, p_params,
         p_priority, p_callback_url, p_idempotency_key, v_digest
     )
     ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -182,12 +179,20 @@ BEGIN
 END
 $fn$;
 
--- A job's URL or callback as POST /jobs accepts it: http(s), a host, at most 2048
--- characters, no whitespace.
-CREATE OR REPLACE FUNCTION scraping.check_job_url(p_url text, p_argument text) RETURNS void
+-- A job's URL or callback as POST /jobs accepts it (pin_orchestration/scraping/hosts.py,
+-- check_url, rule for rule), and its host key: at most 2048 characters; no whitespace or
+-- control character; http(s)://, then an authority without userinfo or backslash: a name
+-- of letters, digits, '-', '_' and dots (lowercased, its trailing dot dropped) or an IPv6
+-- literal in brackets (lowercased, as written); a port of 1 to 5 digits, 1 to 65535.
+-- SQLSTATE 22023 naming p_argument otherwise.
+CREATE OR REPLACE FUNCTION scraping.job_url_host(p_url text, p_argument text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $fn$
 DECLARE
+    v_bad text;
+    v_parts text[];
     v_authority text;
+    v_hostport text[];
+    v_host text;
     v_port text;
 BEGIN
     IF p_url IS NULL THEN
@@ -196,24 +201,69 @@ BEGIN
     IF length(p_url) > 2048 THEN
         RAISE EXCEPTION '% is longer than 2048 characters', p_argument USING ERRCODE = '22023';
     END IF;
-    IF p_url ~ '\s' THEN
-        RAISE EXCEPTION '% must not contain whitespace', p_argument USING ERRCODE = '22023';
+    v_bad := substring(
+        p_url FROM '[\x01-\x20\x7f-\x9f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]');
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION '% must not contain whitespace or control characters (found U+%): '
+            'percent-encode it', p_argument, upper(lpad(to_hex(ascii(v_bad)), 4, '0'))
+            USING ERRCODE = '22023';
     END IF;
-    v_authority := substring(p_url FROM '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)');
-    IF v_authority IS NULL THEN
+    v_parts := regexp_match(p_url, '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)');
+    IF v_parts IS NULL THEN
         RAISE EXCEPTION '% must be an http:// or https:// URL (got %)',
             p_argument, quote_literal(left(p_url, 80))
             USING ERRCODE = '22023';
     END IF;
-    v_authority := regexp_replace(v_authority, '^.*@', '');
-    v_port := substring(v_authority FROM '(?:^\[[^]]*\]|^[^:\[]*):(.*)$');
-    IF regexp_replace(v_authority, '^(\[[^]]*\]|[^:]*).*$', '\1') IN ('', '[]') THEN
-        RAISE EXCEPTION '% has no host', p_argument USING ERRCODE = '22023';
-    END IF;
-    IF v_port IS NOT NULL AND v_port <> ''
-       AND (v_port !~ '^[0-9]{1,5}$' OR v_port::integer NOT BETWEEN 1 AND 65535) THEN
-        RAISE EXCEPTION '% has an invalid port %', p_argument, quote_literal(v_port)
+    v_authority := v_parts[1];
+    IF position('@' IN v_authority) > 0 THEN
+        RAISE EXCEPTION '%: credentials in a URL are not accepted (remove the '
+            'user:password@ part)', p_argument
             USING ERRCODE = '22023';
     END IF;
+    IF position(E'\\' IN v_authority) > 0 THEN
+        RAISE EXCEPTION '% has a backslash in its host: write / or percent-encode it',
+            p_argument USING ERRCODE = '22023';
+    END IF;
+    v_hostport := regexp_match(v_authority, '^(\[[0-9A-Fa-f:]*\]|[^:\[\]]*)(?::([0-9]*))?$');
+    IF v_hostport IS NULL THEN
+        RAISE EXCEPTION '% has an invalid host or port: %', p_argument,
+            quote_literal(left(v_authority, 80))
+            USING ERRCODE = '22023';
+    END IF;
+    v_host := v_hostport[1];
+    v_port := v_hostport[2];
+    IF v_port <> '' AND (length(v_port) > 5 OR v_port::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION '% has an invalid port %: give 1 to 65535', p_argument,
+            quote_literal(v_port)
+            USING ERRCODE = '22023';
+    END IF;
+    IF v_host IN ('', '[]') THEN
+        RAISE EXCEPTION '% has no host', p_argument USING ERRCODE = '22023';
+    END IF;
+    IF left(v_host, 1) = '[' THEN
+        v_host := substr(v_host, 2, length(v_host) - 2);
+        BEGIN
+            IF family(v_host::inet) = 6 THEN
+                RETURN lower(v_host COLLATE "C");
+            END IF;
+        EXCEPTION WHEN invalid_text_representation THEN
+            NULL;
+        END;
+        RAISE EXCEPTION '% has an invalid IPv6 address %', p_argument,
+            quote_literal(left(v_host, 80))
+            USING ERRCODE = '22023';
+    END IF;
+    IF v_host ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$' THEN
+        RETURN rtrim(lower(v_host COLLATE "C"), '.');
+    END IF;
+    IF v_host ~ '^[\x01-\x7f]*$' THEN
+        RAISE EXCEPTION '% has a host that is not a valid name (%): use letters, digits, '
+            '''-'', ''_'' and dots', p_argument, quote_literal(left(v_host, 80))
+            USING ERRCODE = '22023';
+    END IF;
+    RAISE EXCEPTION '% has a host with non-ASCII characters (%): give it in its IDNA '
+        'ASCII form (xn--..., as Python''s idna.encode writes it); POST /jobs takes either',
+        p_argument, quote_literal(left(v_host, 80))
+        USING ERRCODE = '22023';
 END
 $fn$;
