@@ -11,13 +11,13 @@ The SQL is frozen in 0025_scraping_intake_one_url_definition.sql / .down.sql bes
 file.
 
 Revision ID: 0025
-Revises: 0022
+Revises: 0023
 """
 
 from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0025"
-down_revision = "0022"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 

@@ -11,13 +11,13 @@ The SQL is frozen in 0026_scraping_pauses_only_lengthen_and_every_hop_spends_a_t
 / .down.sql beside this file.
 
 Revision ID: 0026
-Revises: 0023
+Revises: 0025
 """
 
 from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0026"
-down_revision = "0023"
+down_revision = "0025"
 branch_labels = None
 depends_on = None
 
