@@ -9,8 +9,10 @@ through the Fetcher — the same SSRF guard, timeout and deadline as the scraper
 fetches — and records each attempt, one by one, for the finish it announced: a 2xx
 closes the delivery, anything else (an exception included: one receiver's malformed answer
 is its own delivery's failure, never the run's) is retried after a backoff with full
-jitter until `max_attempts`, when it is given up (recorded, and closed). A refused or
-malformed callback address is given up at once: no packet is ever sent to it.
+jitter until `max_attempts`, when it is given up (recorded, and closed). A delivery
+claimed again past `max_attempts` (its last attempt sent, its record lost) is given up
+unsent. A refused or malformed callback address is given up at once: no packet is ever
+sent to it.
 
 Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
 webhook"), with the tenant's secret and, for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS after a
@@ -45,6 +47,11 @@ _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
 # The error class of a delivery that failed in a way the fetcher does not classify (an
 # answer a library choked on, or a bug): retried with backoff like any other failure.
 DELIVERY_ERROR = "delivery_error"
+# The error class of a delivery claimed past its budget: the budget's last attempt was
+# POSTed and its outcome never recorded (the run killed, or the database gone between the
+# POST and its record), so its lease ended and the next claim counted one attempt more.
+# Nothing is sent for it; the delivery is given up.
+ATTEMPT_UNRECORDED = "attempt_unrecorded"
 _MAX_DETAIL_CHARS = 300
 # While deliveries are in flight, how often the loop looks for newly due ones (another
 # tenant's, or one whose turn came) even if no slot has freed.
@@ -333,10 +340,18 @@ def _deliver(
     """One delivery and its outcome. Never raises: an answer no library expected (a
     `Content-Length: ²`) or a bug of ours is this delivery's failed attempt, retried
     with backoff up to the cap like any other, and never the run's end."""
+    detail: str | None
+    if job.number > policy.max_attempts:
+        # Sending it would be a POST past the budget the receiver was promised.
+        detail = (
+            f"claimed as attempt {job.number} of {policy.max_attempts}: the last was sent "
+            "and its outcome never recorded (or the budget was lowered); nothing more is sent"
+        )
+        return _Attempt("gave_up", None, ATTEMPT_UNRECORDED, detail, 0, None)
     started = time.monotonic()
     http_status: int | None = None
     error_class: str | None = None
-    detail: str | None = None
+    detail = None
     try:
         body = webhook_body(job.id, job.status, job.finished_at)
         msg_id = signing.event_id(job.id, job.status, job.finished_at)

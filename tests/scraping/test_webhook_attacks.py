@@ -1,0 +1,78 @@
+"""Completion webhooks under attack: a database that refuses an attempt's record after
+its POST went out, and what the delivery loop does with the budget afterwards. Real
+PostgreSQL, receivers on loopback only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, text
+
+from pin_orchestration.devstack.standins.webhook_receiver import Receiver
+from pin_orchestration.scraping.repository import Tenant
+from tests.scraping.test_webhooks import (
+    POLICY,
+    Deliver,
+    deliver,  # noqa: F401 (a fixture)
+    deliveries_of,
+    finished_job,
+    job_row,
+    make_retries_due,
+    receiver,  # noqa: F401 (a fixture)
+)
+
+
+@contextmanager
+def records_refused(engine: Engine) -> Iterator[None]:
+    """While inside, PostgreSQL refuses every attempt's record (the database gone between
+    a POST and its record, as the delivery loop sees it: the record's transaction fails)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION public.attack1_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$BEGIN RAISE EXCEPTION 'the database went away'; END$$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER attack1_refuse BEFORE INSERT ON scraping.webhook_deliveries "
+                "FOR EACH ROW EXECUTE FUNCTION public.attack1_refuse()"
+            )
+        )
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER attack1_refuse ON scraping.webhook_deliveries"))
+            conn.execute(text("DROP FUNCTION public.attack1_refuse()"))
+
+
+def test_a_last_attempt_sent_but_never_recorded_is_not_followed_by_one_past_the_cap(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,  # noqa: F811
+    deliver: Deliver,  # noqa: F811
+) -> None:
+    """The receiver fails every attempt. The last one the budget allows is POSTed, and
+    then its record is refused; once its lease ends the loop claims it again — as attempt
+    max + 1. That one must not be sent: the budget is spent (it was, and POST number
+    max + 1 reached the receiver), and the delivery is closed as given up."""
+    tenant, _ = make_tenant("acme")
+    receiver.status = 500
+    job_id = finished_job(db_engine, tenant, receiver.url())
+    for _ in range(POLICY.max_attempts - 1):
+        assert deliver().retried == 1
+        make_retries_due(db_engine)
+    with records_refused(db_engine):
+        assert deliver().claimed == 1  # the last attempt: POSTed, its record refused
+    assert len(receiver.received) == POLICY.max_attempts
+    make_retries_due(db_engine)  # its lease ends (the hostile clock: moved, not waited)
+
+    deliver()
+    deliver()
+
+    assert len(receiver.received) == POLICY.max_attempts, "a POST past the attempt budget"
+    assert job_row(db_engine, job_id).finish_published_at is not None
+    outcomes = deliveries_of(db_engine, job_id)
+    assert [o for o, _ in outcomes] == ["retry"] * (POLICY.max_attempts - 1) + ["gave_up"]
