@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
@@ -222,7 +222,9 @@ class _Attempt:
     error_class: str | None
     error_detail: str | None
     duration_ms: int
-    next_attempt_at: datetime | None
+    # Seconds from the record to the retry, added to the database's clock (the one the
+    # claim reads): a due time on this host's clock moves with its skew.
+    retry_in_seconds: float | None
 
 
 def run_deliveries(
@@ -373,8 +375,7 @@ def _deliver(
     if error_class in _GIVE_UP_AT_ONCE or job.number >= policy.max_attempts:
         return _Attempt("gave_up", http_status, error_class, detail, duration_ms, None)
     delay = backoff_delay(job.number, policy.retry_policy(), rng)
-    due = datetime.now(UTC) + timedelta(seconds=delay)
-    return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
+    return _Attempt("retry", http_status, error_class, detail, duration_ms, delay)
 
 
 def _printable(text: str) -> str:
@@ -404,7 +405,7 @@ def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
                     "error_class": attempt.error_class,
                     "error_detail": attempt.error_detail,
                     "duration_ms": attempt.duration_ms,
-                    "next_attempt_at": attempt.next_attempt_at,
+                    "retry_in_seconds": attempt.retry_in_seconds,
                 },
             ).one_or_none()
     except Exception:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, tzinfo
 
+import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
+from pin_orchestration.scraping import webhooks
 from pin_orchestration.scraping.repository import Tenant
 from tests.scraping.test_webhooks import (
     POLICY,
@@ -76,3 +79,39 @@ def test_a_last_attempt_sent_but_never_recorded_is_not_followed_by_one_past_the_
     assert job_row(db_engine, job_id).finish_published_at is not None
     outcomes = deliveries_of(db_engine, job_id)
     assert [o for o, _ in outcomes] == ["retry"] * (POLICY.max_attempts - 1) + ["gave_up"]
+
+
+def test_a_retry_backs_off_by_the_databases_clock_whatever_the_loops_clock_says(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,  # noqa: F811
+    deliver: Deliver,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The delivery loop's host runs an hour slow (a hostile clock: another machine than
+    the database's). A failed delivery is due again only after its backoff, by the clock
+    the claim reads (PostgreSQL's): a due time computed on the loop's clock was already
+    an hour past, so the receiver got its retry at once, and again every run."""
+
+    class SlowClock(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz) - timedelta(hours=1)
+
+    monkeypatch.setattr(webhooks, "datetime", SlowClock)
+    tenant, _ = make_tenant("acme")
+    receiver.status = 500
+    job_id = finished_job(db_engine, tenant, receiver.url())
+
+    assert deliver().retried == 1
+    assert deliver().claimed == 0, "retried at once: the backoff was lost to the clock skew"
+    assert len(receiver.received) == 1
+    with db_engine.connect() as conn:
+        due_in = conn.execute(
+            text(
+                "SELECT extract(epoch FROM webhook_next_attempt_at - now()) "
+                "FROM scraping.jobs WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+    assert 0 < due_in <= POLICY.backoff_base_seconds
