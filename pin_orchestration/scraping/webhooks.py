@@ -246,23 +246,38 @@ def run_deliveries(
     report = DeliveryReport()
     started = time.monotonic()
     in_flight: dict[Future[_Attempt], _Claimed] = {}
+    # A claim that failed ends the claiming; the run raises it once the deliveries in
+    # flight are recorded (raised at once, their answers were dropped: each POSTed again
+    # when its lease ended, an attempt of its budget spent on nothing).
+    claim_error: Exception | None = None
     with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
         while True:
-            claiming = not (stop is not None and stop.is_set()) and (
-                time.monotonic() - started < options.max_run_duration_seconds
+            claiming = (
+                claim_error is None
+                and not (stop is not None and stop.is_set())
+                and time.monotonic() - started < options.max_run_duration_seconds
             )
             claimed: list[_Claimed] = []
             free = options.concurrency - len(in_flight)
             if claiming and free > 0:
                 busy = Counter(job.tenant_id for job in in_flight.values())
-                claimed = _claim(
-                    engine,
-                    min(free, options.batch_size),
-                    policy.lease_seconds,
-                    options.per_tenant,
-                    busy,
-                    policy.secret_overlap_seconds,
-                )
+                try:
+                    claimed = _claim(
+                        engine,
+                        min(free, options.batch_size),
+                        policy.lease_seconds,
+                        options.per_tenant,
+                        busy,
+                        policy.secret_overlap_seconds,
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "webhook claim failed; recording the %d deliveries in flight, then "
+                        "ending the run",
+                        len(in_flight),
+                        exc_info=True,
+                    )
+                    claim_error, claiming = exc, False
                 report.claimed += len(claimed)
                 for job in claimed:
                     future = pool.submit(_deliver, fetcher, policy, job, rng, clock)
@@ -295,6 +310,8 @@ def run_deliveries(
                     report.by_error_class[attempt.error_class] = (
                         report.by_error_class.get(attempt.error_class, 0) + 1
                     )
+    if claim_error is not None:
+        raise claim_error
     return report
 
 

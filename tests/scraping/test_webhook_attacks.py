@@ -4,6 +4,8 @@ PostgreSQL, receivers on loopback only."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, tzinfo
@@ -17,6 +19,7 @@ from pin_orchestration.scraping.repository import Tenant
 from tests.scraping.test_webhooks import (
     POLICY,
     Deliver,
+    GatedReceiver,
     deliver,  # noqa: F401 (a fixture)
     deliveries_of,
     finished_job,
@@ -115,3 +118,73 @@ def test_a_retry_backs_off_by_the_databases_clock_whatever_the_loops_clock_says(
             {"id": job_id},
         ).scalar_one()
     assert 0 < due_in <= POLICY.backoff_base_seconds
+
+
+def test_a_failed_claim_still_records_the_deliveries_in_flight(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,  # noqa: F811
+    deliver: Deliver,  # noqa: F811
+) -> None:
+    """A delivery is in flight (its receiver holds the POST) when the loop's next claim
+    fails (the database blips). The run must still record the answer it then gets — a
+    204 is an acknowledgement — before it ends with the claim's error: dropped, the
+    webhook was POSTed again once its lease ended and an attempt of the budget was
+    spent on nothing."""
+    hooks = GatedReceiver([0])
+    try:
+        tenant, _ = make_tenant("acme")
+        held = finished_job(db_engine, tenant, hooks.url())
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                deliver()
+            except Exception as exc:  # the claim's failure, surfaced once the run ends
+                errors.append(exc)
+
+        loop = threading.Thread(target=run)
+        loop.start()
+        assert hooks.holding.wait(30)
+        # The next claim of an attempt fails, once (a sequence is outside transactions, so
+        # it counts the refused claim and the test sees when it happened).
+        with db_engine.begin() as conn:
+            conn.execute(text("CREATE SEQUENCE public.attack1_claims"))
+            conn.execute(
+                text(
+                    "CREATE FUNCTION public.attack1_refuse_claim() RETURNS trigger "
+                    "LANGUAGE plpgsql AS $$BEGIN "
+                    "IF nextval('public.attack1_claims') = 1 THEN "
+                    "RAISE EXCEPTION 'the database went away'; END IF; "
+                    "RETURN NEW; END$$"
+                )
+            )
+            conn.execute(
+                text(
+                    "CREATE TRIGGER attack1_refuse_claim BEFORE UPDATE ON scraping.jobs "
+                    "FOR EACH ROW WHEN (NEW.webhook_attempts > OLD.webhook_attempts) "
+                    "EXECUTE FUNCTION public.attack1_refuse_claim()"
+                )
+            )
+        finished_job(db_engine, tenant, receiver.url())  # due: the loop claims it
+        claimed_once = text("SELECT is_called FROM public.attack1_claims")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with db_engine.connect() as conn:
+                if conn.execute(claimed_once).scalar_one():
+                    break
+            time.sleep(0.02)
+        with db_engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER attack1_refuse_claim ON scraping.jobs"))
+            conn.execute(text("DROP FUNCTION public.attack1_refuse_claim()"))
+            conn.execute(text("DROP SEQUENCE public.attack1_claims"))
+        hooks.release.set()
+        loop.join(60)
+        assert not loop.is_alive()
+
+        assert len(errors) == 1, "the claim's failure must not pass unseen"
+        assert deliveries_of(db_engine, held) == [("delivered", None)]
+        assert job_row(db_engine, held).finish_published_at is not None
+        assert len(hooks.bodies) == 1
+    finally:
+        hooks.close()
