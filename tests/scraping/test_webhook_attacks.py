@@ -7,13 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta, tzinfo
 
 import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
+from pin_orchestration.resources.scraping import WEBHOOK_ANSWER_MAX_BYTES
 from pin_orchestration.scraping import webhooks
 from pin_orchestration.scraping.repository import Tenant
 from tests.scraping.test_webhooks import (
@@ -188,3 +189,62 @@ def test_a_failed_claim_still_records_the_deliveries_in_flight(
         assert len(hooks.bodies) == 1
     finally:
         hooks.close()
+
+
+class ChattyReceiver:
+    """A loopback receiver that acknowledges every POST with a 200 and a body of
+    `size` bytes, well framed (Content-Length): a web framework's whole page, say."""
+
+    def __init__(self, size: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posts += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                # The client may read what it needs and go away.
+                with suppress(OSError):
+                    self.wfile.write(b"<p>thanks</p>" * (size // 13) + b" " * (size % 13))
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_a_2xx_with_a_body_past_the_answer_limit_is_an_acknowledgement(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    deliver: Deliver,  # noqa: F811
+) -> None:
+    """The receiver answers 200 with a well-framed body four times the 64 KiB the loop
+    reads of an answer. "Answer any 2xx to acknowledge" (docs/integration.md): the
+    webhook is delivered, at its first attempt; the body is only cut short. It was a
+    `body_too_large` failure, POSTed again up to the cap and given up."""
+    chatty = ChattyReceiver(4 * WEBHOOK_ANSWER_MAX_BYTES)
+    try:
+        tenant, _ = make_tenant("acme")
+        job_id = finished_job(db_engine, tenant, chatty.url())
+        report = deliver()
+        assert (report.claimed, report.delivered) == (1, 1), report.by_error_class
+        assert deliveries_of(db_engine, job_id) == [("delivered", None)]
+        assert chatty.posts == 1
+    finally:
+        chatty.close()
