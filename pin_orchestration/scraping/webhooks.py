@@ -56,6 +56,8 @@ _MAX_DETAIL_CHARS = 300
 # While deliveries are in flight, how often the loop looks for newly due ones (another
 # tenant's, or one whose turn came) even if no slot has freed.
 IDLE_POLL_SECONDS = 0.2
+# How often an outcome whose record failed is tried again, while its claim lasts.
+RECORD_RETRY_SECONDS = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +218,17 @@ class _Claimed:
 
 
 @dataclass(frozen=True)
+class _Unrecorded:
+    """An outcome whose record failed, kept to be tried again until `lease_ends` (then
+    another run may claim the delivery and send it again, which at-least-once allows)."""
+
+    job: _Claimed
+    attempt: _Attempt
+    lease_ends: float
+    retry_at: float
+
+
+@dataclass(frozen=True)
 class _Attempt:
     outcome: str  # delivered | retry | gave_up
     http_status: int | None
@@ -250,6 +263,11 @@ def run_deliveries(
     # flight are recorded (raised at once, their answers were dropped: each POSTed again
     # when its lease ended, an attempt of its budget spent on nothing).
     claim_error: Exception | None = None
+    # When each delivery in flight was claimed until (monotonic), by job.
+    lease_ends: dict[uuid.UUID, float] = {}
+    # Outcomes whose record failed (the database blipped): dropped, each was POSTed again
+    # once its lease ended, an attempt of its budget spent on nothing.
+    unrecorded: list[_Unrecorded] = []
     with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
         while True:
             claiming = (
@@ -279,26 +297,40 @@ def run_deliveries(
                     )
                     claim_error, claiming = exc, False
                 report.claimed += len(claimed)
+                lease_end = time.monotonic() + policy.lease_seconds
                 for job in claimed:
                     future = pool.submit(_deliver, fetcher, policy, job, rng, clock)
                     in_flight[future] = job
-            if not in_flight:
+                    lease_ends[job.id] = lease_end
+            if not in_flight and not unrecorded:
                 break  # nothing due that this loop may take, nothing in flight
-            # A slot freed, or a while to look for what fell due (or a tenant's turn).
-            done, _ = wait(
-                in_flight,
-                timeout=None if not claiming else IDLE_POLL_SECONDS,
-                return_when=FIRST_COMPLETED,
-            )
-            if not done:
-                continue
+            done: set[Future[_Attempt]] = set()
+            if in_flight:
+                # A slot freed, or a while to look for what fell due (or a tenant's turn),
+                # or to try a failed record again.
+                done, _ = wait(
+                    in_flight,
+                    timeout=IDLE_POLL_SECONDS if claiming or unrecorded else None,
+                    return_when=FIRST_COMPLETED,
+                )
+            else:
+                time.sleep(max(0.0, min(u.retry_at for u in unrecorded) - time.monotonic()))
+            now = time.monotonic()
+            settling = [u for u in unrecorded if u.retry_at <= now]
+            unrecorded = [u for u in unrecorded if u.retry_at > now]
             for future in done:
                 # _deliver never raises: whatever went wrong is that delivery's outcome.
-                job, attempt = in_flight.pop(future), future.result()
+                job = in_flight.pop(future)
+                settling.append(_Unrecorded(job, future.result(), lease_ends.pop(job.id), now))
+            for item in settling:
+                job, attempt = item.job, item.attempt
                 # One by one, each in its own transaction: one delivery's record cannot
-                # take the others' down with it (an unrecorded one is sent again when its
-                # lease ends, which at-least-once allows).
-                if not _record(engine, job, attempt):
+                # take the others' down with it.
+                recorded = _record(engine, job, attempt)
+                if recorded is None and time.monotonic() < item.lease_ends:
+                    retry_at = time.monotonic() + RECORD_RETRY_SECONDS
+                    unrecorded.append(_Unrecorded(job, attempt, item.lease_ends, retry_at))
+                if not recorded:
                     continue
                 if attempt.outcome == "delivered":
                     report.delivered += 1
@@ -402,11 +434,12 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
-    """One delivery's outcome in its own transaction; False when it was not recorded.
-    Written only for the finish it announced (the job's `finished_at`, which the webhook
-    carries): a job requeued and finished again meanwhile owes its new finish a delivery
-    of its own, whatever this one's answer was."""
+def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool | None:
+    """One delivery's outcome in its own transaction: True when recorded, False when the
+    delivery is no longer this attempt's, None when the record failed (worth another
+    try while the claim lasts). Written only for the finish it announced (the job's
+    `finished_at`, which the webhook carries): a job requeued and finished again meanwhile
+    owes its new finish a delivery of its own, whatever this one's answer was."""
     try:
         with engine.begin() as conn:
             recorded = conn.execute(
@@ -427,12 +460,12 @@ def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
             ).one_or_none()
     except Exception:
         log.warning(
-            "webhook of job %s: attempt %d not recorded (sent again once its lease ends)",
+            "webhook of job %s: attempt %d not recorded (tried again while its claim lasts)",
             job.id,
             job.number,
             exc_info=True,
         )
-        return False
+        return None
     if recorded is None:
         log.info(
             "webhook of job %s: finished again meanwhile, attempt %d not recorded",

@@ -1,13 +1,16 @@
-"""Completion webhooks under attack: a database that refuses an attempt's record after
-its POST went out, and what the delivery loop does with the budget afterwards. Real
-PostgreSQL, receivers on loopback only."""
+"""Completion webhooks under attack: a delivery process killed between a POST and its
+record, a database that refuses a claim or a record, a delivery host whose clock is
+wrong, a receiver that acknowledges with a big page. Real PostgreSQL, receivers on
+loopback only."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from datetime import datetime, timedelta, tzinfo
 
 import pytest
@@ -29,60 +32,60 @@ from tests.scraping.test_webhooks import (
     receiver,  # noqa: F401 (a fixture)
 )
 
+# A delivery loop in a process of its own, killed by the test mid-delivery.
+_DELIVERY_PROCESS = """
+import sys
+from pin_orchestration.platform.db import create_db_engine
+from pin_orchestration.resources.scraping import webhook_fetch_policy_from
+from pin_orchestration.scraping.fetch import Fetcher
+from pin_orchestration.scraping.webhooks import run_deliveries
+from tests.scraping.conftest import TEST_SETTINGS, _with_allowed
+from tests.scraping.test_webhooks import POLICY
 
-@contextmanager
-def records_refused(engine: Engine) -> Iterator[None]:
-    """While inside, PostgreSQL refuses every attempt's record (the database gone between
-    a POST and its record, as the delivery loop sees it: the record's transaction fails)."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE FUNCTION public.attack1_refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$BEGIN RAISE EXCEPTION 'the database went away'; END$$"
-            )
-        )
-        conn.execute(
-            text(
-                "CREATE TRIGGER attack1_refuse BEFORE INSERT ON scraping.webhook_deliveries "
-                "FOR EACH ROW EXECUTE FUNCTION public.attack1_refuse()"
-            )
-        )
-    try:
-        yield
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER attack1_refuse ON scraping.webhook_deliveries"))
-            conn.execute(text("DROP FUNCTION public.attack1_refuse()"))
+settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+    run_deliveries(create_db_engine(sys.argv[1]), fetcher, POLICY)
+"""
 
 
 def test_a_last_attempt_sent_but_never_recorded_is_not_followed_by_one_past_the_cap(
     db_engine: Engine,
+    db_url: str,
     make_tenant: Callable[[str], tuple[Tenant, str]],
-    receiver: Receiver,  # noqa: F811
     deliver: Deliver,  # noqa: F811
 ) -> None:
-    """The receiver fails every attempt. The last one the budget allows is POSTed, and
-    then its record is refused; once its lease ends the loop claims it again — as attempt
-    max + 1. That one must not be sent: the budget is spent (it was, and POST number
-    max + 1 reached the receiver), and the delivery is closed as given up."""
-    tenant, _ = make_tenant("acme")
-    receiver.status = 500
-    job_id = finished_job(db_engine, tenant, receiver.url())
-    for _ in range(POLICY.max_attempts - 1):
-        assert deliver().retried == 1
-        make_retries_due(db_engine)
-    with records_refused(db_engine):
-        assert deliver().claimed == 1  # the last attempt: POSTed, its record refused
-    assert len(receiver.received) == POLICY.max_attempts
-    make_retries_due(db_engine)  # its lease ends (the hostile clock: moved, not waited)
+    """The receiver fails the first attempts. The last one the budget allows is POSTed,
+    and the delivery process is killed before it can record the answer; once the lease
+    ends the loop claims the delivery again — as attempt max + 1. That one must not be
+    sent: the budget is spent (it was, and POST number max + 1 reached the receiver),
+    and the delivery is closed as given up."""
+    hooks = GatedReceiver([500] * (POLICY.max_attempts - 1) + [0])
+    try:
+        tenant, _ = make_tenant("acme")
+        job_id = finished_job(db_engine, tenant, hooks.url())
+        for _ in range(POLICY.max_attempts - 1):
+            assert deliver().retried == 1
+            make_retries_due(db_engine)
+        process = subprocess.Popen([sys.executable, "-c", _DELIVERY_PROCESS, db_url])
+        try:
+            assert hooks.holding.wait(60)  # the last attempt is at the receiver
+        finally:
+            process.kill()
+            process.wait(30)
+        hooks.release.set()
+        assert len(hooks.bodies) == POLICY.max_attempts
+        make_retries_due(db_engine)  # its lease ends (the hostile clock: moved, not waited)
 
-    deliver()
-    deliver()
+        deliver()
+        deliver()
 
-    assert len(receiver.received) == POLICY.max_attempts, "a POST past the attempt budget"
-    assert job_row(db_engine, job_id).finish_published_at is not None
-    outcomes = deliveries_of(db_engine, job_id)
-    assert [o for o, _ in outcomes] == ["retry"] * (POLICY.max_attempts - 1) + ["gave_up"]
+        assert len(hooks.bodies) == POLICY.max_attempts, "a POST past the attempt budget"
+        assert job_row(db_engine, job_id).finish_published_at is not None
+        outcomes = deliveries_of(db_engine, job_id)
+        assert outcomes[:-1] == [("retry", "http_500")] * (POLICY.max_attempts - 1)
+        assert outcomes[-1] == ("gave_up", webhooks.ATTEMPT_UNRECORDED)
+    finally:
+        hooks.close()
 
 
 def test_a_retry_backs_off_by_the_databases_clock_whatever_the_loops_clock_says(
@@ -248,3 +251,42 @@ def test_a_2xx_with_a_body_past_the_answer_limit_is_an_acknowledgement(
         assert chatty.posts == 1
     finally:
         chatty.close()
+
+
+def test_a_record_refused_once_is_written_on_a_later_try_not_sent_again(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,  # noqa: F811
+    deliver: Deliver,  # noqa: F811
+) -> None:
+    """The receiver acknowledges; the database refuses that attempt's record once (a
+    blip). The run tries the record again while the claim is still its own: the webhook
+    is closed as delivered by this run, at one POST. Dropped, it stayed owed, was POSTed
+    again when its lease ended, and an attempt of its budget was spent on nothing."""
+    tenant, _ = make_tenant("acme")
+    job_id = finished_job(db_engine, tenant, receiver.url())
+    with db_engine.begin() as conn:
+        conn.execute(text("CREATE SEQUENCE public.attack1_records"))
+        conn.execute(
+            text(
+                "CREATE FUNCTION public.attack1_refuse_once() RETURNS trigger "
+                "LANGUAGE plpgsql AS $$BEGIN "
+                "IF nextval('public.attack1_records') = 1 THEN "
+                "RAISE EXCEPTION 'the database went away'; END IF; "
+                "RETURN NEW; END$$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER attack1_refuse_once BEFORE INSERT ON "
+                "scraping.webhook_deliveries FOR EACH ROW "
+                "EXECUTE FUNCTION public.attack1_refuse_once()"
+            )
+        )
+
+    report = deliver()
+
+    assert (report.claimed, report.delivered) == (1, 1)
+    assert deliveries_of(db_engine, job_id) == [("delivered", None)]
+    assert job_row(db_engine, job_id).finish_published_at is not None
+    assert len(receiver.received) == 1
