@@ -261,10 +261,12 @@ class Fetcher:
                 redirect_slots.release()
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str] | None = None) -> FetchResult:
-        """POST `body` to `url` under the same address check, timeout, deadline and body
-        limit as `fetch`. Redirects are not followed (the answer is returned as it is): a
-        callback that moved is the receiver's to fix, and a redirect must not turn a POST
-        into a request to somewhere else."""
+        """POST `body` to `url` under the same address check, timeout and deadline as
+        `fetch`. Redirects are not followed (the answer is returned as it is): a callback
+        that moved is the receiver's to fix, and a redirect must not turn a POST into a
+        request to somewhere else. The answer's status is what counts: its body is read
+        up to the policy's limit and cut there (the connection then closed, not reused),
+        never a `body_too_large` failure of an answer that was given."""
         target = _checked_url(url, what="url")
         timeout = self.policy.timeout_seconds
 
@@ -277,7 +279,7 @@ class Fetcher:
                 allow_redirects=False,
                 stream=True,
             )
-            return _read_answer(response, self.policy, None, deadline, started)
+            return _read_answer(response, self.policy, None, deadline, started, cut=True)
 
         return self._guarded(send)
 
@@ -366,11 +368,15 @@ def _read_answer(
     should_stop: Callable[[], bool] | None,
     deadline: _Deadline,
     started: float,
+    *,
+    cut: bool = False,
 ) -> FetchResult:
+    """The answer, its body read whole; past `policy.max_body_bytes` a `body_too_large`
+    error, or with `cut` the bytes up to the limit (the rest unread)."""
     with response:
         # A length that does not parse is no length: the body is still cut at the limit.
         declared = parse_content_length(response.headers.get("content-length"))
-        if declared is not None and declared > policy.max_body_bytes:
+        if declared is not None and declared > policy.max_body_bytes and not cut:
             raise FetchError(
                 "body_too_large",
                 f"Content-Length {declared} exceeds the limit of {policy.max_body_bytes} bytes",
@@ -386,14 +392,20 @@ def _read_answer(
                 chunk = response.raw.read1(_READ_CHUNK_BYTES, decode_content=True)
                 if not chunk:
                     break
-                size += len(chunk)
-                if size > policy.max_body_bytes:
+                over = size + len(chunk) > policy.max_body_bytes
+                if over and not cut:
                     raise FetchError(
                         "body_too_large",
                         f"body exceeds the limit of {policy.max_body_bytes} bytes",
                     )
+                if over:
+                    # Cut: the rest is left unread (closing the response drops the connection).
+                    chunk = chunk[: policy.max_body_bytes - size]
+                size += len(chunk)
                 digest.update(chunk)
                 body.write(chunk)
+                if over:
+                    break
             if deadline.expired:
                 # The watchdog's shutdown reads as the end of a body that has no length.
                 raise FetchError(

@@ -9,8 +9,10 @@ through the Fetcher — the same SSRF guard, timeout and deadline as the scraper
 fetches — and records each attempt, one by one, for the finish it announced: a 2xx
 closes the delivery, anything else (an exception included: one receiver's malformed answer
 is its own delivery's failure, never the run's) is retried after a backoff with full
-jitter until `max_attempts`, when it is given up (recorded, and closed). A refused or
-malformed callback address is given up at once: no packet is ever sent to it.
+jitter until `max_attempts`, when it is given up (recorded, and closed). A delivery
+claimed again past `max_attempts` (its last attempt sent, its record lost) is given up
+unsent. A refused or malformed callback address is given up at once: no packet is ever
+sent to it.
 
 Signed as Standard Webhooks 1.0 (signing.py; docs/integration.md, "Verifying a
 webhook"), with the tenant's secret and, for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS after a
@@ -29,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
@@ -45,10 +47,17 @@ _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
 # The error class of a delivery that failed in a way the fetcher does not classify (an
 # answer a library choked on, or a bug): retried with backoff like any other failure.
 DELIVERY_ERROR = "delivery_error"
+# The error class of a delivery claimed past its budget: the budget's last attempt was
+# POSTed and its outcome never recorded (the run killed, or the database gone between the
+# POST and its record), so its lease ended and the next claim counted one attempt more.
+# Nothing is sent for it; the delivery is given up.
+ATTEMPT_UNRECORDED = "attempt_unrecorded"
 _MAX_DETAIL_CHARS = 300
 # While deliveries are in flight, how often the loop looks for newly due ones (another
 # tenant's, or one whose turn came) even if no slot has freed.
 IDLE_POLL_SECONDS = 0.2
+# How often an outcome whose record failed is tried again, while its claim lasts.
+RECORD_RETRY_SECONDS = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +218,26 @@ class _Claimed:
 
 
 @dataclass(frozen=True)
+class _Unrecorded:
+    """An outcome whose record failed, kept to be tried again until `lease_ends` (then
+    another run may claim the delivery and send it again, which at-least-once allows)."""
+
+    job: _Claimed
+    attempt: _Attempt
+    lease_ends: float
+    retry_at: float
+
+
+@dataclass(frozen=True)
 class _Attempt:
     outcome: str  # delivered | retry | gave_up
     http_status: int | None
     error_class: str | None
     error_detail: str | None
     duration_ms: int
-    next_attempt_at: datetime | None
+    # Seconds from the record to the retry, added to the database's clock (the one the
+    # claim reads): a due time on this host's clock moves with its skew.
+    retry_in_seconds: float | None
 
 
 def run_deliveries(
@@ -237,44 +259,78 @@ def run_deliveries(
     report = DeliveryReport()
     started = time.monotonic()
     in_flight: dict[Future[_Attempt], _Claimed] = {}
+    # A claim that failed ends the claiming; the run raises it once the deliveries in
+    # flight are recorded (raised at once, their answers were dropped: each POSTed again
+    # when its lease ended, an attempt of its budget spent on nothing).
+    claim_error: Exception | None = None
+    # When each delivery in flight was claimed until (monotonic), by job.
+    lease_ends: dict[uuid.UUID, float] = {}
+    # Outcomes whose record failed (the database blipped): dropped, each was POSTed again
+    # once its lease ended, an attempt of its budget spent on nothing.
+    unrecorded: list[_Unrecorded] = []
     with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
         while True:
-            claiming = not (stop is not None and stop.is_set()) and (
-                time.monotonic() - started < options.max_run_duration_seconds
+            claiming = (
+                claim_error is None
+                and not (stop is not None and stop.is_set())
+                and time.monotonic() - started < options.max_run_duration_seconds
             )
             claimed: list[_Claimed] = []
             free = options.concurrency - len(in_flight)
             if claiming and free > 0:
                 busy = Counter(job.tenant_id for job in in_flight.values())
-                claimed = _claim(
-                    engine,
-                    min(free, options.batch_size),
-                    policy.lease_seconds,
-                    options.per_tenant,
-                    busy,
-                    policy.secret_overlap_seconds,
-                )
+                try:
+                    claimed = _claim(
+                        engine,
+                        min(free, options.batch_size),
+                        policy.lease_seconds,
+                        options.per_tenant,
+                        busy,
+                        policy.secret_overlap_seconds,
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "webhook claim failed; recording the %d deliveries in flight, then "
+                        "ending the run",
+                        len(in_flight),
+                        exc_info=True,
+                    )
+                    claim_error, claiming = exc, False
                 report.claimed += len(claimed)
+                lease_end = time.monotonic() + policy.lease_seconds
                 for job in claimed:
                     future = pool.submit(_deliver, fetcher, policy, job, rng, clock)
                     in_flight[future] = job
-            if not in_flight:
+                    lease_ends[job.id] = lease_end
+            if not in_flight and not unrecorded:
                 break  # nothing due that this loop may take, nothing in flight
-            # A slot freed, or a while to look for what fell due (or a tenant's turn).
-            done, _ = wait(
-                in_flight,
-                timeout=None if not claiming else IDLE_POLL_SECONDS,
-                return_when=FIRST_COMPLETED,
-            )
-            if not done:
-                continue
+            done: set[Future[_Attempt]] = set()
+            if in_flight:
+                # A slot freed, or a while to look for what fell due (or a tenant's turn),
+                # or to try a failed record again.
+                done, _ = wait(
+                    in_flight,
+                    timeout=IDLE_POLL_SECONDS if claiming or unrecorded else None,
+                    return_when=FIRST_COMPLETED,
+                )
+            else:
+                time.sleep(max(0.0, min(u.retry_at for u in unrecorded) - time.monotonic()))
+            now = time.monotonic()
+            settling = [u for u in unrecorded if u.retry_at <= now]
+            unrecorded = [u for u in unrecorded if u.retry_at > now]
             for future in done:
                 # _deliver never raises: whatever went wrong is that delivery's outcome.
-                job, attempt = in_flight.pop(future), future.result()
+                job = in_flight.pop(future)
+                settling.append(_Unrecorded(job, future.result(), lease_ends.pop(job.id), now))
+            for item in settling:
+                job, attempt = item.job, item.attempt
                 # One by one, each in its own transaction: one delivery's record cannot
-                # take the others' down with it (an unrecorded one is sent again when its
-                # lease ends, which at-least-once allows).
-                if not _record(engine, job, attempt):
+                # take the others' down with it.
+                recorded = _record(engine, job, attempt)
+                if recorded is None and time.monotonic() < item.lease_ends:
+                    retry_at = time.monotonic() + RECORD_RETRY_SECONDS
+                    unrecorded.append(_Unrecorded(job, attempt, item.lease_ends, retry_at))
+                if not recorded:
                     continue
                 if attempt.outcome == "delivered":
                     report.delivered += 1
@@ -286,6 +342,8 @@ def run_deliveries(
                     report.by_error_class[attempt.error_class] = (
                         report.by_error_class.get(attempt.error_class, 0) + 1
                     )
+    if claim_error is not None:
+        raise claim_error
     return report
 
 
@@ -333,10 +391,18 @@ def _deliver(
     """One delivery and its outcome. Never raises: an answer no library expected (a
     `Content-Length: ²`) or a bug of ours is this delivery's failed attempt, retried
     with backoff up to the cap like any other, and never the run's end."""
+    detail: str | None
+    if job.number > policy.max_attempts:
+        # Sending it would be a POST past the budget the receiver was promised.
+        detail = (
+            f"claimed as attempt {job.number} of {policy.max_attempts}: the last was sent "
+            "and its outcome never recorded (or the budget was lowered); nothing more is sent"
+        )
+        return _Attempt("gave_up", None, ATTEMPT_UNRECORDED, detail, 0, None)
     started = time.monotonic()
     http_status: int | None = None
     error_class: str | None = None
-    detail: str | None = None
+    detail = None
     try:
         body = webhook_body(job.id, job.status, job.finished_at)
         msg_id = signing.event_id(job.id, job.status, job.finished_at)
@@ -358,8 +424,7 @@ def _deliver(
     if error_class in _GIVE_UP_AT_ONCE or job.number >= policy.max_attempts:
         return _Attempt("gave_up", http_status, error_class, detail, duration_ms, None)
     delay = backoff_delay(job.number, policy.retry_policy(), rng)
-    due = datetime.now(UTC) + timedelta(seconds=delay)
-    return _Attempt("retry", http_status, error_class, detail, duration_ms, due)
+    return _Attempt("retry", http_status, error_class, detail, duration_ms, delay)
 
 
 def _printable(text: str) -> str:
@@ -369,11 +434,12 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
-    """One delivery's outcome in its own transaction; False when it was not recorded.
-    Written only for the finish it announced (the job's `finished_at`, which the webhook
-    carries): a job requeued and finished again meanwhile owes its new finish a delivery
-    of its own, whatever this one's answer was."""
+def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool | None:
+    """One delivery's outcome in its own transaction: True when recorded, False when the
+    delivery is no longer this attempt's, None when the record failed (worth another
+    try while the claim lasts). Written only for the finish it announced (the job's
+    `finished_at`, which the webhook carries): a job requeued and finished again meanwhile
+    owes its new finish a delivery of its own, whatever this one's answer was."""
     try:
         with engine.begin() as conn:
             recorded = conn.execute(
@@ -389,17 +455,17 @@ def _record(engine: Engine, job: _Claimed, attempt: _Attempt) -> bool:
                     "error_class": attempt.error_class,
                     "error_detail": attempt.error_detail,
                     "duration_ms": attempt.duration_ms,
-                    "next_attempt_at": attempt.next_attempt_at,
+                    "retry_in_seconds": attempt.retry_in_seconds,
                 },
             ).one_or_none()
     except Exception:
         log.warning(
-            "webhook of job %s: attempt %d not recorded (sent again once its lease ends)",
+            "webhook of job %s: attempt %d not recorded (tried again while its claim lasts)",
             job.id,
             job.number,
             exc_info=True,
         )
-        return False
+        return None
     if recorded is None:
         log.info(
             "webhook of job %s: finished again meanwhile, attempt %d not recorded",

@@ -65,22 +65,24 @@ RETURNING j.id, j.tenant_id, j.callback_url, j.status, j.finished_at, j.webhook_
 -- alone, even once it has finished again with the same status and its new delivery has
 -- reached the same attempt number (finished_at, which the webhook carries, tells the two
 -- finishes apart). Delivered or given up closes the delivery (finish_published_at), a
--- retry sets when it is due again.
+-- retry sets when it is due again: :retry_in_seconds from now() on this clock, the one
+-- the claim reads (a due time computed on the loop's host would move with its skew).
 WITH job AS (
     UPDATE scraping.jobs
     SET finish_published_at = CASE WHEN :outcome IN ('delivered', 'gave_up') THEN now() END,
-        webhook_next_attempt_at = CAST(:next_attempt_at AS timestamptz)
+        webhook_next_attempt_at =
+            now() + make_interval(secs => CAST(:retry_in_seconds AS double precision))
     WHERE id = :job_id AND webhook_attempts = :number AND finish_published_at IS NULL
       AND status = :job_status
       AND finished_at IS NOT DISTINCT FROM CAST(:finished_at AS timestamptz)
-    RETURNING id
+    RETURNING id, webhook_next_attempt_at
 )
 INSERT INTO scraping.webhook_deliveries (
     job_id, number, job_status, url, outcome, http_status, error_class, error_detail,
     duration_ms, next_attempt_at
 )
 SELECT id, :number, :job_status, :url, :outcome, :http_status, :error_class,
-       :error_detail, :duration_ms, CAST(:next_attempt_at AS timestamptz)
+       :error_detail, :duration_ms, webhook_next_attempt_at
 FROM job
 RETURNING job_id
 
