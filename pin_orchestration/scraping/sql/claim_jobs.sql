@@ -99,8 +99,9 @@ DECLARE
     v_concurrency integer;
     v_tokens double precision;
     v_running integer;
-    v_job_id uuid;
-    v_tag double precision;
+    v_head record;
+    v_start double precision;
+    kt integer;
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
@@ -118,6 +119,19 @@ DECLARE
     dc_blocked timestamptz[] := '{}';
     dc_running integer[] := '{}';
     dc_picks integer[] := '{}';
+    -- the tenants this call started jobs of or looked at, per class: their start-tag
+    -- state (scraping.tenant_starts) as this call left it, and their picks here
+    tc_class integer[] := '{}';
+    tc_tenant uuid[] := '{}';
+    tc_vtime double precision[] := '{}';
+    tc_step double precision[] := '{}';
+    tc_picks integer[] := '{}';
+    -- the flow change not yet written (always of the queue of the queue change)
+    pf_domain text;
+    pf_priority text;
+    pf_tenant uuid;
+    pf_delete boolean;
+    pf_key double precision;
     -- the queue change not yet written (written by the next probe, or at the end)
     pq_domain text;
     pq_priority text;
@@ -204,6 +218,17 @@ BEGIN
             ), delete_queue AS (
                 DELETE FROM scraping.domain_queues q
                 WHERE q.domain = pq_domain AND q.priority = pq_priority AND pq_delete
+            ), delete_queue_flows AS (
+                DELETE FROM scraping.domain_flows f
+                WHERE f.domain = pq_domain AND f.priority = pq_priority AND pq_delete
+            ), write_flow AS (
+                UPDATE scraping.domain_flows f SET key = pf_key
+                WHERE f.domain = pf_domain AND f.priority = pf_priority
+                  AND f.tenant_id = pf_tenant AND NOT pf_delete
+            ), delete_flow AS (
+                DELETE FROM scraping.domain_flows f
+                WHERE f.domain = pf_domain AND f.priority = pf_priority
+                  AND f.tenant_id = pf_tenant AND pf_delete
             )
             -- The queue is locked first and its domain's row after it (LATERAL): a queue
             -- another claimer holds is passed over at the cost of its own row, and the
@@ -244,6 +269,7 @@ BEGIN
             -- the change is written
             pq_domain := NULL;
             pq_priority := NULL;
+            pf_domain := NULL;
             IF v_found AND NOT v_probe.domain_locked THEN
                 v_holds_locks := true;
                 v_domains_taken := v_domains_taken || v_probe.domain;
@@ -356,24 +382,55 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- 4. the domain's due job with the smallest tag, never one asked to cancel, and
-            -- the tag the queue's head has once it is picked
-            SELECT h.id, h.fair_tag,
-                   (SELECT j.fair_tag FROM scraping.jobs j
-                    WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                      AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
-                    ORDER BY j.fair_tag, j.id
-                    LIMIT 1)
-            INTO v_job_id, v_tag, v_next
-            FROM (
-                SELECT j.id, j.fair_tag FROM scraping.jobs j
+            -- 4. the tenant: the queue's flow with the smallest key that has a due job
+            -- (never one asked to cancel), that tenant's first such job here (its line
+            -- order, fair_tag), and what the queue and the flow hold once it is picked. A
+            -- flow whose tenant has no due job here is stepped over (nested loop in key
+            -- order, ix_domain_flows_pick, then ix_jobs_domain_head).
+            SELECT f.tenant_id, f.key, h.id,
+                   EXISTS (SELECT 1 FROM scraping.jobs j
+                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                             AND j.tenant_id = f.tenant_id AND j.status = 'queued'
+                             AND j.id <> ALL (picked) AND j.id <> h.id) AS tenant_more,
+                   EXISTS (SELECT 1 FROM scraping.jobs j
+                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                             AND j.tenant_id = f.tenant_id AND j.status = 'queued'
+                             AND j.next_attempt_at <= v_now AND j.cancel_requested_at IS NULL
+                             AND j.id <> ALL (picked) AND j.id <> h.id) AS tenant_more_due,
+                   EXISTS (SELECT 1 FROM scraping.jobs j
+                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                             AND j.status = 'queued'
+                             AND j.id <> ALL (picked) AND j.id <> h.id) AS queue_more,
+                   -- the smallest key among the queue's other flows with a due job
+                   (SELECT f2.key FROM scraping.domain_flows f2
+                    WHERE f2.domain = v_qdomain AND f2.priority = c_name[ci]
+                      AND f2.tenant_id <> f.tenant_id
+                      AND EXISTS (SELECT 1 FROM scraping.jobs j
+                                  WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                                    AND j.tenant_id = f2.tenant_id AND j.status = 'queued'
+                                    AND j.next_attempt_at <= v_now
+                                    AND j.cancel_requested_at IS NULL
+                                    AND j.id <> ALL (picked))
+                    ORDER BY f2.key, f2.tenant_id
+                    LIMIT 1) AS others_head,
+                   (SELECT s.vtime FROM scraping.tenant_starts s
+                    WHERE s.priority = c_name[ci] AND s.tenant_id = f.tenant_id) AS started,
+                   (SELECT t.weight FROM scraping.tenants t WHERE t.id = f.tenant_id) AS weight
+            INTO v_head
+            FROM scraping.domain_flows f
+            CROSS JOIN LATERAL (
+                SELECT j.id FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                  AND j.tenant_id = f.tenant_id
                   AND j.status = 'queued' AND j.next_attempt_at <= v_now
                   AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
                 ORDER BY j.fair_tag, j.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED
-            ) h;
+            ) h
+            WHERE f.domain = v_qdomain AND f.priority = c_name[ci]
+            ORDER BY f.key, f.tenant_id
+            LIMIT 1;
             IF NOT FOUND THEN
                 SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
@@ -395,22 +452,87 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
+            -- The tenant's start tag now: its last start's finish or the class clock. The
+            -- flow's key may be behind it (the tenant started jobs on other domains since),
+            -- and the queue's head behind the flow (a flow with no due job held it down).
+            -- The job is picked when its tenant's start tag is at or below every bound
+            -- known: the flow's key (so the queue's other due flows, at or above it, wait),
+            -- and the queue's head (so every other queue, at or above it, waits): start-time
+            -- fair queuing by jobs started, exact. Otherwise the flow takes its tenant's
+            -- start tag, the queue its due flows' smallest key as head, and the probe runs
+            -- again. Each such round raises a flow to its tenant's tag or a head to a due
+            -- flow's key, so the rounds end; they are paid by the tenants that ran ahead
+            -- on other domains, not per tenant or per domain.
+            kt := NULL;
+            FOR k2 IN 1..cardinality(tc_tenant) LOOP
+                IF tc_tenant[k2] = v_head.tenant_id AND tc_class[k2] = ci THEN
+                    kt := k2;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF kt IS NULL THEN
+                tc_class := tc_class || ci;
+                tc_tenant := tc_tenant || v_head.tenant_id;
+                tc_vtime := tc_vtime || coalesce(v_head.started, 0);
+                tc_step := tc_step || 1.0 / v_head.weight;
+                tc_picks := tc_picks || 0;
+                kt := cardinality(tc_tenant);
+            END IF;
+            v_start := greatest(tc_vtime[kt], c_tclock[ci]);
+            IF v_start > v_head.key OR v_start > v_qhead THEN
+                pq_domain := v_qdomain;
+                pq_priority := c_name[ci];
+                pq_delete := false;
+                pq_head := least(greatest(v_start, v_head.key),
+                                 coalesce(v_head.others_head, 'Infinity'));
+                pq_ready := true;
+                pq_waiting_for := NULL;
+                pq_wake_at := NULL;
+                IF v_start > v_head.key THEN
+                    pf_domain := v_qdomain;
+                    pf_priority := c_name[ci];
+                    pf_tenant := v_head.tenant_id;
+                    pf_delete := false;
+                    pf_key := v_start;
+                END IF;
+                CONTINUE domains;
+            END IF;
+
             -- The pick: spend the domain's token and connection (written at the end),
-            -- advance both clocks. The jobs are claimed together at the end, each stamped
-            -- with its pick's moment.
-            picked := picked || v_job_id;
+            -- advance the tenant's start tag and both clocks. The jobs are claimed
+            -- together at the end, each stamped with its pick's moment.
+            picked := picked || v_head.id;
             picked_at := picked_at || v_now;
             n_picked := n_picked + 1;
             v_tokens := v_tokens - 1;
             dc_tokens[k] := v_tokens;
             dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
             dc_picks[k] := dc_picks[k] + 1;
+            tc_vtime[kt] := v_start + tc_step[kt];
+            tc_picks[kt] := tc_picks[kt] + 1;
+            -- The flow keeps the tenant's new start tag, or goes with its last job here.
+            pf_domain := v_qdomain;
+            pf_priority := c_name[ci];
+            pf_tenant := v_head.tenant_id;
+            pf_delete := NOT v_head.tenant_more;
+            pf_key := tc_vtime[kt];
+            -- The queue's next head: its due flows' smallest key (a flow without a due
+            -- job does not hold it down; the queue waits for a due time only when none
+            -- is due, step 4's NOT FOUND).
+            v_next := NULL;
+            IF v_head.queue_more THEN
+                v_next := coalesce(
+                    least(CASE WHEN v_head.tenant_more_due THEN tc_vtime[kt] END,
+                          v_head.others_head),
+                    tc_vtime[kt]);
+            END IF;
 
             IF v_next IS NULL THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
                 pq_delete := true;
                 pq_ready := false;
+                pf_domain := NULL;
             ELSIF v_tokens < 1 THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
@@ -437,7 +559,10 @@ BEGIN
                 pq_wake_at := NULL;
             END IF;
 
-            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
+            -- The class clock: the smallest head a pick was made at. Every queue's head is
+            -- at or below its tenants' start tags, so the clock never passes a tenant with
+            -- claimable work; a tenant coming back starts from it (no credit for idling).
+            c_tclock[ci] := greatest(c_tclock[ci], v_qhead);
             v_clock := greatest(c_finish[ci], v_clock);
             c_start[ci] := v_clock;
             c_finish[ci] := v_clock + c_step[ci];
@@ -445,11 +570,25 @@ BEGIN
         END LOOP domains;
     END LOOP picks;
 
-    -- the last queue change, and the token spends of every domain picked from
+    -- the last queue and flow change, the token spends of every domain picked from, the
+    -- start tags of every tenant started
+    IF pf_domain IS NOT NULL THEN
+        IF pf_delete THEN
+            DELETE FROM scraping.domain_flows f
+            WHERE f.domain = pf_domain AND f.priority = pf_priority
+              AND f.tenant_id = pf_tenant;
+        ELSE
+            UPDATE scraping.domain_flows f SET key = pf_key
+            WHERE f.domain = pf_domain AND f.priority = pf_priority
+              AND f.tenant_id = pf_tenant;
+        END IF;
+    END IF;
     IF pq_domain IS NOT NULL THEN
         IF pq_delete THEN
             DELETE FROM scraping.domain_queues q
             WHERE q.domain = pq_domain AND q.priority = pq_priority;
+            DELETE FROM scraping.domain_flows f
+            WHERE f.domain = pq_domain AND f.priority = pq_priority;
         ELSE
             UPDATE scraping.domain_queues q
             SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
@@ -465,6 +604,29 @@ BEGIN
     FROM unnest(dc_domain, dc_tokens, dc_tokens_at, dc_picks)
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
+
+    -- A tenant's start tag grows by its step per job started here. Another claim may
+    -- have started its jobs meanwhile: its advance is kept and this one's added to it
+    -- (greatest: the class clock may have moved the tag past both). The rows are locked
+    -- in tenant order first, so claims ending together never wait for each other in a
+    -- cycle; a tenant's first start inserts its row.
+    PERFORM 1 FROM scraping.tenant_starts s
+    JOIN unnest(tc_class, tc_tenant, tc_picks) AS u(ci, tenant_id, picks)
+      ON s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id
+    WHERE u.picks > 0
+    ORDER BY s.tenant_id, s.priority
+    FOR UPDATE OF s;
+    UPDATE scraping.tenant_starts s
+    SET vtime = greatest(s.vtime + u.picks * u.step, u.vtime)
+    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_step, tc_picks)
+        AS u(ci, tenant_id, vtime, step, picks)
+    WHERE s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id AND u.picks > 0;
+    INSERT INTO scraping.tenant_starts AS s (priority, tenant_id, vtime)
+    SELECT c_name[u.ci], u.tenant_id, u.vtime
+    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_picks) AS u(ci, tenant_id, vtime, picks)
+    WHERE u.picks > 0
+    ORDER BY u.tenant_id, u.ci
+    ON CONFLICT (priority, tenant_id) DO NOTHING;
 
     -- The class state, unless another claim is writing it right now: then its write
     -- stands (both continued the sequence from the same state), and this claim never
