@@ -3,22 +3,33 @@
 --
 -- Claim up to p_limit due jobs for worker p_worker: each gets a lease (from
 -- clock_timestamp(), the moment it is claimed), its attempt counter and an attempt row.
--- Every pick goes priority class -> the (class, domain) queue with the smallest head tag
--- among domains with room -> that domain's due job with the smallest tag.
+-- Every pick goes priority class -> the (class, domain) queue with the smallest head among
+-- domains with room -> that queue's tenant flow with the smallest key -> that tenant's
+-- first due job there (its line order, fair_tag).
 --
 -- 1. Class: start-time fair queuing over the classes with shares 6:3:1, state in
 --    scraping.pick_classes (as in 0007): with all three backlogged every window of ten picks
 --    is exactly 6 high, 3 normal, 1 low; a class with nothing claimable is passed over and,
 --    when it comes back, starts at the clock (no banked credit).
--- 2. Tenant: decided at write time. A job entering the queue takes its tenant's next start
---    tag in its class (trigger jobs_fair_tag: max(tenant's last finish, class clock), then
---    the tenant's finish grows by 1/weight). Picking the smallest tag is weighted fair
---    queuing by jobs started; an idle tenant comes back at the clock, i.e. first in line.
+-- 2. Tenant: start-time fair queuing by jobs *started* (migration 0027). A tenant's start
+--    tag in a class is its last start's finish (scraping.tenant_starts) or the class clock
+--    (pick_classes.tenant_clock), whichever is later; a start advances it by 1/weight.
+--    Nothing is spent at intake, so jobs waiting on a paused or full domain, or for their
+--    due time, neither cost their tenant a turn nor bank one. The pick starts the job of the
+--    tenant with the smallest start tag among those with a due job in a domain with room:
+--    queue heads and flow keys are lower bounds of their tenants' start tags (tags only
+--    grow), and a job is started only when its tenant's tag is at or below both its flow's
+--    key (the queue's other flows wait) and the queue's head (every other queue waits).
+--    Otherwise the flow takes its tenant's tag, the queue its due flows' smallest key, and
+--    the probe runs again (step 4). The class clock is the largest start tag picked:
+--    never past any tenant with claimable work, and where an idle tenant comes back (no
+--    credit for idling). Bound: over picks in which tenants A and B both have claimable
+--    work, |started_A/w_A - started_B/w_B| <= 1/w_A + 1/w_B.
 -- 3. Domain: scraping.domain_queues holds one row per (domain, class) with queued jobs,
---    its head tag, and whether the domain may have room (`ready`). A domain found without
+--    its head, and whether the domain may have room (`ready`). A domain found without
 --    room (paused, bucket empty, connections full) or without a due job is set aside with
 --    the time to look again (`wake_at`), so it leaves the pick index until then: paused and
---    busy domains cost nothing per pick, however many there are.
+--    busy domains cost nothing per pick, however many there are, and nothing per tenant.
 --
 -- Concurrency: no global lock. A claim locks the domain queue it picks from and the
 -- domain's state row (scraping.domains: token bucket, pause) with FOR UPDATE SKIP LOCKED,
@@ -43,16 +54,21 @@
 --     Every claim that makes a domain's jobs running writes that domain's row before it
 --     commits (its token spend), so a claim that committed after the snapshot left a newer
 --     row version, the lock lands on it, and the count is taken again after the lock.
--- (b) The head: the domain's due job with the smallest tag (locked, SKIP LOCKED) and, in
---     the same statement, the queue's next head tag (ix_jobs_domain_head).
+-- (b) The head: the queue's flow with the smallest key that has a due job, that tenant's
+--     first due job there (locked, SKIP LOCKED; ix_domain_flows_pick, ix_jobs_domain_head),
+--     and in the same statement what the queue's and the flow's next keys need (the
+--     tenant's start tag and weight, its other jobs there, the other flows' smallest key).
+--     A pick writes its flow change with its queue change (the next probe's CTE).
 -- A domain picked from is kept in the call's local state (its bucket, its connections,
 -- its lock): picked again in this call it costs no more lookups. Its token spends are
 -- written once, for every domain at the end (one set-based UPDATE; the rows stay locked
 -- by this transaction until it ends). A cached domain whose connections look full is
 -- counted again before it is set aside (a job may have finished meanwhile). At the end one
 -- UPDATE claims the batch (each job's lease stamped with its pick's clock_timestamp())
--- and one INSERT writes its attempt rows. Nothing here grows with tenants, domains, paused
--- domains or queue depth.
+-- and one INSERT writes its attempt rows; the tenants' start tags are written once too
+-- (locked in tenant order, then one UPDATE and one INSERT). Nothing here grows with
+-- tenants, domains, paused domains or queue depth; a tenant with due jobs on many domains
+-- with room costs a correction per such domain per job it starts (step 2).
 -- A domain's token bucket at p_now: one second's worth (at least 1) when full, refilled at
 -- p_rps since it was last spent. Also what a redirect hop spends (redirect_slots.sql).
 CREATE OR REPLACE FUNCTION scraping.domain_tokens(
@@ -388,19 +404,14 @@ BEGIN
             -- flow whose tenant has no due job here is stepped over (nested loop in key
             -- order, ix_domain_flows_pick, then ix_jobs_domain_head).
             SELECT f.tenant_id, f.key, h.id,
-                   EXISTS (SELECT 1 FROM scraping.jobs j
-                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                             AND j.tenant_id = f.tenant_id AND j.status = 'queued'
-                             AND j.id <> ALL (picked) AND j.id <> h.id) AS tenant_more,
-                   EXISTS (SELECT 1 FROM scraping.jobs j
-                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                             AND j.tenant_id = f.tenant_id AND j.status = 'queued'
-                             AND j.next_attempt_at <= v_now AND j.cancel_requested_at IS NULL
-                             AND j.id <> ALL (picked) AND j.id <> h.id) AS tenant_more_due,
-                   EXISTS (SELECT 1 FROM scraping.jobs j
-                           WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                             AND j.status = 'queued'
-                             AND j.id <> ALL (picked) AND j.id <> h.id) AS queue_more,
+                   h.tenant_more,
+                   -- (CASE: the other jobs are looked for only when the tenant has none)
+                   CASE WHEN h.tenant_more THEN true
+                        ELSE EXISTS (SELECT 1 FROM scraping.jobs j
+                                     WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                                       AND j.status = 'queued'
+                                       AND j.id <> ALL (picked) AND j.id <> h.id)
+                   END AS queue_more,
                    -- the smallest key among the queue's other flows with a due job
                    (SELECT f2.key FROM scraping.domain_flows f2
                     WHERE f2.domain = v_qdomain AND f2.priority = c_name[ci]
@@ -419,14 +430,19 @@ BEGIN
             INTO v_head
             FROM scraping.domain_flows f
             CROSS JOIN LATERAL (
-                SELECT j.id FROM scraping.jobs j
+                SELECT j.id,
+                       EXISTS (SELECT 1 FROM scraping.jobs j2
+                               WHERE j2.domain = v_qdomain AND j2.priority = c_name[ci]
+                                 AND j2.tenant_id = f.tenant_id AND j2.status = 'queued'
+                                 AND j2.id <> ALL (picked) AND j2.id <> j.id) AS tenant_more
+                FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
                   AND j.tenant_id = f.tenant_id
                   AND j.status = 'queued' AND j.next_attempt_at <= v_now
                   AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
                 ORDER BY j.fair_tag, j.id
                 LIMIT 1
-                FOR UPDATE SKIP LOCKED
+                FOR UPDATE OF j SKIP LOCKED
             ) h
             WHERE f.domain = v_qdomain AND f.priority = c_name[ci]
             ORDER BY f.key, f.tenant_id
@@ -516,13 +532,15 @@ BEGIN
             pf_tenant := v_head.tenant_id;
             pf_delete := NOT v_head.tenant_more;
             pf_key := tc_vtime[kt];
-            -- The queue's next head: its due flows' smallest key (a flow without a due
-            -- job does not hold it down; the queue waits for a due time only when none
-            -- is due, step 4's NOT FOUND).
+            -- The queue's next head: the smallest key of its flows with a due job (this
+            -- tenant's counted when it has any job left here: if none is due, the next
+            -- look raises the head past it; a flow without a due job never holds the
+            -- head down, and the queue waits for a due time only when none is due, step
+            -- 4's NOT FOUND).
             v_next := NULL;
             IF v_head.queue_more THEN
                 v_next := coalesce(
-                    least(CASE WHEN v_head.tenant_more_due THEN tc_vtime[kt] END,
+                    least(CASE WHEN v_head.tenant_more THEN tc_vtime[kt] END,
                           v_head.others_head),
                     tc_vtime[kt]);
             END IF;
@@ -559,10 +577,10 @@ BEGIN
                 pq_wake_at := NULL;
             END IF;
 
-            -- The class clock: the smallest head a pick was made at. Every queue's head is
-            -- at or below its tenants' start tags, so the clock never passes a tenant with
-            -- claimable work; a tenant coming back starts from it (no credit for idling).
-            c_tclock[ci] := greatest(c_tclock[ci], v_qhead);
+            -- The class clock: the largest start tag picked. A job is started only at or
+            -- below every bound, so the clock never passes a tenant with claimable work;
+            -- a tenant coming back starts from it (no credit for idling).
+            c_tclock[ci] := greatest(c_tclock[ci], v_start);
             v_clock := greatest(c_finish[ci], v_clock);
             c_start[ci] := v_clock;
             c_finish[ci] := v_clock + c_step[ci];
