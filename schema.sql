@@ -195,54 +195,47 @@ CREATE FUNCTION scraping.advance_job_updated_at() RETURNS trigger
         $$;
 
 --
--- Name: announce_queued_jobs(text, text, uuid, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
+-- Name: announce_queued_jobs(text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
 --
 
-CREATE FUNCTION scraping.announce_queued_jobs(p_domain text, p_priority text, p_tenant_id uuid, p_due_at timestamp with time zone) RETURNS void
+CREATE FUNCTION scraping.announce_queued_jobs(p_domain text, p_priority text, p_head_tag double precision, p_due_at timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     v_blocked timestamptz;
-    v_key double precision := scraping.tenant_start_tag(p_tenant_id, p_priority);
 BEGIN
-    -- The common case writes no queue: a queue that already sorts at or before this
-    -- tenant and is not waiting for a later due time. Read under a KEY SHARE lock: a claim
-    -- holding the queue (FOR UPDATE) may be about to delete it and its flows (it took the
-    -- last job it saw) or set it aside until a later due time, so this waits for that
-    -- claim and reads what it left; read without the lock, the jobs were announced to a
-    -- queue the claim then deleted, and were never claimed again (migration 0020).
+    -- The common case writes nothing: a queue that already sorts at or before these jobs
+    -- and is not waiting for a later due time. Read under a KEY SHARE lock: a claim
+    -- holding the queue (FOR UPDATE) may be about to delete it (it took the last job it
+    -- saw) or set it aside until a later due time, so this waits for that claim and reads
+    -- what it left; read without the lock, the jobs were announced to a queue the claim
+    -- then deleted, and were never claimed again (migration 0020).
     PERFORM 1 FROM scraping.domain_queues q
     WHERE q.domain = p_domain AND q.priority = p_priority
-      AND q.head_tag <= v_key
+      AND q.head_tag <= p_head_tag
       AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at)
     FOR KEY SHARE;
-    IF NOT FOUND THEN
-        INSERT INTO scraping.domains (domain) VALUES (p_domain)
-        ON CONFLICT (domain) DO NOTHING;
-        SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
-        WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
-        INSERT INTO scraping.domain_queues AS q
-            (domain, priority, head_tag, ready, waiting_for, wake_at)
-        SELECT p_domain, p_priority, v_key, s.waiting_for IS NULL,
-               s.waiting_for, s.wake_at
-        FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
-                          WHEN p_due_at > clock_timestamp() THEN 'due'
-                     END AS waiting_for,
-                     coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
-                                              THEN p_due_at END) AS wake_at) s
-        ON CONFLICT (domain, priority) DO UPDATE
-        SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
-            wake_at = CASE WHEN q.waiting_for = 'due'
-                           THEN least(q.wake_at, p_due_at)
-                           ELSE q.wake_at END;
+    IF FOUND THEN
+        RETURN;
     END IF;
-    -- The flow, made once the queue is held (KEY SHARE or the upsert's lock): a claim that
-    -- deleted the tenant's flow (it took the tenant's last job it saw) has committed, so
-    -- this sees the delete and makes the flow again. An existing flow is left as it is
-    -- (not locked: a claim updates flows while holding their queue).
-    INSERT INTO scraping.domain_flows (domain, priority, tenant_id, key)
-    VALUES (p_domain, p_priority, p_tenant_id, v_key)
-    ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
+    INSERT INTO scraping.domains (domain) VALUES (p_domain)
+    ON CONFLICT (domain) DO NOTHING;
+    SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+    WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
+    INSERT INTO scraping.domain_queues AS q
+        (domain, priority, head_tag, ready, waiting_for, wake_at)
+    SELECT p_domain, p_priority, p_head_tag, s.waiting_for IS NULL,
+           s.waiting_for, s.wake_at
+    FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                      WHEN p_due_at > clock_timestamp() THEN 'due'
+                 END AS waiting_for,
+                 coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
+                                          THEN p_due_at END) AS wake_at) s
+    ON CONFLICT (domain, priority) DO UPDATE
+    SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+        wake_at = CASE WHEN q.waiting_for = 'due'
+                       THEN least(q.wake_at, p_due_at)
+                       ELSE q.wake_at END;
 END
 $$;
 
@@ -359,9 +352,8 @@ DECLARE
     v_concurrency integer;
     v_tokens double precision;
     v_running integer;
-    v_head record;
-    v_start double precision;
-    kt integer;
+    v_job_id uuid;
+    v_tag double precision;
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
@@ -379,19 +371,6 @@ DECLARE
     dc_blocked timestamptz[] := '{}';
     dc_running integer[] := '{}';
     dc_picks integer[] := '{}';
-    -- the tenants this call started jobs of or looked at, per class: their start-tag
-    -- state (scraping.tenant_starts) as this call left it, and their picks here
-    tc_class integer[] := '{}';
-    tc_tenant uuid[] := '{}';
-    tc_vtime double precision[] := '{}';
-    tc_step double precision[] := '{}';
-    tc_picks integer[] := '{}';
-    -- the flow change not yet written (always of the queue of the queue change)
-    pf_domain text;
-    pf_priority text;
-    pf_tenant uuid;
-    pf_delete boolean;
-    pf_key double precision;
     -- the queue change not yet written (written by the next probe, or at the end)
     pq_domain text;
     pq_priority text;
@@ -478,17 +457,6 @@ BEGIN
             ), delete_queue AS (
                 DELETE FROM scraping.domain_queues q
                 WHERE q.domain = pq_domain AND q.priority = pq_priority AND pq_delete
-            ), delete_queue_flows AS (
-                DELETE FROM scraping.domain_flows f
-                WHERE f.domain = pq_domain AND f.priority = pq_priority AND pq_delete
-            ), write_flow AS (
-                UPDATE scraping.domain_flows f SET key = pf_key
-                WHERE f.domain = pf_domain AND f.priority = pf_priority
-                  AND f.tenant_id = pf_tenant AND NOT pf_delete
-            ), delete_flow AS (
-                DELETE FROM scraping.domain_flows f
-                WHERE f.domain = pf_domain AND f.priority = pf_priority
-                  AND f.tenant_id = pf_tenant AND pf_delete
             )
             -- The queue is locked first and its domain's row after it (LATERAL): a queue
             -- another claimer holds is passed over at the cost of its own row, and the
@@ -529,7 +497,6 @@ BEGIN
             -- the change is written
             pq_domain := NULL;
             pq_priority := NULL;
-            pf_domain := NULL;
             IF v_found AND NOT v_probe.domain_locked THEN
                 v_holds_locks := true;
                 v_domains_taken := v_domains_taken || v_probe.domain;
@@ -642,55 +609,24 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- 4. the tenant: the queue's flow with the smallest key that has a due job
-            -- (never one asked to cancel), that tenant's first such job here (its line
-            -- order, fair_tag), and what the queue and the flow hold once it is picked. A
-            -- flow whose tenant has no due job here is stepped over (nested loop in key
-            -- order, ix_domain_flows_pick, then ix_jobs_domain_head).
-            SELECT f.tenant_id, f.key, h.id,
-                   h.tenant_more,
-                   -- (CASE: the other jobs are looked for only when the tenant has none)
-                   CASE WHEN h.tenant_more THEN true
-                        ELSE EXISTS (SELECT 1 FROM scraping.jobs j
-                                     WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                                       AND j.status = 'queued'
-                                       AND j.id <> ALL (picked) AND j.id <> h.id)
-                   END AS queue_more,
-                   -- the smallest key among the queue's other flows with a due job
-                   (SELECT f2.key FROM scraping.domain_flows f2
-                    WHERE f2.domain = v_qdomain AND f2.priority = c_name[ci]
-                      AND f2.tenant_id <> f.tenant_id
-                      AND EXISTS (SELECT 1 FROM scraping.jobs j
-                                  WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                                    AND j.tenant_id = f2.tenant_id AND j.status = 'queued'
-                                    AND j.next_attempt_at <= v_now
-                                    AND j.cancel_requested_at IS NULL
-                                    AND j.id <> ALL (picked))
-                    ORDER BY f2.key, f2.tenant_id
-                    LIMIT 1) AS others_head,
-                   (SELECT s.vtime FROM scraping.tenant_starts s
-                    WHERE s.priority = c_name[ci] AND s.tenant_id = f.tenant_id) AS started,
-                   (SELECT t.weight FROM scraping.tenants t WHERE t.id = f.tenant_id) AS weight
-            INTO v_head
-            FROM scraping.domain_flows f
-            CROSS JOIN LATERAL (
-                SELECT j.id,
-                       EXISTS (SELECT 1 FROM scraping.jobs j2
-                               WHERE j2.domain = v_qdomain AND j2.priority = c_name[ci]
-                                 AND j2.tenant_id = f.tenant_id AND j2.status = 'queued'
-                                 AND j2.id <> ALL (picked) AND j2.id <> j.id) AS tenant_more
-                FROM scraping.jobs j
+            -- 4. the domain's due job with the smallest tag, never one asked to cancel, and
+            -- the tag the queue's head has once it is picked
+            SELECT h.id, h.fair_tag,
+                   (SELECT j.fair_tag FROM scraping.jobs j
+                    WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                      AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                    ORDER BY j.fair_tag, j.id
+                    LIMIT 1)
+            INTO v_job_id, v_tag, v_next
+            FROM (
+                SELECT j.id, j.fair_tag FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                  AND j.tenant_id = f.tenant_id
                   AND j.status = 'queued' AND j.next_attempt_at <= v_now
                   AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
                 ORDER BY j.fair_tag, j.id
                 LIMIT 1
-                FOR UPDATE OF j SKIP LOCKED
-            ) h
-            WHERE f.domain = v_qdomain AND f.priority = c_name[ci]
-            ORDER BY f.key, f.tenant_id
-            LIMIT 1;
+                FOR UPDATE SKIP LOCKED
+            ) h;
             IF NOT FOUND THEN
                 SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
@@ -712,89 +648,22 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- The tenant's start tag now: its last start's finish or the class clock. The
-            -- flow's key may be behind it (the tenant started jobs on other domains since),
-            -- and the queue's head behind the flow (a flow with no due job held it down).
-            -- The job is picked when its tenant's start tag is at or below every bound
-            -- known: the flow's key (so the queue's other due flows, at or above it, wait),
-            -- and the queue's head (so every other queue, at or above it, waits): start-time
-            -- fair queuing by jobs started, exact. Otherwise the flow takes its tenant's
-            -- start tag, the queue its due flows' smallest key as head, and the probe runs
-            -- again. Each such round raises a flow to its tenant's tag or a head to a due
-            -- flow's key, so the rounds end; they are paid by the tenants that ran ahead
-            -- on other domains, not per tenant or per domain.
-            kt := NULL;
-            FOR k2 IN 1..cardinality(tc_tenant) LOOP
-                IF tc_tenant[k2] = v_head.tenant_id AND tc_class[k2] = ci THEN
-                    kt := k2;
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF kt IS NULL THEN
-                tc_class := tc_class || ci;
-                tc_tenant := tc_tenant || v_head.tenant_id;
-                tc_vtime := tc_vtime || coalesce(v_head.started, 0);
-                tc_step := tc_step || 1.0 / v_head.weight;
-                tc_picks := tc_picks || 0;
-                kt := cardinality(tc_tenant);
-            END IF;
-            v_start := greatest(tc_vtime[kt], c_tclock[ci]);
-            IF v_start > v_head.key OR v_start > v_qhead THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := least(greatest(v_start, v_head.key),
-                                 coalesce(v_head.others_head, 'Infinity'));
-                pq_ready := true;
-                pq_waiting_for := NULL;
-                pq_wake_at := NULL;
-                IF v_start > v_head.key THEN
-                    pf_domain := v_qdomain;
-                    pf_priority := c_name[ci];
-                    pf_tenant := v_head.tenant_id;
-                    pf_delete := false;
-                    pf_key := v_start;
-                END IF;
-                CONTINUE domains;
-            END IF;
-
             -- The pick: spend the domain's token and connection (written at the end),
-            -- advance the tenant's start tag and both clocks. The jobs are claimed
-            -- together at the end, each stamped with its pick's moment.
-            picked := picked || v_head.id;
+            -- advance both clocks. The jobs are claimed together at the end, each stamped
+            -- with its pick's moment.
+            picked := picked || v_job_id;
             picked_at := picked_at || v_now;
             n_picked := n_picked + 1;
             v_tokens := v_tokens - 1;
             dc_tokens[k] := v_tokens;
             dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
             dc_picks[k] := dc_picks[k] + 1;
-            tc_vtime[kt] := v_start + tc_step[kt];
-            tc_picks[kt] := tc_picks[kt] + 1;
-            -- The flow keeps the tenant's new start tag, or goes with its last job here.
-            pf_domain := v_qdomain;
-            pf_priority := c_name[ci];
-            pf_tenant := v_head.tenant_id;
-            pf_delete := NOT v_head.tenant_more;
-            pf_key := tc_vtime[kt];
-            -- The queue's next head: the smallest key of its flows with a due job (this
-            -- tenant's counted when it has any job left here: if none is due, the next
-            -- look raises the head past it; a flow without a due job never holds the
-            -- head down, and the queue waits for a due time only when none is due, step
-            -- 4's NOT FOUND).
-            v_next := NULL;
-            IF v_head.queue_more THEN
-                v_next := coalesce(
-                    least(CASE WHEN v_head.tenant_more THEN tc_vtime[kt] END,
-                          v_head.others_head),
-                    tc_vtime[kt]);
-            END IF;
 
             IF v_next IS NULL THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
                 pq_delete := true;
                 pq_ready := false;
-                pf_domain := NULL;
             ELSIF v_tokens < 1 THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
@@ -821,10 +690,7 @@ BEGIN
                 pq_wake_at := NULL;
             END IF;
 
-            -- The class clock: the largest start tag picked. A job is started only at or
-            -- below every bound, so the clock never passes a tenant with claimable work;
-            -- a tenant coming back starts from it (no credit for idling).
-            c_tclock[ci] := greatest(c_tclock[ci], v_start);
+            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
             v_clock := greatest(c_finish[ci], v_clock);
             c_start[ci] := v_clock;
             c_finish[ci] := v_clock + c_step[ci];
@@ -832,25 +698,11 @@ BEGIN
         END LOOP domains;
     END LOOP picks;
 
-    -- the last queue and flow change, the token spends of every domain picked from, the
-    -- start tags of every tenant started
-    IF pf_domain IS NOT NULL THEN
-        IF pf_delete THEN
-            DELETE FROM scraping.domain_flows f
-            WHERE f.domain = pf_domain AND f.priority = pf_priority
-              AND f.tenant_id = pf_tenant;
-        ELSE
-            UPDATE scraping.domain_flows f SET key = pf_key
-            WHERE f.domain = pf_domain AND f.priority = pf_priority
-              AND f.tenant_id = pf_tenant;
-        END IF;
-    END IF;
+    -- the last queue change, and the token spends of every domain picked from
     IF pq_domain IS NOT NULL THEN
         IF pq_delete THEN
             DELETE FROM scraping.domain_queues q
             WHERE q.domain = pq_domain AND q.priority = pq_priority;
-            DELETE FROM scraping.domain_flows f
-            WHERE f.domain = pq_domain AND f.priority = pq_priority;
         ELSE
             UPDATE scraping.domain_queues q
             SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
@@ -866,29 +718,6 @@ BEGIN
     FROM unnest(dc_domain, dc_tokens, dc_tokens_at, dc_picks)
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
-
-    -- A tenant's start tag grows by its step per job started here. Another claim may
-    -- have started its jobs meanwhile: its advance is kept and this one's added to it
-    -- (greatest: the class clock may have moved the tag past both). The rows are locked
-    -- in tenant order first, so claims ending together never wait for each other in a
-    -- cycle; a tenant's first start inserts its row.
-    PERFORM 1 FROM scraping.tenant_starts s
-    JOIN unnest(tc_class, tc_tenant, tc_picks) AS u(ci, tenant_id, picks)
-      ON s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id
-    WHERE u.picks > 0
-    ORDER BY s.tenant_id, s.priority
-    FOR UPDATE OF s;
-    UPDATE scraping.tenant_starts s
-    SET vtime = greatest(s.vtime + u.picks * u.step, u.vtime)
-    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_step, tc_picks)
-        AS u(ci, tenant_id, vtime, step, picks)
-    WHERE s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id AND u.picks > 0;
-    INSERT INTO scraping.tenant_starts AS s (priority, tenant_id, vtime)
-    SELECT c_name[u.ci], u.tenant_id, u.vtime
-    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_picks) AS u(ci, tenant_id, vtime, picks)
-    WHERE u.picks > 0
-    ORDER BY u.tenant_id, u.ci
-    ON CONFLICT (priority, tenant_id) DO NOTHING;
 
     -- The class state, unless another claim is writing it right now: then its write
     -- stands (both continued the sequence from the same state), and this claim never
@@ -966,22 +795,14 @@ CREATE FUNCTION scraping.domains_deleted() RETURNS trigger
     AS $$
 BEGIN
     DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
-    DELETE FROM scraping.domain_flows f WHERE f.domain = OLD.domain;
     IF EXISTS (SELECT 1 FROM scraping.jobs j
                WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
         INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
         ON CONFLICT (domain) DO NOTHING;
-        INSERT INTO scraping.domain_flows (domain, priority, tenant_id, key)
-        SELECT j.domain, j.priority, j.tenant_id,
-               scraping.tenant_start_tag(j.tenant_id, j.priority)
-        FROM scraping.jobs j
-        WHERE j.domain = OLD.domain AND j.status = 'queued'
-        GROUP BY j.domain, j.priority, j.tenant_id
-        ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
         INSERT INTO scraping.domain_queues (domain, priority, head_tag)
-        SELECT f.domain, f.priority, min(f.key) FROM scraping.domain_flows f
-        WHERE f.domain = OLD.domain
-        GROUP BY f.domain, f.priority
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
         ON CONFLICT (domain, priority) DO NOTHING;
     END IF;
     RETURN NULL;
@@ -1100,7 +921,7 @@ CREATE FUNCTION scraping.jobs_domain_queue() RETURNS trigger
 BEGIN
     IF NEW.status = 'queued' AND OLD.status <> 'queued' THEN
         PERFORM scraping.announce_queued_jobs(
-            NEW.domain, NEW.priority, NEW.tenant_id, NEW.next_attempt_at);
+            NEW.domain, NEW.priority, NEW.fair_tag, NEW.next_attempt_at);
     END IF;
     IF OLD.status = 'running' AND NEW.status <> 'running' THEN
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
@@ -1135,12 +956,13 @@ CREATE FUNCTION scraping.jobs_inserted_domain_queues() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.tenant_id, a.due_at)
-    FROM (SELECT n.domain, n.priority, n.tenant_id, min(n.next_attempt_at) AS due_at
+    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.head_tag, a.due_at)
+    FROM (SELECT n.domain, n.priority, min(n.fair_tag) AS head_tag,
+                 min(n.next_attempt_at) AS due_at
           FROM new_jobs n
           WHERE n.status = 'queued'
-          GROUP BY n.domain, n.priority, n.tenant_id
-          ORDER BY n.domain, n.priority, n.tenant_id) a;
+          GROUP BY n.domain, n.priority
+          ORDER BY n.domain, n.priority) a;
     RETURN NULL;
 END
 $$;
@@ -1411,19 +1233,6 @@ BEGIN
     VALUES (p_job_id, p_attempt, v_domain_name, v_now + make_interval(secs => p_hold_seconds));
     RETURN 0;
 END
-$$;
-
---
--- Name: tenant_start_tag(uuid, text); Type: FUNCTION; Schema: scraping; Owner: -
---
-
-CREATE FUNCTION scraping.tenant_start_tag(p_tenant_id uuid, p_priority text) RETURNS double precision
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT greatest(
-        coalesce((SELECT s.vtime FROM scraping.tenant_starts s
-                  WHERE s.priority = p_priority AND s.tenant_id = p_tenant_id), 0),
-        (SELECT c.tenant_clock FROM scraping.pick_classes c WHERE c.priority = p_priority))
 $$;
 
 --
@@ -1709,18 +1518,6 @@ CREATE TABLE pin.retired_totals (
 );
 
 --
--- Name: domain_flows; Type: TABLE; Schema: scraping; Owner: -
---
-
-CREATE TABLE scraping.domain_flows (
-    domain text NOT NULL,
-    priority text NOT NULL,
-    tenant_id uuid NOT NULL,
-    key double precision NOT NULL
-)
-WITH (fillfactor='70');
-
---
 -- Name: domain_queues; Type: TABLE; Schema: scraping; Owner: -
 --
 
@@ -1789,16 +1586,6 @@ CREATE TABLE scraping.redirect_slots (
     attempt integer NOT NULL,
     domain text NOT NULL,
     expires_at timestamp with time zone NOT NULL
-);
-
---
--- Name: tenant_starts; Type: TABLE; Schema: scraping; Owner: -
---
-
-CREATE TABLE scraping.tenant_starts (
-    priority text NOT NULL,
-    tenant_id uuid NOT NULL,
-    vtime double precision NOT NULL
 );
 
 --
@@ -1996,13 +1783,6 @@ ALTER TABLE ONLY pin.retired_totals
     ADD CONSTRAINT retired_totals_pkey PRIMARY KEY (counter, label);
 
 --
--- Name: domain_flows domain_flows_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
---
-
-ALTER TABLE ONLY scraping.domain_flows
-    ADD CONSTRAINT domain_flows_pkey PRIMARY KEY (domain, priority, tenant_id);
-
---
 -- Name: domain_queues domain_queues_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
 --
 
@@ -2050,13 +1830,6 @@ ALTER TABLE ONLY scraping.pick_classes
 
 ALTER TABLE ONLY scraping.redirect_slots
     ADD CONSTRAINT redirect_slots_pkey PRIMARY KEY (job_id, attempt);
-
---
--- Name: tenant_starts tenant_starts_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
---
-
-ALTER TABLE ONLY scraping.tenant_starts
-    ADD CONSTRAINT tenant_starts_pkey PRIMARY KEY (priority, tenant_id);
 
 --
 -- Name: tenant_vtimes tenant_vtimes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
@@ -2190,12 +1963,6 @@ CREATE INDEX ix_job_runs_finished ON pin.job_runs USING btree (finished_at);
 CREATE INDEX ix_job_runs_job_finished ON pin.job_runs USING btree (job_code, finished_at DESC);
 
 --
--- Name: ix_domain_flows_pick; Type: INDEX; Schema: scraping; Owner: -
---
-
-CREATE INDEX ix_domain_flows_pick ON scraping.domain_flows USING btree (domain, priority, key, tenant_id);
-
---
 -- Name: ix_domain_queues_pick; Type: INDEX; Schema: scraping; Owner: -
 --
 
@@ -2235,7 +2002,7 @@ CREATE INDEX ix_jobs_attempt_objects_unswept ON scraping.jobs USING btree (finis
 -- Name: ix_jobs_domain_head; Type: INDEX; Schema: scraping; Owner: -
 --
 
-CREATE INDEX ix_jobs_domain_head ON scraping.jobs USING btree (domain, priority, tenant_id, fair_tag, id) WHERE (status = 'queued'::text);
+CREATE INDEX ix_jobs_domain_head ON scraping.jobs USING btree (domain, priority, fair_tag, id) WHERE (status = 'queued'::text);
 
 --
 -- Name: ix_jobs_due; Type: INDEX; Schema: scraping; Owner: -
@@ -2365,13 +2132,6 @@ ALTER TABLE ONLY news.comments
     ADD CONSTRAINT comments_post_id_fkey FOREIGN KEY (post_id) REFERENCES news.posts(id);
 
 --
--- Name: domain_flows domain_flows_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
---
-
-ALTER TABLE ONLY scraping.domain_flows
-    ADD CONSTRAINT domain_flows_priority_fkey FOREIGN KEY (priority) REFERENCES scraping.pick_classes(priority);
-
---
 -- Name: domain_queues domain_queues_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
 --
 
@@ -2398,20 +2158,6 @@ ALTER TABLE ONLY scraping.job_attempts
 
 ALTER TABLE ONLY scraping.jobs
     ADD CONSTRAINT jobs_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES scraping.tenants(id);
-
---
--- Name: tenant_starts tenant_starts_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
---
-
-ALTER TABLE ONLY scraping.tenant_starts
-    ADD CONSTRAINT tenant_starts_priority_fkey FOREIGN KEY (priority) REFERENCES scraping.pick_classes(priority);
-
---
--- Name: tenant_starts tenant_starts_tenant_id_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -
---
-
-ALTER TABLE ONLY scraping.tenant_starts
-    ADD CONSTRAINT tenant_starts_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES scraping.tenants(id) ON DELETE CASCADE;
 
 --
 -- Name: tenant_vtimes tenant_vtimes_priority_fkey; Type: FK CONSTRAINT; Schema: scraping; Owner: -

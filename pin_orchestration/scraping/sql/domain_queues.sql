@@ -1,21 +1,17 @@
--- The scheduler's write-time state (migrations 0011, 0027): a job's place in its tenant's
--- line, the (domain, class) queues the claim picks from and the tenants' flows in each, and
--- what sets a queue aside or brings it back. Triggers on scraping.jobs and scraping.domains
--- keep it, so every writer (intake, the worker's outcomes, the sweeper, the runbook
--- requeue, an operator's SQL) keeps it right.
+-- The scheduler's write-time state (migration 0011): a job's fair tag, the (domain, class)
+-- queues the claim picks from, and what sets a queue aside or brings it back. Triggers on
+-- scraping.jobs and scraping.domains keep it, so every writer (intake, the worker's
+-- outcomes, the sweeper, the runbook requeue, an operator's SQL) keeps it right.
+
+-- A job entering the queue takes its tenant's next start tag in its class: the tenant's
+-- last finish tag or the class clock (the largest tag picked), whichever is later; the
+-- finish tag then grows by 1/weight. Concurrent intake of one tenant into one class
+-- serialises on its tenant_vtimes row, nothing else.
 --
--- Fairness is by jobs *started* (migration 0027; README "Scheduling"): a tenant's turn
--- comes from scraping.tenant_starts (its start tag in the class, advanced only when the
--- claim starts one of its jobs), never from what it has queued. So jobs waiting on a
--- paused or full domain neither cost their tenant a turn nor bank one.
---
--- A job's fair_tag is only its place in its tenant's line (per class, oldest first; a
--- retry or requeue goes to the back): the claim takes a tenant's jobs on one domain in
--- fair_tag order. scraping.take_fair_tags reserves p_count consecutive places at once and
--- returns them, numbered from 0: a batch pays one upsert per class, not one per job
--- (migration 0018). A job inserted with its tag given (insert_jobs) is left as it is;
--- every other insert, and every requeue, takes one here. Concurrent intake of one tenant
--- into one class serialises on its tenant_vtimes row, nothing else.
+-- scraping.take_fair_tags reserves p_count consecutive tags at once and returns them,
+-- numbered from 0 (the k-th is first + k/weight): a batch pays one upsert per class, not
+-- one per job (migration 0018). A job inserted with its tag given (insert_jobs) is left as
+-- it is; every other insert, and every requeue, takes one tag here.
 CREATE OR REPLACE FUNCTION scraping.take_fair_tags(
     p_tenant_id uuid, p_priority text, p_count integer
 ) RETURNS TABLE (k integer, fair_tag double precision)
@@ -57,87 +53,64 @@ LANGUAGE sql AS $fn$
     WHERE q.domain = p_domain AND q.priority = p_priority;
 $fn$;
 
--- A tenant's start tag in a class: when its next job would start were it picked now. Its
--- last start's finish (scraping.tenant_starts) or the class clock, whichever is later: an
--- idle tenant comes back level with the others, without credit.
-CREATE OR REPLACE FUNCTION scraping.tenant_start_tag(p_tenant_id uuid, p_priority text)
-RETURNS double precision
-LANGUAGE sql STABLE AS $fn$
-    SELECT greatest(
-        coalesce((SELECT s.vtime FROM scraping.tenant_starts s
-                  WHERE s.priority = p_priority AND s.tenant_id = p_tenant_id), 0),
-        (SELECT c.tenant_clock FROM scraping.pick_classes c WHERE c.priority = p_priority))
-$fn$;
-
--- Jobs of one tenant entering the queue are announced to their (domain, class) queue: the
--- tenant's flow there made (keyed by its start tag), the queue made, its head lowered to
--- that key, or woken early when it waited for a later due time. p_due_at is the earliest
--- due time among the jobs announced together.
---
--- The queue's head_tag is a lower bound of the start tag of every tenant with a flow in
--- it, and a flow's key a lower bound of its tenant's start tag (start tags only grow); the
--- claim corrects a flow found behind its tenant (claim_jobs.sql, step 4).
+-- Jobs entering the queue are announced to their (domain, class) queue: made, its head
+-- lowered, or woken early when it waited for a later due time. p_head_tag and p_due_at are
+-- the smallest tag and due time among the jobs announced together.
 CREATE OR REPLACE FUNCTION scraping.announce_queued_jobs(
-    p_domain text, p_priority text, p_tenant_id uuid, p_due_at timestamptz
+    p_domain text, p_priority text, p_head_tag double precision, p_due_at timestamptz
 ) RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_blocked timestamptz;
-    v_key double precision := scraping.tenant_start_tag(p_tenant_id, p_priority);
 BEGIN
-    -- The common case writes no queue: a queue that already sorts at or before this
-    -- tenant and is not waiting for a later due time. Read under a KEY SHARE lock: a claim
-    -- holding the queue (FOR UPDATE) may be about to delete it and its flows (it took the
-    -- last job it saw) or set it aside until a later due time, so this waits for that
-    -- claim and reads what it left; read without the lock, the jobs were announced to a
-    -- queue the claim then deleted, and were never claimed again (migration 0020).
+    -- The common case writes nothing: a queue that already sorts at or before these jobs
+    -- and is not waiting for a later due time. Read under a KEY SHARE lock: a claim
+    -- holding the queue (FOR UPDATE) may be about to delete it (it took the last job it
+    -- saw) or set it aside until a later due time, so this waits for that claim and reads
+    -- what it left; read without the lock, the jobs were announced to a queue the claim
+    -- then deleted, and were never claimed again (migration 0020).
     PERFORM 1 FROM scraping.domain_queues q
     WHERE q.domain = p_domain AND q.priority = p_priority
-      AND q.head_tag <= v_key
+      AND q.head_tag <= p_head_tag
       AND (q.ready OR q.waiting_for = 'room' OR q.wake_at <= p_due_at)
     FOR KEY SHARE;
-    IF NOT FOUND THEN
-        INSERT INTO scraping.domains (domain) VALUES (p_domain)
-        ON CONFLICT (domain) DO NOTHING;
-        SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
-        WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
-        INSERT INTO scraping.domain_queues AS q
-            (domain, priority, head_tag, ready, waiting_for, wake_at)
-        SELECT p_domain, p_priority, v_key, s.waiting_for IS NULL,
-               s.waiting_for, s.wake_at
-        FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
-                          WHEN p_due_at > clock_timestamp() THEN 'due'
-                     END AS waiting_for,
-                     coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
-                                              THEN p_due_at END) AS wake_at) s
-        ON CONFLICT (domain, priority) DO UPDATE
-        SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
-            wake_at = CASE WHEN q.waiting_for = 'due'
-                           THEN least(q.wake_at, p_due_at)
-                           ELSE q.wake_at END;
+    IF FOUND THEN
+        RETURN;
     END IF;
-    -- The flow, made once the queue is held (KEY SHARE or the upsert's lock): a claim that
-    -- deleted the tenant's flow (it took the tenant's last job it saw) has committed, so
-    -- this sees the delete and makes the flow again. An existing flow is left as it is
-    -- (not locked: a claim updates flows while holding their queue).
-    INSERT INTO scraping.domain_flows (domain, priority, tenant_id, key)
-    VALUES (p_domain, p_priority, p_tenant_id, v_key)
-    ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
+    INSERT INTO scraping.domains (domain) VALUES (p_domain)
+    ON CONFLICT (domain) DO NOTHING;
+    SELECT d.blocked_until INTO v_blocked FROM scraping.domains d
+    WHERE d.domain = p_domain AND d.blocked_until > clock_timestamp();
+    INSERT INTO scraping.domain_queues AS q
+        (domain, priority, head_tag, ready, waiting_for, wake_at)
+    SELECT p_domain, p_priority, p_head_tag, s.waiting_for IS NULL,
+           s.waiting_for, s.wake_at
+    FROM (SELECT CASE WHEN v_blocked IS NOT NULL THEN 'room'
+                      WHEN p_due_at > clock_timestamp() THEN 'due'
+                 END AS waiting_for,
+                 coalesce(v_blocked, CASE WHEN p_due_at > clock_timestamp()
+                                          THEN p_due_at END) AS wake_at) s
+    ON CONFLICT (domain, priority) DO UPDATE
+    SET head_tag = least(q.head_tag, EXCLUDED.head_tag),
+        wake_at = CASE WHEN q.waiting_for = 'due'
+                       THEN least(q.wake_at, p_due_at)
+                       ELSE q.wake_at END;
 END
 $fn$;
 
--- After an INSERT statement: its queued jobs announced once per (domain, class, tenant),
--- in that order (two batches sharing domains lock their queues in the same order), so a
--- batch of 400 jobs on 50 domains makes 50 announcements, not 400 (migration 0018).
+-- After an INSERT statement: its queued jobs announced once per (domain, class), in that
+-- order (two batches sharing domains lock their queues in the same order), so a batch of
+-- 400 jobs on 50 domains makes 50 announcements, not 400 (migration 0018).
 CREATE OR REPLACE FUNCTION scraping.jobs_inserted_domain_queues() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.tenant_id, a.due_at)
-    FROM (SELECT n.domain, n.priority, n.tenant_id, min(n.next_attempt_at) AS due_at
+    PERFORM scraping.announce_queued_jobs(a.domain, a.priority, a.head_tag, a.due_at)
+    FROM (SELECT n.domain, n.priority, min(n.fair_tag) AS head_tag,
+                 min(n.next_attempt_at) AS due_at
           FROM new_jobs n
           WHERE n.status = 'queued'
-          GROUP BY n.domain, n.priority, n.tenant_id
-          ORDER BY n.domain, n.priority, n.tenant_id) a;
+          GROUP BY n.domain, n.priority
+          ORDER BY n.domain, n.priority) a;
     RETURN NULL;
 END
 $fn$;
@@ -150,7 +123,7 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     IF NEW.status = 'queued' AND OLD.status <> 'queued' THEN
         PERFORM scraping.announce_queued_jobs(
-            NEW.domain, NEW.priority, NEW.tenant_id, NEW.next_attempt_at);
+            NEW.domain, NEW.priority, NEW.fair_tag, NEW.next_attempt_at);
     END IF;
     IF OLD.status = 'running' AND NEW.status <> 'running' THEN
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
@@ -183,28 +156,20 @@ END
 $fn$;
 
 -- A domain's state row deleted (an operator resetting it): its queues go with it, and a
--- fresh row, queues and flows are made again for the jobs still queued there, so none is
--- left out of the pick.
+-- fresh row and queues are made again for the jobs still queued there, so none is left
+-- out of the pick.
 CREATE OR REPLACE FUNCTION scraping.domains_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
     DELETE FROM scraping.domain_queues q WHERE q.domain = OLD.domain;
-    DELETE FROM scraping.domain_flows f WHERE f.domain = OLD.domain;
     IF EXISTS (SELECT 1 FROM scraping.jobs j
                WHERE j.domain = OLD.domain AND j.status = 'queued') THEN
         INSERT INTO scraping.domains (domain) VALUES (OLD.domain)
         ON CONFLICT (domain) DO NOTHING;
-        INSERT INTO scraping.domain_flows (domain, priority, tenant_id, key)
-        SELECT j.domain, j.priority, j.tenant_id,
-               scraping.tenant_start_tag(j.tenant_id, j.priority)
-        FROM scraping.jobs j
-        WHERE j.domain = OLD.domain AND j.status = 'queued'
-        GROUP BY j.domain, j.priority, j.tenant_id
-        ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
         INSERT INTO scraping.domain_queues (domain, priority, head_tag)
-        SELECT f.domain, f.priority, min(f.key) FROM scraping.domain_flows f
-        WHERE f.domain = OLD.domain
-        GROUP BY f.domain, f.priority
+        SELECT j.domain, j.priority, min(j.fair_tag) FROM scraping.jobs j
+        WHERE j.domain = OLD.domain AND j.status = 'queued'
+        GROUP BY j.domain, j.priority
         ON CONFLICT (domain, priority) DO NOTHING;
     END IF;
     RETURN NULL;
