@@ -4,7 +4,7 @@ few hundred steps (tests/scraping/test_state_machine.py); this is for hunting.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/python bench/scraping_model.py --seed 7 --steps 400 [--examples 5]
-            [--database pin_model] [--hostile-retry-after] [--skip-fairness]
+            [--database pin_model] [--skip-fairness]
 
 A broken promise prints Hypothesis's shrunk history (the steps that break it) and exits 1.
 The same --seed replays the same histories.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
-from tests.scraping.model import HOSTILE_RETRY_AFTERS, RETRY_AFTERS, machine_for  # noqa: E402
+from tests.scraping.model import machine_for  # noqa: E402
 
 
 def main() -> int:
@@ -34,12 +34,6 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400, help="steps per example")
     parser.add_argument("--examples", type=int, default=3)
     parser.add_argument("--database", default="pin_model")
-    parser.add_argument(
-        "--hostile-retry-after",
-        action="store_true",
-        help="answers also carry Retry-After far in the future (tests/scraping/model.py"
-        " HOSTILE_RETRY_AFTERS: a known finding until the worker caps a job's retry)",
-    )
     parser.add_argument(
         "--skip-fairness",
         action="store_true",
@@ -55,8 +49,6 @@ def main() -> int:
         machine = machine_for(engine, workers, Path(folder) / "results")
         seed(args.seed)(machine)
         machine.check_fairness = not args.skip_fairness
-        if args.hostile_retry_after:
-            machine.retry_afters = RETRY_AFTERS + HOSTILE_RETRY_AFTERS
         try:
             run_state_machine_as_test(
                 machine,

@@ -82,15 +82,18 @@ POLICY = RetryPolicy(
     backoff_cap_seconds=20.0,
     max_pause_seconds=MAX_PAUSE_SECONDS,
 )
-RETRY_AFTERS = (None, "0", "1", "30", "soon", "Thu, 01 Jan 1970 00:00:00 GMT")
-# FINDING (issue 30, the worker's area, not fixed here): a failed answer's Retry-After
-# holds the *job's* retry back without a cap (retry.decide), while the domain's pause is
-# capped at PIN_SCRAPING_MAX_PAUSE_SECONDS. `Retry-After: Fri, 31 Dec 9999 …` (or a
-# delay of 999999 s) leaves the job queued until then: it never reaches a terminal state
-# however long the world stays quiet. The model's liveness check catches it; these values
-# are left out of the suite until the fix is merged (bench/scraping_model.py
-# --hostile-retry-after puts them back).
-HOSTILE_RETRY_AFTERS = ("999999", "Fri, 31 Dec 9999 23:59:59 GMT")
+# Far-future values included: a job's retry is capped like the domain's pause, so even
+# `Retry-After: Fri, 31 Dec 9999 …` leaves the job due within PIN_SCRAPING_MAX_PAUSE_SECONDS.
+RETRY_AFTERS = (
+    None,
+    "0",
+    "1",
+    "30",
+    "soon",
+    "Thu, 01 Jan 1970 00:00:00 GMT",
+    "999999",
+    "Fri, 31 Dec 9999 23:59:59 GMT",
+)
 
 # Every stored moment the scheduler compares with now(): moved back to move time forward.
 CLOCK_COLUMNS = {
