@@ -364,40 +364,52 @@ def _failed(job: Any) -> repository.AttemptOutcome:
     )
 
 
-def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
-    db_engine: Engine, make_tenant: Any
-) -> None:
+def _two_gated_rounds(
+    engine: Engine, rounds: dict[str, list[repository.AttemptOutcome]]
+) -> dict[str, Any]:
+    """Workers A and B write their outcome rounds at once, each on its own connection, the
+    gate holding each after its first statement until the other has made its own: what
+    each round wrote, or the first worker's error (a deadlock) raised."""
     from sqlalchemy import event
 
     from tests.chessboard.test_concurrency import Worker
+
+    gate = _Gate(engine)
+    event.listen(engine, "before_cursor_execute", gate.before)
+    event.listen(engine, "after_cursor_execute", gate.after)
+    written: dict[str, Any] = {}
+
+    def finish(role: str) -> None:
+        gate.local.role = role
+        written[role] = repository.finish_attempts(engine, worker=role, outcomes=rounds[role])
+
+    try:
+        workers = [Worker(lambda role=role: finish(role)) for role in rounds]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+    finally:
+        event.remove(engine, "before_cursor_execute", gate.before)
+        event.remove(engine, "after_cursor_execute", gate.after)
+    for worker in workers:
+        if worker.error is not None:
+            raise worker.error
+    return written
+
+
+def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
+    db_engine: Engine, make_tenant: Any
+) -> None:
 
     jobs = _running_jobs_on(db_engine, make_tenant, ["x.example", "y.example"], 2)
     (xa, xb), (ya, yb) = jobs["x.example"], jobs["y.example"]
     for job, worker in ((xa, "A"), (ya, "A"), (xb, "B"), (yb, "B")):
         _own(db_engine, job, worker)
-    gate = _Gate(db_engine)
-    event.listen(db_engine, "before_cursor_execute", gate.before)
-    event.listen(db_engine, "after_cursor_execute", gate.after)
-    written: dict[str, Any] = {}
-
-    def finish(role: str, outcomes: list[repository.AttemptOutcome]) -> None:
-        gate.local.role = role
-        written[role] = repository.finish_attempts(db_engine, worker=role, outcomes=outcomes)
-
-    try:
-        # Completion order: A finished x then y, B finished y then x.
-        a = Worker(lambda: finish("A", [_failed(xa), _failed(ya)]))
-        b = Worker(lambda: finish("B", [_failed(yb), _failed(xb)]))
-        a.start()
-        b.start()
-        a.join(30)
-        b.join(30)
-    finally:
-        event.remove(db_engine, "before_cursor_execute", gate.before)
-        event.remove(db_engine, "after_cursor_execute", gate.after)
-    for worker in (a, b):
-        if worker.error is not None:
-            raise worker.error
+    # Completion order: A finished x then y, B finished y then x.
+    written = _two_gated_rounds(
+        db_engine, {"A": [_failed(xa), _failed(ya)], "B": [_failed(yb), _failed(xb)]}
+    )
     assert written["A"] == {xa.id: "failed", ya.id: "failed"}
     assert written["B"] == {xb.id: "failed", yb.id: "failed"}
 
@@ -520,10 +532,8 @@ def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
     """A retry takes its tenant's next fair tag (a lock on the tenant's row of its class)
     before its domain's queue: rounds whose domains come in one order but whose tenants
     cross must still queue, not deadlock."""
-    from sqlalchemy import event
 
     from pin_orchestration.scraping.worker import claim_due_jobs
-    from tests.chessboard.test_concurrency import Worker
     from tests.scraping.conftest import UNLIMITED
 
     one, two = make_tenant("one")[0].id, make_tenant("two")[0].id
@@ -539,27 +549,8 @@ def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
     xb, yb = by_url["http://x.example/2"], by_url["http://y.example/2"]  # tenants two, one
     for job, worker in ((xa, "A"), (ya, "A"), (xb, "B"), (yb, "B")):
         _own(db_engine, job, worker)
-    gate = _Gate(db_engine)
-    event.listen(db_engine, "before_cursor_execute", gate.before)
-    event.listen(db_engine, "after_cursor_execute", gate.after)
-    written: dict[str, Any] = {}
-
-    def finish(role: str, outcomes: list[repository.AttemptOutcome]) -> None:
-        gate.local.role = role
-        written[role] = repository.finish_attempts(db_engine, worker=role, outcomes=outcomes)
-
-    try:
-        a = Worker(lambda: finish("A", [_retry(xa), _retry(ya)]))
-        b = Worker(lambda: finish("B", [_retry(xb), _retry(yb)]))
-        a.start()
-        b.start()
-        a.join(30)
-        b.join(30)
-    finally:
-        event.remove(db_engine, "before_cursor_execute", gate.before)
-        event.remove(db_engine, "after_cursor_execute", gate.after)
-    for worker in (a, b):
-        if worker.error is not None:
-            raise worker.error
+    written = _two_gated_rounds(
+        db_engine, {"A": [_retry(xa), _retry(ya)], "B": [_retry(xb), _retry(yb)]}
+    )
     assert written["A"] == {xa.id: "queued", ya.id: "queued"}
     assert written["B"] == {xb.id: "queued", yb.id: "queued"}
