@@ -446,7 +446,7 @@ def _attempt(
         )
     except FetchError as exc:
         if exc.error_class == "cancelled":
-            return _stopped(flight, elapsed_ms(), clock())
+            return _stopped(flight, elapsed_ms(), clock(), retry_policy.max_attempts)
         decision = decide(
             attempt=job.budget_used,
             status_code=None,
@@ -482,7 +482,7 @@ def _attempt(
         if flight.lease_in_doubt():
             flight.stop("lease_lost")
         if flight.should_stop():
-            return _stopped(flight, elapsed_ms(), clock())
+            return _stopped(flight, elapsed_ms(), clock(), retry_policy.max_attempts)
         key = result_key(job.tenant_id, job.id, job.created_at, job.attempt)
         stored = store.put(
             key,
@@ -540,7 +540,9 @@ def _decided(
     )
 
 
-def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome | None:
+def _stopped(
+    flight: _Flight, duration_ms: int, now: datetime, max_attempts: int
+) -> AttemptOutcome | None:
     job = flight.job
     if flight.stop_reason == "cancelled":
         return AttemptOutcome(
@@ -556,6 +558,22 @@ def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome
     if flight.stop_reason == "lease_lost":
         # The job is someone else's now; the database would refuse any write of ours.
         return None
+    if job.budget_used >= max_attempts:
+        # The claim counted this attempt: handed back, the job would get one past its
+        # budget (and one more at every stop). The sweeper fails a lost last attempt too.
+        return AttemptOutcome(
+            job_id=job.id,
+            job_domain=job.domain,
+            attempt=job.attempt,
+            status="failed",
+            outcome="failed",
+            error_class="worker_stopped",
+            error_detail=(
+                f"the worker run was stopped during the last attempt ({job.budget_used} of "
+                f"{max_attempts}); not retried (pin scraping requeue gives a fresh budget)"
+            ),
+            duration_ms=duration_ms,
+        )
     return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", now)
 
 
