@@ -109,12 +109,13 @@ def work_bounded(work: Worker) -> Iterator[Worker]:
         timer.cancel()
 
 
-def test_a_content_length_of_non_ascii_digits_is_treated_as_absent(
+def test_a_content_length_of_non_ascii_digits_fails_the_job_as_an_invalid_response(
     db_engine: Engine, tenant_id: uuid.UUID, raw_target: Any, work_bounded: Worker
 ) -> None:
     # "²" (latin-1 0xB2, as http.client decodes header bytes): isdigit() is true, int()
-    # raises. The length is no length, and the body is read to the connection's close (as
-    # http.client reads it).
+    # raises. The length is no length: an answer without framing, which RFC 9112 §6.3
+    # makes an unrecoverable error (read to the close, it passed for a good body). Once,
+    # not a crash retried for ever.
     target = raw_target(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: \xb2\r\n"
         b"Connection: close\r\n\r\nhello"
@@ -122,7 +123,7 @@ def test_a_content_length_of_non_ascii_digits_is_treated_as_absent(
     job_id = enqueue(db_engine, tenant_id, f"{target.url}/x")
     work_bounded(settings=THREE_ATTEMPTS, idle_exit_seconds=1.0)
     row = job_row(db_engine, job_id)
-    assert (row.status, row.attempts) == ("succeeded", 1)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, "invalid_response")
     assert target.requests == 1
 
 
