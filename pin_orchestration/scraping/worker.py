@@ -266,6 +266,7 @@ def run_worker(
             # must not requeue it at once either (a cause that persists would retry it for
             # ever): a transient attempt, with the job's budget and backoff.
             log.exception("attempt of job %s failed unexpectedly", flight.job.id)
+            decided = _Decided.now(clock)
             decision = decide(
                 attempt=flight.job.budget_used,
                 status_code=None,
@@ -273,10 +274,10 @@ def run_worker(
                 error_detail=f"{type(exc).__name__}: {exc}",
                 retry_after=None,
                 policy=retry_policy,
-                now=clock(),
+                now=decided.at,
                 rng=rng,
             )
-            outcome = _decided(flight.job, decision, None, None)
+            outcome = _decided(flight.job, decision, decided, None, None)
         if outcome is not None:
             outcomes.put((outcome, flight.job.created_at))
         with flights_lock:
@@ -445,26 +446,28 @@ def _attempt(
             job.url, job.params, should_stop=flight.should_stop, redirect_slots=redirect_slots
         )
     except FetchError as exc:
+        decided = _Decided.now(clock)
         if exc.error_class == "cancelled":
-            return _stopped(flight, elapsed_ms(), clock(), retry_policy.max_attempts)
+            return _stopped(flight, elapsed_ms(), decided, retry_policy.max_attempts)
         decision = decide(
             attempt=job.budget_used,
             status_code=None,
             error_class=exc.error_class,
             retry_after=None,
             policy=retry_policy,
-            now=clock(),
+            now=decided.at,
             rng=rng,
         )
-        return _decided(job, decision, None, elapsed_ms())
+        return _decided(job, decision, decided, None, elapsed_ms())
     try:
+        decided = _Decided.now(clock)
         decision = decide(
             attempt=job.budget_used,
             status_code=fetched.status_code,
             error_class=None,
             retry_after=fetched.headers.get("Retry-After"),
             policy=retry_policy,
-            now=clock(),
+            now=decided.at,
             rng=rng,
         )
         if decision.outcome != "succeeded":
@@ -472,17 +475,23 @@ def _attempt(
                 fetched.status_code,
                 fetched.headers.get("Retry-After"),
                 retry_policy,
-                clock(),
+                decided.at,
             )
             # The host that answered is paused: after a redirect, the hop's, not the job's.
             answered_by = urlsplit(fetched.final_url).hostname or job.domain
             return _decided(
-                job, decision, fetched.status_code, elapsed_ms(), paused_until, answered_by
+                job,
+                decision,
+                decided,
+                fetched.status_code,
+                elapsed_ms(),
+                paused_until,
+                answered_by,
             )
         if flight.lease_in_doubt():
             flight.stop("lease_lost")
         if flight.should_stop():
-            return _stopped(flight, elapsed_ms(), clock(), retry_policy.max_attempts)
+            return _stopped(flight, elapsed_ms(), decided, retry_policy.max_attempts)
         key = result_key(job.tenant_id, job.id, job.created_at, job.attempt)
         stored = store.put(
             key,
@@ -516,9 +525,25 @@ def _storable_content_type(value: str | None) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """When an outcome was decided: the wall clock its times were computed with, and the
+    monotonic clock beside it. The round that writes the outcome turns its times into
+    delays from this reading, not from the wall clock at the write: a clock stepped (or
+    an outcome held through a database outage) in between must not move them."""
+
+    at: datetime
+    monotonic: float
+
+    @classmethod
+    def now(cls, clock: Callable[[], datetime]) -> _Decided:
+        return cls(clock(), time.monotonic())
+
+
 def _decided(
     job: ClaimedJob,
     decision: Decision,
+    decided: _Decided,
     http_status: int | None,
     duration_ms: int | None,
     domain_paused_until: datetime | None = None,
@@ -537,11 +562,13 @@ def _decided(
         error_detail=decision.error_detail,
         duration_ms=duration_ms,
         next_attempt_at=decision.next_attempt_at,
+        decided_at=decided.at,
+        decided_monotonic=decided.monotonic,
     )
 
 
 def _stopped(
-    flight: _Flight, duration_ms: int, now: datetime, max_attempts: int
+    flight: _Flight, duration_ms: int, decided: _Decided, max_attempts: int
 ) -> AttemptOutcome | None:
     job = flight.job
     if flight.stop_reason == "cancelled":
@@ -574,10 +601,10 @@ def _stopped(
             ),
             duration_ms=duration_ms,
         )
-    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", now)
+    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", decided)
 
 
-def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) -> AttemptOutcome:
+def _retry_now(job: ClaimedJob, error_class: str, detail: str, decided: _Decided) -> AttemptOutcome:
     return AttemptOutcome(
         job_id=job.id,
         job_domain=job.domain,
@@ -586,7 +613,9 @@ def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) ->
         outcome="retry",
         error_class=error_class,
         error_detail=detail,
-        next_attempt_at=now,
+        next_attempt_at=decided.at,
+        decided_at=decided.at,
+        decided_monotonic=decided.monotonic,
     )
 
 

@@ -6,16 +6,23 @@ PostgreSQL, loopback targets, orders of events held by gates."""
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.fetch import Fetcher
 from pin_orchestration.scraping.repository import JobRequest
-from tests.scraping.conftest import TEST_SETTINGS, Worker
+from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 
 
 def enqueue(engine: Engine, tenant_id: uuid.UUID, url: str) -> uuid.UUID:
@@ -70,3 +77,58 @@ def test_a_run_stopped_during_a_jobs_last_attempt_does_not_grant_it_another(
     assert job.attempts == len(rows) == 1
     assert job.status == "failed" and job.finished_at is not None
     assert [(a.outcome, a.error_class) for a in rows] == [("failed", "worker_stopped")]
+
+
+def test_a_clock_stepping_between_the_decision_and_its_write_does_not_cut_retry_after(
+    db_engine: Engine, make_tenant: Any, site: ScrapingTarget, local_store: LocalResultStore
+) -> None:
+    """A 429 asks for 120 s; the worker's clock steps an hour forward after the slot
+    decided "not before now + 120 s" and before the round writes it (an NTP step, or an
+    outcome held through a database outage while the clock moved). The write measured the
+    moment against the stepped clock: 120 s - 3600 s from now, so the retry was due at
+    once and the domain not paused at all, and the target was asked again at once."""
+    tenant = make_tenant("stepped")[0]
+    job_id = enqueue(db_engine, tenant.id, f"{site.url}/status/429?retry_after=120")
+    run_thread = threading.current_thread()
+    step = timedelta(hours=1)
+
+    def stepped_clock() -> datetime:
+        # Slots decide on their own threads; the run's thread writes the round: it reads
+        # the clock after the step, the deciding slot before it.
+        now = datetime.now(UTC)
+        return now + step if threading.current_thread() is run_thread else now
+
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    with Fetcher(fetch_policy_from(settings)) as fetcher:
+        run_worker(
+            db_engine,
+            local_store,
+            fetcher,
+            retry_policy_from(settings),
+            WorkerOptions(
+                slots=2,
+                lease_seconds=settings.lease_seconds,
+                idle_exit_seconds=0.5,
+                max_run_duration_seconds=30,
+                poll_seconds=0.05,
+                domain_rps=settings.domain_rps,
+                domain_concurrency=settings.domain_concurrency,
+            ),
+            rng=random.Random(7),
+            clock=stepped_clock,
+        )
+    with db_engine.connect() as conn:
+        retry_in, paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM j.next_attempt_at - now()),"
+                "       extract(epoch FROM d.blocked_until - now())"
+                " FROM scraping.jobs j LEFT JOIN scraping.domains d ON d.domain = j.domain"
+                " WHERE j.id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    job, rows = job_and_attempts(db_engine, job_id)
+    assert [(a.outcome, a.http_status) for a in rows] == [("retry", 429)]
+    assert job.status == "queued"
+    assert 100 <= retry_in <= 120
+    assert paused_for is not None and 100 <= paused_for <= 120
