@@ -213,6 +213,12 @@ class _Flight:
             self.stop_reason = reason
 
     def should_stop(self) -> bool:
+        # A lease no renewal has confirmed for most of its length may be swept before the
+        # next one: the fetch hangs up now, before another worker can be given the job
+        # (cut off from the database while the target answered, it read on to its own
+        # deadline beside the job's next owner, past the host's connection limit).
+        if self.stop_reason is None and self.lease_in_doubt():
+            self.stop("lease_lost")
         return self.stop_reason is not None
 
 
@@ -488,9 +494,7 @@ def _attempt(
                 paused_until,
                 answered_by,
             )
-        if flight.lease_in_doubt():
-            flight.stop("lease_lost")
-        if flight.should_stop():
+        if flight.should_stop():  # a lease in doubt included: its result is not stored
             return _stopped(flight, elapsed_ms(), decided, retry_policy.max_attempts)
         key = result_key(job.tenant_id, job.id, job.created_at, job.attempt)
         stored = store.put(

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import select
+import socket
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
+from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
@@ -132,3 +137,105 @@ def test_a_clock_stepping_between_the_decision_and_its_write_does_not_cut_retry_
     assert job.status == "queued"
     assert 100 <= retry_in <= 120
     assert paused_for is not None and 100 <= paused_for <= 120
+
+
+class _DripTarget:
+    """Headers, then a byte every 50 ms of a long body; records when the client closed its
+    connection (seen as the end of the stream it sends), by wall clock, to compare with a
+    lease's end in PostgreSQL (the same machine's clock)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.reached = threading.Event()
+        self.closed = threading.Event()
+        self.closed_at: float | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.recv(65536)
+            self.reached.set()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not self._stopping.is_set():
+                readable, _, _ = select.select([conn], [], [], 0.05)
+                if readable and conn.recv(1, socket.MSG_PEEK) == b"":
+                    break
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    break
+            self.closed_at = time.time()
+            self.closed.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.listener.close()
+        self._thread.join(timeout=10)
+
+
+def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_ends(
+    db_url: str, db_engine: Engine, make_tenant: Any, local_store: LocalResultStore
+) -> None:
+    """A worker cut off from PostgreSQL (its renewals fail) while its fetch still reads a
+    slow body: the lease runs out, the sweeper requeues the job and another worker fetches
+    it, while the first went on reading until its fetch deadline (20 s here): two requests
+    of one job at the target at once, and the host's connection limit exceeded. It must
+    hang up before the lease it can no longer confirm ends, as it refuses to store then."""
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
+        lease_seconds=1.5,
+        fetch_timeout_seconds=20,
+        max_result_bytes=1_000_000,
+    )
+    tenant = make_tenant("cutoff")[0]
+    target = _DripTarget()
+    job_id = enqueue(db_engine, tenant.id, f"{target.url}/slow")
+    stop = threading.Event()
+    with proxy_in_front_of(db_url) as proxy:
+        engine = create_engine(database_url_via(db_url, proxy), poolclass=NullPool)
+        fetcher = Fetcher(fetch_policy_from(settings))
+        run = threading.Thread(
+            target=run_worker,
+            args=(engine, local_store, fetcher, retry_policy_from(settings)),
+            kwargs={
+                "options": WorkerOptions(
+                    slots=1,
+                    lease_seconds=settings.lease_seconds,
+                    idle_exit_seconds=60,
+                    max_run_duration_seconds=60,
+                    poll_seconds=0.05,
+                    domain_rps=settings.domain_rps,
+                    domain_concurrency=settings.domain_concurrency,
+                ),
+                "stop": stop,
+            },
+        )
+        run.start()
+        try:
+            assert target.reached.wait(30), "the worker never fetched"
+            proxy.set_mode("down")  # no renewal reaches PostgreSQL from here on
+            # Bounded only for the failing case (the fetch goes on for 20 s).
+            target.closed.wait(settings.lease_seconds * 4)
+            with db_engine.connect() as conn:
+                lease_ends = conn.execute(
+                    text(
+                        "SELECT extract(epoch FROM lease_expires_at) FROM scraping.jobs"
+                        " WHERE id = :id"
+                    ),
+                    {"id": job_id},
+                ).scalar_one()
+            assert target.closed_at is not None and target.closed_at < float(lease_ends), (
+                "the cut-off worker was still fetching when its lease ended"
+            )
+        finally:
+            stop.set()
+            proxy.set_mode("pass")
+            run.join(timeout=60)
+            fetcher.close()
+            engine.dispose()
+            target.stop()
+    assert not run.is_alive()
