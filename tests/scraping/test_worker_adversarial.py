@@ -23,7 +23,7 @@ from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher
+from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
 from pin_orchestration.scraping.worker import WorkerOptions, run_worker
@@ -239,3 +239,23 @@ def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_en
             engine.dispose()
             target.stop()
     assert not run.is_alive()
+
+
+def test_a_target_flipping_between_two_hosts_leaves_no_connection_held(
+    db_engine: Engine, make_tenant: Any, work: Worker
+) -> None:
+    """Hops back and forth between two hosts (the job's and another) end in
+    too_many_redirects; every hop to the other host held a connection of it, and none is
+    left held once the fetch is over (a leak would count against that host until the row
+    lapsed, for every tenant)."""
+    tenant = make_tenant("flip")[0]
+    with HostilePeer(alias="127.0.0.2") as peer:
+        job_id = enqueue(db_engine, tenant.id, peer.url("redirect-host-flip", "f"))
+        work(allowed="127.0.0.1/32,127.0.0.2/32")
+        hops = [r for r in peer.seen() if r.name == "f"]
+    job, rows = job_and_attempts(db_engine, job_id)
+    assert (job.status, job.last_error_class) == ("failed", "too_many_redirects")
+    assert len(rows) == 1
+    assert len(hops) == FetchPolicy().max_redirects + 1
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
