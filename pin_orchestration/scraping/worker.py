@@ -192,11 +192,14 @@ class _Flight:
     """One job in a slot: why it should stop, if it should, and when its lease was last
     known to be ours."""
 
-    def __init__(self, job: ClaimedJob, lease_seconds: float) -> None:
+    def __init__(self, job: ClaimedJob, lease_seconds: float, claim_sent_at: float) -> None:
         self.job = job
         self.stop_reason: str | None = None  # "cancelled" | "lease_lost" | "worker_stopped"
         self.lease_seconds = lease_seconds
-        self.renewed_at = time.monotonic()
+        # The lease runs from the claim's moment in PostgreSQL, which is no later than
+        # when the claim was sent: counted from its answer, a claim answered late left
+        # the worker trusting a lease that had already mostly run.
+        self.renewed_at = claim_sent_at
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -322,6 +325,7 @@ def run_worker(
                 with flights_lock:
                     free = options.slots - len(flights)
                 claimed: list[ClaimedJob] = []
+                claim_sent_at = time.monotonic()
                 if free > 0 and database.due():
                     try:
                         claimed = claim(
@@ -336,7 +340,7 @@ def run_worker(
                         database.failed("claim", exc)
                 report.claimed += len(claimed)
                 with flights_lock:
-                    new = [_Flight(job, options.lease_seconds) for job in claimed]
+                    new = [_Flight(job, options.lease_seconds, claim_sent_at) for job in claimed]
                     for flight in new:
                         flights[flight.key] = flight
                     in_flight = len(flights)
