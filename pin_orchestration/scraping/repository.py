@@ -11,6 +11,7 @@ import functools
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -31,6 +32,8 @@ from pin_orchestration.platform.sql import load_queries
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -575,13 +578,25 @@ class RedirectSlots:
         return float(wait)
 
     def release(self) -> None:
+        """Give back the last hop's slot. Never raises: it runs as the fetch ends, and a
+        database unreachable then must not throw away the answer in hand (the attempt
+        became a worker_error and the page was fetched again); a slot not given back
+        lapses by itself at its row's expiry, the fetch's deadline."""
         if not self._holds:
             return
-        with self._engine.begin() as conn:
-            conn.execute(
-                _q("release_redirect_slot"),
-                {"job_id": self._job.id, "attempt": self._job.attempt},
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(
+                    _q("release_redirect_slot"),
+                    {"job_id": self._job.id, "attempt": self._job.attempt},
+                )
+        except Exception:
+            log.warning(
+                "redirect slot of job %s not given back (it lapses at the fetch deadline)",
+                self._job.id,
+                exc_info=True,
             )
+            return
         self._holds = False
 
 

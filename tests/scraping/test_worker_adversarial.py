@@ -5,7 +5,9 @@ PostgreSQL, loopback targets, orders of events held by gates."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import random
 import select
 import socket
@@ -345,3 +347,121 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
             engine.dispose()
             target.stop()
     assert not run.is_alive()
+
+
+class _GatedAnswer:
+    """One request on 127.0.0.2 (another host than the job's), answered with a small 200
+    once `release` is set."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.2", 0))
+        self.url = f"http://127.0.0.2:{self.listener.getsockname()[1]}"
+        self.requests = 0
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self.release.is_set() or self.requests == 0:
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                self.requests += 1
+                self.reached.set()
+                self.release.wait(30)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        # Later requests (a fetch again) are counted too.
+        with contextlib.suppress(OSError):
+            self.listener.settimeout(2)
+            conn, _ = self.listener.accept()
+            with conn:
+                conn.recv(65536)
+                self.requests += 1
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    def stop(self) -> None:
+        self.release.set()
+        self._thread.join(timeout=10)
+        self.listener.close()
+
+
+class _LogGate(logging.Handler):
+    def __init__(self, *messages: str) -> None:
+        super().__init__()
+        self.messages = messages
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if any(m in record.getMessage() for m in self.messages):
+            self.seen.set()
+
+
+def test_a_redirect_slot_not_given_back_does_not_throw_away_the_answer(
+    db_url: str,
+    db_engine: Engine,
+    make_tenant: Any,
+    site: ScrapingTarget,
+    local_store: LocalResultStore,
+) -> None:
+    """A hop to another host holds a connection of it; giving it back is a database call
+    at the fetch's end. With the database cut at that moment the give-back raised out of
+    the fetch, the answer in hand was dropped, and the attempt became a worker_error: the
+    page was fetched again. The slot lapses by itself (its row expires with the fetch's
+    deadline); the answer is the attempt's result."""
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32,127.0.0.2/32")
+    settings = dataclasses.replace(settings, lease_seconds=30)
+    tenant = make_tenant("give-back")[0]
+    other_host = _GatedAnswer()
+    job_id = enqueue(db_engine, tenant.id, f"{site.url}/redirect?to={other_host.url}/page")
+    gate = _LogGate("failed unexpectedly", "not given back")
+    logging.getLogger("pin_orchestration").addHandler(gate)
+    stop = threading.Event()
+    try:
+        with proxy_in_front_of(db_url) as proxy:
+            engine = create_engine(database_url_via(db_url, proxy), poolclass=NullPool)
+            fetcher = Fetcher(fetch_policy_from(settings))
+            run = threading.Thread(
+                target=run_worker,
+                args=(engine, local_store, fetcher, retry_policy_from(settings)),
+                kwargs={
+                    "options": WorkerOptions(
+                        slots=1,
+                        lease_seconds=settings.lease_seconds,
+                        idle_exit_seconds=1.0,
+                        max_run_duration_seconds=60,
+                        poll_seconds=0.05,
+                        domain_rps=settings.domain_rps,
+                        domain_concurrency=settings.domain_concurrency,
+                    ),
+                    "stop": stop,
+                },
+            )
+            run.start()
+            try:
+                assert other_host.reached.wait(30), "the hop never reached the other host"
+                proxy.set_mode("down")
+                other_host.release.set()
+                assert gate.seen.wait(30), "the fetch's end was never logged"
+                proxy.set_mode("pass")
+                run.join(timeout=60)
+            finally:
+                stop.set()
+                proxy.set_mode("pass")
+                run.join(timeout=60)
+                fetcher.close()
+                engine.dispose()
+    finally:
+        logging.getLogger("pin_orchestration").removeHandler(gate)
+        other_host.stop()
+    assert not run.is_alive()
+    job, rows = job_and_attempts(db_engine, job_id)
+    assert other_host.requests == 1
+    assert (job.status, job.attempts) == ("succeeded", 1)
+    assert [a.outcome for a in rows] == ["succeeded"]
