@@ -44,7 +44,11 @@ import urllib3.exceptions
 import urllib3.poolmanager
 from urllib3.util.connection import allowed_gai_family
 
-from pin_orchestration.scraping.headers import parse_content_length, resolve_location
+from pin_orchestration.scraping.headers import (
+    content_length_error,
+    parse_content_length,
+    resolve_location,
+)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -374,7 +378,15 @@ def _read_answer(
     """The answer, its body read whole; past `policy.max_body_bytes` a `body_too_large`
     error, or with `cut` the bytes up to the limit (the rest unread)."""
     with response:
-        # A length that does not parse is no length: the body is still cut at the limit.
+        framing = content_length_error(
+            response.status_code,
+            response.headers.get("content-length"),
+            response.headers.get("transfer-encoding"),
+        )
+        if framing is not None:
+            # The answer ends here, unread, and its connection with it: what follows on
+            # that connection has no known start.
+            raise FetchError("invalid_response", f"HTTP {response.status_code}: {framing}")
         declared = parse_content_length(response.headers.get("content-length"))
         if declared is not None and declared > policy.max_body_bytes and not cut:
             raise FetchError(

@@ -43,6 +43,23 @@ def parse_content_length(value: str | None) -> int | None:
     return int(text)
 
 
+def content_length_error(
+    status_code: int, content_length: str | None, transfer_encoding: str | None
+) -> str | None:
+    """Why an answer's `Content-Length` leaves it without framing, or `None` when it does
+    not: RFC 9112 §6.3 makes an answer without Transfer-Encoding whose Content-Length is
+    invalid an unrecoverable error for a user agent (read to the close instead, its bytes
+    would pass for a body). Absent, next to a Transfer-Encoding (which overrides it), or on
+    a 1xx/204/304 (which have no body whatever it says), the header frames nothing."""
+    if content_length is None or transfer_encoding is not None:
+        return None
+    if status_code < 200 or status_code in (204, 304):
+        return None
+    if parse_content_length(content_length) is not None:
+        return None
+    return f"Content-Length {content_length[:50]!r} is no length (RFC 9112 §6.3)"
+
+
 def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     """The moment a `Retry-After` value points at, or `None` if it says nothing usable.
 

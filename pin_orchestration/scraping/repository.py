@@ -11,7 +11,9 @@ import functools
 import hashlib
 import hmac
 import json
+import logging
 import secrets
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from pin_orchestration.scraping import hosts
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -582,13 +586,25 @@ class RedirectSlots:
         return float(wait)
 
     def release(self) -> None:
+        """Give back the last hop's slot. Never raises: it runs as the fetch ends, and a
+        database unreachable then must not throw away the answer in hand (the attempt
+        became a worker_error and the page was fetched again); a slot not given back
+        lapses by itself at its row's expiry, the fetch's deadline."""
         if not self._holds:
             return
-        with self._engine.begin() as conn:
-            conn.execute(
-                _q("release_redirect_slot"),
-                {"job_id": self._job.id, "attempt": self._job.attempt},
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(
+                    _q("release_redirect_slot"),
+                    {"job_id": self._job.id, "attempt": self._job.attempt},
+                )
+        except Exception:
+            log.warning(
+                "redirect slot of job %s not given back (it lapses at the fetch deadline)",
+                self._job.id,
+                exc_info=True,
             )
+            return
         self._holds = False
 
 
@@ -640,6 +656,12 @@ class AttemptOutcome:
     domain_paused_until: datetime | None = None
     # The job's own domain: a round's writes lock domains in its order (finish_attempts).
     job_domain: str | None = None
+    # When next_attempt_at and domain_paused_until were decided: the deciding clock's
+    # reading and time.monotonic() beside it. The write turns those moments into delays
+    # from this reading, less the (monotonic) time since: a worker clock stepped between
+    # the decision and the write moves nothing. Without them, the write's clock is used.
+    decided_at: datetime | None = None
+    decided_monotonic: float | None = None
 
 
 def finish_attempts(
@@ -657,20 +679,28 @@ def finish_attempts(
 
     Retry and pause times were decided with the worker's `clock`; they are written as
     delays from PostgreSQL's now(), the clock every claim compares with, so a worker host
-    whose clock is off does not move them by its skew (the fault suite's clock jump)."""
+    whose clock is off does not move them by its skew (the fault suite's clock jump). The
+    delay is measured from the outcome's own decision (`decided_at`, less the monotonic
+    time since), so a clock stepped between the decision and this write moves nothing
+    either (stepped an hour ahead, a 429's 120 s was written as due at once)."""
     if not outcomes:
         return {}
 
-    decided_at = clock()
+    written_at, written_monotonic = clock(), time.monotonic()
 
-    def seconds_from_now(moment: datetime | None) -> float | None:
-        return None if moment is None else (moment - decided_at).total_seconds()
+    def seconds_from_now(o: AttemptOutcome, moment: datetime | None) -> float | None:
+        if moment is None:
+            return None
+        if o.decided_at is None or o.decided_monotonic is None:
+            return (moment - written_at).total_seconds()
+        since = max(written_monotonic - o.decided_monotonic, 0.0)
+        return (moment - o.decided_at).total_seconds() - since
 
-    pauses: dict[str, datetime] = {}
+    pauses: dict[str, float] = {}
     for o in outcomes:
-        if o.domain and o.domain_paused_until is not None:
-            earlier = pauses.get(o.domain, o.domain_paused_until)
-            pauses[o.domain] = max(o.domain_paused_until, earlier)
+        paused_for = seconds_from_now(o, o.domain_paused_until)
+        if o.domain and paused_for is not None:
+            pauses[o.domain] = max(paused_for, pauses.get(o.domain, paused_for))
     # Each write locks rows of one domain (the job's queue rows through the triggers, the
     # domain's row and queues for a pause), held to the commit. Written in completion order,
     # two rounds met in opposite orders and deadlocked; in domain order (a domain's
@@ -691,7 +721,7 @@ def finish_attempts(
             if domain in pauses:
                 conn.execute(
                     _q("pause_domains"),
-                    {"domains": [domain], "paused_for": [seconds_from_now(pauses[domain])]},
+                    {"domains": [domain], "paused_for": [pauses[domain]]},
                 )
     return written
 
@@ -700,7 +730,7 @@ def _finish_attempt(
     conn: Connection,
     worker: str,
     o: AttemptOutcome,
-    seconds_from_now: Callable[[datetime | None], float | None],
+    seconds_from_now: Callable[[AttemptOutcome, datetime | None], float | None],
 ) -> dict[uuid.UUID, str]:
     detail = o.error_detail[:512] if o.error_detail else None
     row = conn.execute(
@@ -716,7 +746,7 @@ def _finish_attempt(
             "error_detail": detail,
             "last_error": detail,
             "duration_ms": o.duration_ms,
-            "next_attempt_in": seconds_from_now(o.next_attempt_at),
+            "next_attempt_in": seconds_from_now(o, o.next_attempt_at),
             "result_key": o.result_key,
             "result_size": o.result_size,
             "result_sha256": o.result_sha256,

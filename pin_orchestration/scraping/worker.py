@@ -192,11 +192,14 @@ class _Flight:
     """One job in a slot: why it should stop, if it should, and when its lease was last
     known to be ours."""
 
-    def __init__(self, job: ClaimedJob, lease_seconds: float) -> None:
+    def __init__(self, job: ClaimedJob, lease_seconds: float, claim_sent_at: float) -> None:
         self.job = job
         self.stop_reason: str | None = None  # "cancelled" | "lease_lost" | "worker_stopped"
         self.lease_seconds = lease_seconds
-        self.renewed_at = time.monotonic()
+        # The lease runs from the claim's moment in PostgreSQL, which is no later than
+        # when the claim was sent: counted from its answer, a claim answered late left
+        # the worker trusting a lease that had already mostly run.
+        self.renewed_at = claim_sent_at
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -213,6 +216,12 @@ class _Flight:
             self.stop_reason = reason
 
     def should_stop(self) -> bool:
+        # A lease no renewal has confirmed for most of its length may be swept before the
+        # next one: the fetch hangs up now, before another worker can be given the job
+        # (cut off from the database while the target answered, it read on to its own
+        # deadline beside the job's next owner, past the host's connection limit).
+        if self.stop_reason is None and self.lease_in_doubt():
+            self.stop("lease_lost")
         return self.stop_reason is not None
 
 
@@ -266,6 +275,7 @@ def run_worker(
             # must not requeue it at once either (a cause that persists would retry it for
             # ever): a transient attempt, with the job's budget and backoff.
             log.exception("attempt of job %s failed unexpectedly", flight.job.id)
+            decided = _Decided.now(clock)
             decision = decide(
                 attempt=flight.job.budget_used,
                 status_code=None,
@@ -273,10 +283,10 @@ def run_worker(
                 error_detail=f"{type(exc).__name__}: {exc}",
                 retry_after=None,
                 policy=retry_policy,
-                now=clock(),
+                now=decided.at,
                 rng=rng,
             )
-            outcome = _decided(flight.job, decision, None, None)
+            outcome = _decided(flight.job, decision, decided, None, None)
         if outcome is not None:
             outcomes.put((outcome, flight.job.created_at))
         with flights_lock:
@@ -315,6 +325,7 @@ def run_worker(
                 with flights_lock:
                     free = options.slots - len(flights)
                 claimed: list[ClaimedJob] = []
+                claim_sent_at = time.monotonic()
                 if free > 0 and database.due():
                     try:
                         claimed = claim(
@@ -329,7 +340,7 @@ def run_worker(
                         database.failed("claim", exc)
                 report.claimed += len(claimed)
                 with flights_lock:
-                    new = [_Flight(job, options.lease_seconds) for job in claimed]
+                    new = [_Flight(job, options.lease_seconds, claim_sent_at) for job in claimed]
                     for flight in new:
                         flights[flight.key] = flight
                     in_flight = len(flights)
@@ -445,26 +456,28 @@ def _attempt(
             job.url, job.params, should_stop=flight.should_stop, redirect_slots=redirect_slots
         )
     except FetchError as exc:
+        decided = _Decided.now(clock)
         if exc.error_class == "cancelled":
-            return _stopped(flight, elapsed_ms(), clock())
+            return _stopped(flight, elapsed_ms(), decided, retry_policy.max_attempts)
         decision = decide(
             attempt=job.budget_used,
             status_code=None,
             error_class=exc.error_class,
             retry_after=None,
             policy=retry_policy,
-            now=clock(),
+            now=decided.at,
             rng=rng,
         )
-        return _decided(job, decision, None, elapsed_ms())
+        return _decided(job, decision, decided, None, elapsed_ms())
     try:
+        decided = _Decided.now(clock)
         decision = decide(
             attempt=job.budget_used,
             status_code=fetched.status_code,
             error_class=None,
             retry_after=fetched.headers.get("Retry-After"),
             policy=retry_policy,
-            now=clock(),
+            now=decided.at,
             rng=rng,
         )
         if decision.outcome != "succeeded":
@@ -472,17 +485,21 @@ def _attempt(
                 fetched.status_code,
                 fetched.headers.get("Retry-After"),
                 retry_policy,
-                clock(),
+                decided.at,
             )
             # The host that answered is paused: after a redirect, the hop's, not the job's.
             answered_by = urlsplit(fetched.final_url).hostname or job.domain
             return _decided(
-                job, decision, fetched.status_code, elapsed_ms(), paused_until, answered_by
+                job,
+                decision,
+                decided,
+                fetched.status_code,
+                elapsed_ms(),
+                paused_until,
+                answered_by,
             )
-        if flight.lease_in_doubt():
-            flight.stop("lease_lost")
-        if flight.should_stop():
-            return _stopped(flight, elapsed_ms(), clock())
+        if flight.should_stop():  # a lease in doubt included: its result is not stored
+            return _stopped(flight, elapsed_ms(), decided, retry_policy.max_attempts)
         key = result_key(job.tenant_id, job.id, job.created_at, job.attempt)
         stored = store.put(
             key,
@@ -516,9 +533,25 @@ def _storable_content_type(value: str | None) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """When an outcome was decided: the wall clock its times were computed with, and the
+    monotonic clock beside it. The round that writes the outcome turns its times into
+    delays from this reading, not from the wall clock at the write: a clock stepped (or
+    an outcome held through a database outage) in between must not move them."""
+
+    at: datetime
+    monotonic: float
+
+    @classmethod
+    def now(cls, clock: Callable[[], datetime]) -> _Decided:
+        return cls(clock(), time.monotonic())
+
+
 def _decided(
     job: ClaimedJob,
     decision: Decision,
+    decided: _Decided,
     http_status: int | None,
     duration_ms: int | None,
     domain_paused_until: datetime | None = None,
@@ -537,10 +570,14 @@ def _decided(
         error_detail=decision.error_detail,
         duration_ms=duration_ms,
         next_attempt_at=decision.next_attempt_at,
+        decided_at=decided.at,
+        decided_monotonic=decided.monotonic,
     )
 
 
-def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome | None:
+def _stopped(
+    flight: _Flight, duration_ms: int, decided: _Decided, max_attempts: int
+) -> AttemptOutcome | None:
     job = flight.job
     if flight.stop_reason == "cancelled":
         return AttemptOutcome(
@@ -556,10 +593,26 @@ def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome
     if flight.stop_reason == "lease_lost":
         # The job is someone else's now; the database would refuse any write of ours.
         return None
-    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", now)
+    if job.budget_used >= max_attempts:
+        # The claim counted this attempt: handed back, the job would get one past its
+        # budget (and one more at every stop). The sweeper fails a lost last attempt too.
+        return AttemptOutcome(
+            job_id=job.id,
+            job_domain=job.domain,
+            attempt=job.attempt,
+            status="failed",
+            outcome="failed",
+            error_class="worker_stopped",
+            error_detail=(
+                f"the worker run was stopped during the last attempt ({job.budget_used} of "
+                f"{max_attempts}); not retried (pin scraping requeue gives a fresh budget)"
+            ),
+            duration_ms=duration_ms,
+        )
+    return _retry_now(job, "worker_stopped", "the worker run was stopped; handed back", decided)
 
 
-def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) -> AttemptOutcome:
+def _retry_now(job: ClaimedJob, error_class: str, detail: str, decided: _Decided) -> AttemptOutcome:
     return AttemptOutcome(
         job_id=job.id,
         job_domain=job.domain,
@@ -568,7 +621,9 @@ def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) ->
         outcome="retry",
         error_class=error_class,
         error_detail=detail,
-        next_attempt_at=now,
+        next_attempt_at=decided.at,
+        decided_at=decided.at,
+        decided_monotonic=decided.monotonic,
     )
 
 

@@ -53,12 +53,13 @@ def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
 
 def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> None:
     # finish_attempts measures the decided retry time against the machine's clock instead
-    # of the worker's: a worker an hour ahead parks its retries for an hour.
+    # of the worker's (the clock it was decided with): a worker an hour ahead parks its
+    # retries for an hour.
     root = broken_copy(
         tmp_path,
         "scraping/repository.py",
-        "    decided_at = clock()\n",
-        "    decided_at = datetime.now(UTC)\n",
+        "        return (moment - o.decided_at).total_seconds() - since\n",
+        "        return (moment - datetime.now(UTC)).total_seconds() - since\n",
     )
     result = run_suite(root, "scraping-clock-jump")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pin_orchestration.scraping.headers import (
+    content_length_error,
     parse_content_length,
     parse_retry_after,
     resolve_location,
@@ -101,3 +102,29 @@ def test_no_header_value_raises(value: str) -> None:
 )
 def test_resolve_location(value: str | None, expected: str | None) -> None:
     assert resolve_location(value, "http://a.test/start") == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "content_length", "transfer_encoding", "invalid"),
+    [
+        (200, "42", None, False),
+        (200, None, None, False),
+        (200, "42, 42", None, False),
+        (200, "²", None, True),
+        (200, "-5", None, True),
+        (200, "0x10", None, True),
+        (200, "", None, True),
+        (200, "3, 7", None, True),
+        (503, "-1", None, True),
+        # Transfer-Encoding overrides it; these statuses have no body whatever it says.
+        (200, "-5", "chunked", False),
+        (204, "-5", None, False),
+        (304, "x", None, False),
+        (101, "x", None, False),
+    ],
+)
+def test_content_length_error(
+    status: int, content_length: str | None, transfer_encoding: str | None, invalid: bool
+) -> None:
+    error = content_length_error(status, content_length, transfer_encoding)
+    assert (error is not None) == invalid

@@ -53,3 +53,30 @@ def test_every_malformed_answer_is_an_answer_or_a_fetch_error_within_the_deadlin
     # The deadline's watchdog shuts a late fetch's socket: allow it its own reaction time.
     assert time.monotonic() - began < TIMEOUT_SECONDS + 1.0
     assert any(r.name == f"{method}-{behaviour}" for r in peer.seen())
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        "content-length-superscript",
+        "content-length-negative",
+        "content-length-hex",
+        "content-length-twice",
+    ],
+)
+def test_an_invalid_content_length_is_an_invalid_response_not_an_answer(
+    peer: HostilePeer, fetcher: Fetcher, behaviour: str, method: str
+) -> None:
+    """RFC 9112 §6.3: a response without Transfer-Encoding whose Content-Length is invalid
+    has no framing, and a user agent must treat it as an unrecoverable error. Read to the
+    close instead, a `200` with `Content-Length: -5` was stored as the job's result (and a
+    webhook receiver's such `200` acknowledged the finish)."""
+    url = peer.url(behaviour, f"framing-{method}-{behaviour}")
+    with pytest.raises(FetchError) as caught:
+        if method == "GET":
+            fetcher.fetch(url).close()
+        else:
+            fetcher.post(url, b"{}", {"Content-Type": "application/json"}).close()
+    assert caught.value.error_class == "invalid_response"
+    assert "Content-Length" in caught.value.detail

@@ -109,12 +109,13 @@ def work_bounded(work: Worker) -> Iterator[Worker]:
         timer.cancel()
 
 
-def test_a_content_length_of_non_ascii_digits_is_treated_as_absent(
+def test_a_content_length_of_non_ascii_digits_fails_the_job_as_an_invalid_response(
     db_engine: Engine, tenant_id: uuid.UUID, raw_target: Any, work_bounded: Worker
 ) -> None:
     # "²" (latin-1 0xB2, as http.client decodes header bytes): isdigit() is true, int()
-    # raises. The length is no length, and the body is read to the connection's close (as
-    # http.client reads it).
+    # raises. The length is no length: an answer without framing, which RFC 9112 §6.3
+    # makes an unrecoverable error (read to the close, it passed for a good body). Once,
+    # not a crash retried for ever.
     target = raw_target(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: \xb2\r\n"
         b"Connection: close\r\n\r\nhello"
@@ -122,7 +123,7 @@ def test_a_content_length_of_non_ascii_digits_is_treated_as_absent(
     job_id = enqueue(db_engine, tenant_id, f"{target.url}/x")
     work_bounded(settings=THREE_ATTEMPTS, idle_exit_seconds=1.0)
     row = job_row(db_engine, job_id)
-    assert (row.status, row.attempts) == ("succeeded", 1)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, "invalid_response")
     assert target.requests == 1
 
 
@@ -231,3 +232,37 @@ def test_a_store_failing_every_put_spends_the_attempt_budget_with_backoff(
     assert "No space left on device" in row.last_error
     assert "attempts exhausted (3 of 3)" in row.last_error
     assert (target.requests, store.puts) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # A status line with a NUL: http.client quotes the raw line in its error.
+        b"HTTP/1.1 2\x0000 OK\r\nContent-Length: 0\r\n\r\n",
+        b"\x00\x01\x02 not http\r\n\r\n",
+    ],
+)
+def test_an_error_quoting_a_nul_from_the_target_is_recorded_with_the_other_outcomes(
+    db_engine: Engine,
+    tenant_id: uuid.UUID,
+    raw_target: Any,
+    site: Any,
+    work_bounded: Worker,
+    answer: bytes,
+) -> None:
+    """A fetch error quotes what the target sent; a NUL in it made PostgreSQL refuse the
+    whole round's transaction (text cannot hold one), so no outcome of that round was ever
+    written: every job the run had fetched with it, other tenants' too, was retried until
+    its lease ran out and the sweeper requeued it, and the hostile job never ended."""
+    target = raw_target(answer)
+    bad = enqueue(db_engine, tenant_id, f"{target.url}/x")
+    good = enqueue(db_engine, tenant_id, f"{site.url}/page/good")
+    work_bounded(settings=THREE_ATTEMPTS, idle_exit_seconds=1.0)
+    assert (job_row(db_engine, good).status, job_row(db_engine, good).attempts) == (
+        "succeeded",
+        1,
+    )
+    row = job_row(db_engine, bad)
+    assert (row.status, row.attempts, row.last_error_class) == ("failed", 1, "invalid_response")
+    assert "\x00" not in row.last_error and target.requests == 1
+    assert [a.outcome for a in attempts(db_engine, bad)] == ["failed"]
