@@ -1,0 +1,91 @@
+"""Two FullSweeps at once (issue 29): one holds the lock and walks, the other is skipped on
+it and owes a whole pass. The pass the skipped run owes starts after its skip; the one in
+flight visited its first posts before, so it cannot stand in for it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from pin_orchestration.news import reconcile as reconcile_module
+from pin_orchestration.news.reconcile import (
+    ReconcileOptions,
+    RunStatus,
+    Scope,
+    read_backlog,
+    run_reconcile,
+)
+from tests.news_reconcile.factories import add_post, comments_count
+
+SWEEP = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1)
+
+
+class PauseAfterFirstSlice(logging.LoggerAdapter[logging.Logger]):
+    """The running sweep's logger: after its first slice of batches (committed, the lock
+    still held) it tells the test and waits for it — a gate, not a sleep."""
+
+    def __init__(self, paused: threading.Event, resume: threading.Event) -> None:
+        super().__init__(logging.getLogger(__name__), {})
+        self.paused, self.resume = paused, resume
+
+    def info(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().info(msg, *args, **kwargs)
+        if "batches processed" in str(msg) and not self.paused.is_set():
+            self.paused.set()
+            assert self.resume.wait(30), "the test never let the sweep go on"
+
+
+def test_a_full_sweep_skipped_behind_a_running_one_stays_owed(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    posts = sorted(add_post(db_engine) for _ in range(4))
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)  # one batch a slice
+    paused, resume = threading.Event(), threading.Event()
+    results: list[Any] = []
+
+    def running_sweep() -> None:
+        results.append(
+            run_reconcile(
+                db_engine,
+                SWEEP,
+                run_id="running",
+                holder="runner-a",
+                logger=PauseAfterFirstSlice(paused, resume),
+            )
+        )
+
+    runner = threading.Thread(target=running_sweep)
+    runner.start()
+    try:
+        assert paused.wait(30)
+        # The first post is behind the running sweep's cursor now; it drifts, and then a
+        # second FullSweep is due and finds the lock held.
+        with db_engine.begin() as conn:
+            conn.execute(
+                text("UPDATE news.posts SET comments_count = 7 WHERE id = :id"),
+                {"id": posts[0]},
+            )
+        skipped = run_reconcile(db_engine, SWEEP, run_id=f"skip-{uuid.uuid4()}", holder="b")
+        assert skipped.status == RunStatus.SKIPPED
+        assert skipped.backlog_remaining is True
+    finally:
+        resume.set()
+        runner.join(60)
+    assert results[0].status == RunStatus.SUCCEEDED
+    assert comments_count(db_engine, posts[0]) == 7  # the running sweep was past it
+
+    # The skipped run's pass is still owed: nothing since its skip has looked at posts[0].
+    backlog = read_backlog(db_engine)
+    assert Scope.FULL_SWEEP in backlog.pending_passes
+    assert results[0].backlog_remaining is True
+
+    owed = run_reconcile(db_engine, SWEEP, run_id="owed-pass", holder="runner-c")
+    assert owed.status == RunStatus.SUCCEEDED
+    assert comments_count(db_engine, posts[0]) == 0
+    assert owed.backlog_remaining is False
+    assert read_backlog(db_engine).pending_passes == ()
