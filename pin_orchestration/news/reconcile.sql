@@ -367,9 +367,13 @@ SET status = :status, finished_at = now(), corrections = CAST(:corrections AS js
 WHERE id = :run_ref
 
 -- What is owed: posts, and passes cut, crashed or not yet done (a checkpoint with a
--- cursor), of either scope, or owed by a skipped FullSweep (its mark).
+-- cursor), of either scope, or owed by a skipped FullSweep (its mark). A post archived or
+-- deleted since it became owed is owed nothing (the next run forgives it,
+-- forgive_gone_posts): it is not counted meanwhile.
 -- name: backlog
-SELECT (SELECT count(*) FROM news.comment_reconcile_owed) AS owed_posts,
+SELECT (SELECT count(*) FROM news.comment_reconcile_owed AS o
+        WHERE EXISTS (SELECT 1 FROM news.posts AS p
+                      WHERE p.id = o.post_id AND p.status <> 'Archived')) AS owed_posts,
        ARRAY(SELECT checkpoint_key FROM pin.job_checkpoints
              WHERE checkpoint_key = ANY(:checkpoint_keys) AND last_id IS NOT NULL
              ORDER BY checkpoint_key) AS pending_passes

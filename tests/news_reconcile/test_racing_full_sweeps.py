@@ -20,6 +20,7 @@ from pin_orchestration.news.reconcile import (
     read_backlog,
     run_reconcile,
 )
+from pin_orchestration.platform.metrics import build_registry
 from tests.news_reconcile.factories import add_post, comments_count
 
 SWEEP = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1)
@@ -89,3 +90,30 @@ def test_a_full_sweep_skipped_behind_a_running_one_stays_owed(
     assert comments_count(db_engine, posts[0]) == 0
     assert owed.backlog_remaining is False
     assert read_backlog(db_engine).pending_passes == ()
+
+
+@pytest.mark.parametrize("gone", ["deleted", "archived"])
+def test_an_owed_post_deleted_or_archived_is_owed_nothing_in_the_gauges(
+    db_engine: Engine, gone: str
+) -> None:
+    """A skipped post is owed; deleted or archived before the next run, it is owed
+    nothing (the next run forgives it): the owed count and backlog_remaining the
+    operators read say so at once, not only after that run."""
+    busy = add_post(db_engine, comments_count=3)
+    with db_engine.connect() as hot_path:
+        hot_path.execute(text("SELECT 1 FROM news.posts WHERE id = :id FOR UPDATE"), {"id": busy})
+        first = run_reconcile(db_engine, SWEEP, run_id="first", holder="a")
+        hot_path.rollback()
+    assert (first.posts_skipped, first.owed_posts, first.backlog_remaining) == (1, 1, True)
+    with db_engine.begin() as conn:
+        if gone == "deleted":
+            conn.execute(text("DELETE FROM news.posts WHERE id = :id"), {"id": busy})
+        else:
+            conn.execute(
+                text("UPDATE news.posts SET status = 'Archived' WHERE id = :id"), {"id": busy}
+            )
+    assert read_backlog(db_engine).owed_posts == 0
+    assert read_backlog(db_engine).remaining is False
+    registry = build_registry(db_engine)
+    assert registry.get_sample_value("news_comment_reconcile_owed_posts") == 0
+    assert registry.get_sample_value("news_comment_reconcile_backlog_remaining") == 0
