@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from pin_orchestration.news.reconcile import (
     run_reconcile,
 )
 from pin_orchestration.platform.metrics import build_registry
-from tests.news_reconcile.factories import add_post, comments_count
+from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
 SWEEP = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1)
 
@@ -117,3 +118,79 @@ def test_an_owed_post_deleted_or_archived_is_owed_nothing_in_the_gauges(
     registry = build_registry(db_engine)
     assert registry.get_sample_value("news_comment_reconcile_owed_posts") == 0
     assert registry.get_sample_value("news_comment_reconcile_backlog_remaining") == 0
+
+
+def test_a_day_run_twice_at_once_owes_exactly_what_the_running_one_passed(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one day at once: the second is skipped on the lock and owes the day's
+    posts; the first, still walking, pays what it looks at after that and not what it
+    passed before (a drift there is after its look)."""
+    anchor = datetime(2026, 11, 29, 21, tzinfo=UTC)  # the end of 2026-11-29, Moscow
+    posts = sorted(add_post(db_engine, comments_count=1) for _ in range(3))
+    for post in posts:
+        add_comments(db_engine, post, 1, at=anchor - timedelta(minutes=1))
+    daily = ReconcileOptions(scope=Scope.DAILY_WINDOW, batch_size=1)
+    monkeypatch.setattr(reconcile_module, "SLICE_SECONDS", 0.0)
+    paused, resume = threading.Event(), threading.Event()
+    results: list[Any] = []
+
+    def running_day() -> None:
+        results.append(
+            run_reconcile(
+                db_engine,
+                daily,
+                run_id="running",
+                holder="runner-a",
+                window_anchor=anchor,
+                partition="2026-11-29",
+                logger=PauseAfterFirstSlice(paused, resume),
+            )
+        )
+
+    runner = threading.Thread(target=running_day)
+    runner.start()
+    try:
+        assert paused.wait(30)
+        with db_engine.begin() as conn:
+            conn.execute(
+                text("UPDATE news.posts SET comments_count = 5 WHERE id = ANY(:ids)"),
+                {"ids": [posts[0], posts[2]]},
+            )
+        skipped = run_reconcile(
+            db_engine,
+            daily,
+            run_id="skipped",
+            holder="b",
+            window_anchor=anchor,
+            partition="2026-11-29",
+        )
+        assert skipped.status == RunStatus.SKIPPED
+        assert skipped.owed_posts == 3
+    finally:
+        resume.set()
+        runner.join(60)
+    (running,) = results
+    assert running.status == RunStatus.SUCCEEDED
+    assert running.drift_corrected == 1  # posts[2], looked at after the drift
+    assert [comments_count(db_engine, p) for p in posts] == [5, 1, 1]
+    with db_engine.connect() as conn:
+        owed = conn.execute(text("SELECT post_id FROM news.comment_reconcile_owed")).scalars()
+        assert list(owed) == [posts[0]]
+    assert (running.owed_posts, running.backlog_remaining) == (1, True)
+
+    later = run_reconcile(
+        db_engine,
+        daily,
+        run_id="later",
+        holder="c",
+        window_anchor=anchor + timedelta(days=1),
+        partition="2026-11-30",
+    )
+    assert later.drift_corrected == 1
+    assert comments_count(db_engine, posts[0]) == 1
+    assert (later.owed_posts, later.backlog_remaining) == (0, False)
+    assert (
+        build_registry(db_engine).get_sample_value("news_comment_reconcile_drift_corrected_total")
+        == 2
+    )
