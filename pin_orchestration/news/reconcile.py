@@ -229,6 +229,11 @@ def checkpoint_key(scope: Scope) -> str:
     return f"{JOB_CODE}:{scope.value}"
 
 
+# The mark a FullSweep skipped on the held lock leaves: a whole pass owed, which the next
+# FullSweep holding the lock takes (reconcile.sql, owe_full_sweep).
+OWED_FULL_SWEEP_KEY = f"{checkpoint_key(Scope.FULL_SWEEP)}:owed"
+
+
 def _queries() -> dict[str, str]:
     return load_queries("pin_orchestration.news", "reconcile.sql")
 
@@ -269,10 +274,12 @@ def _statement(name: str) -> TextClause:
 def read_backlog(engine: Engine) -> Backlog:
     with engine.connect() as conn:
         row = conn.execute(
-            _statement("backlog"), {"checkpoint_keys": [checkpoint_key(s) for s in Scope]}
+            _statement("backlog"),
+            {"checkpoint_keys": [*(checkpoint_key(s) for s in Scope), OWED_FULL_SWEEP_KEY]},
         ).one()
-    keys = {checkpoint_key(s): s for s in Scope}
-    return Backlog(int(row.owed_posts), tuple(keys[k] for k in row.pending_passes))
+    keys = {checkpoint_key(s): s for s in Scope} | {OWED_FULL_SWEEP_KEY: Scope.FULL_SWEEP}
+    pending = dict.fromkeys(keys[k] for k in row.pending_passes)
+    return Backlog(int(row.owed_posts), tuple(pending))
 
 
 def read_checkpoint_state(engine: Engine, scope: Scope) -> Checkpoint | None:
@@ -466,6 +473,8 @@ def run_reconcile(
             _finish(engine, result, run_id, run_ref, started, started_at)
             return result
 
+        if scope == Scope.FULL_SWEEP:
+            _take_owed_full_sweep(engine, lease)
         checkpoint = read_checkpoint_state(engine, scope)
         legs, window = plan_pass(scope, checkpoint, own_window)
         result.start_after_post_id = checkpoint.last_id if checkpoint else None
@@ -562,11 +571,27 @@ def _owe_skipped_run(
         else:
             conn.execute(
                 _statement("owe_full_sweep"),
-                {"checkpoint_key": checkpoint_key(result.scope), "start_cursor": START_CURSOR},
+                {"owed_key": OWED_FULL_SWEEP_KEY, "start_cursor": START_CURSOR},
             )
     return _record_run(
         engine, run_id, result.partition, result.scope, RunStatus.SKIPPED.value, started_at
     )
+
+
+def _take_owed_full_sweep(engine: Engine, lease: LockLease) -> None:
+    """Under the lock, before the checkpoint is read: a pass owed by a skipped FullSweep
+    makes this run's pass start from the first post."""
+    with engine.begin() as conn:
+        conn.execute(
+            _statement("take_owed_full_sweep"),
+            {
+                "owed_key": OWED_FULL_SWEEP_KEY,
+                "checkpoint_key": checkpoint_key(Scope.FULL_SWEEP),
+                "start_cursor": START_CURSOR,
+                "lock_key": lease.key,
+                "lock_token": lease.token,
+            },
+        )
 
 
 def _begin_run(

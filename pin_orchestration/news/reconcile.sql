@@ -293,13 +293,35 @@ ON CONFLICT (checkpoint_key) DO UPDATE
         window_end = excluded.window_end, updated_at = excluded.updated_at
     WHERE k.last_id IS NULL
 
--- A FullSweep skipped on the held lock owes a whole pass: the next FullSweep starts from
--- the first post (a pass left pending further on would not reach the posts before its
--- cursor again). Not fenced, this run holds no lock: a FullSweep holding it moves the
--- checkpoint on with its next batch, and its pass is the one owed.
+-- A FullSweep skipped on the held lock owes a whole pass from the first post, begun after
+-- its skip (a pass left pending further on would not reach the posts before its cursor
+-- again). It holds no lock, so it writes no checkpoint a lock holder writes: a FullSweep
+-- in flight would overwrite it with its next batch and end it with its last, though it
+-- passed its first posts before the skip. It leaves a mark of its own instead
+-- (:owed_key), which only the next FullSweep that holds the lock takes.
 -- name: owe_full_sweep
 INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
-VALUES (:checkpoint_key, CAST(:start_cursor AS uuid), now())
+VALUES (:owed_key, CAST(:start_cursor AS uuid), now())
+ON CONFLICT (checkpoint_key) DO UPDATE
+    SET last_id = excluded.last_id, updated_at = excluded.updated_at
+
+-- A FullSweep with the lock takes the owed pass, before it reads its checkpoint: its pass
+-- (re)starts from the first post. Fenced: only while the run holds its lock.
+-- name: take_owed_full_sweep
+WITH taken AS (
+    DELETE FROM pin.job_checkpoints
+    WHERE checkpoint_key = :owed_key
+      AND EXISTS (
+          SELECT 1 FROM pin.distributed_locks
+          WHERE lock_key = :lock_key AND token = :lock_token
+            AND expires_at > clock_timestamp()
+          FOR KEY SHARE
+      )
+    RETURNING 1
+)
+INSERT INTO pin.job_checkpoints AS k (checkpoint_key, last_id, updated_at)
+SELECT :checkpoint_key, CAST(:start_cursor AS uuid), now()
+FROM taken
 ON CONFLICT (checkpoint_key) DO UPDATE
     SET last_id = excluded.last_id, window_start = NULL, window_end = NULL,
         updated_at = excluded.updated_at
@@ -345,9 +367,13 @@ SET status = :status, finished_at = now(), corrections = CAST(:corrections AS js
 WHERE id = :run_ref
 
 -- What is owed: posts, and passes cut, crashed or not yet done (a checkpoint with a
--- cursor), of either scope.
+-- cursor), of either scope, or owed by a skipped FullSweep (its mark). A post archived or
+-- deleted since it became owed is owed nothing (the next run forgives it,
+-- forgive_gone_posts): it is not counted meanwhile.
 -- name: backlog
-SELECT (SELECT count(*) FROM news.comment_reconcile_owed) AS owed_posts,
+SELECT (SELECT count(*) FROM news.comment_reconcile_owed AS o
+        WHERE EXISTS (SELECT 1 FROM news.posts AS p
+                      WHERE p.id = o.post_id AND p.status <> 'Archived')) AS owed_posts,
        ARRAY(SELECT checkpoint_key FROM pin.job_checkpoints
              WHERE checkpoint_key = ANY(:checkpoint_keys) AND last_id IS NOT NULL
              ORDER BY checkpoint_key) AS pending_passes
