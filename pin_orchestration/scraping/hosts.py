@@ -32,8 +32,9 @@ _URL = re.compile(r"([Hh][Tt][Tt][Pp][Ss]?)://([^/?#]*)(.*)", re.DOTALL)
 _SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 # host[:port]: an IPv6 literal in brackets (no zone id) or a name; the port 0-5 digits.
 _AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:]*\]|[^:\[\]]*)(?::([0-9]*))?")
-# An ASCII name: letters, digits, '-' and '_' in dot-separated labels, one trailing dot.
-_ASCII_NAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
+# An ASCII name: letters, digits, '-' and '_' in dot-separated labels of at most 63
+# (DNS's limit: urllib3 refuses a longer label when it connects), one trailing dot.
+_ASCII_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?")
 # A name with non-ASCII labels: each label free of the characters above that have a
 # meaning in a URL or DNS (the IDNA check refuses the rest).
 _NAME = re.compile(r"[^.%@\\/?#:\[\]]+(?:\.[^.%@\\/?#:\[\]]+)*\.?")
@@ -105,13 +106,16 @@ def host_key(host: str, field: str = "the host") -> str:
     if host.isascii() or not _NAME.fullmatch(host):
         raise ValueError(
             f"{field} has a host that is not a valid name ({host[:80]!r}): use letters, "
-            "digits, '-', '_' and dots"
+            "digits, '-', '_' and dots, at most 63 characters between dots"
         )
     labels = []
     for label in host.rstrip(".").split("."):
         if label.isascii():
             if not _ASCII_NAME.fullmatch(label):
-                raise ValueError(f"{field} has an invalid label {label[:63]!r} in its host")
+                raise ValueError(
+                    f"{field} has an invalid label {label[:63]!r} in its host: use letters, "
+                    "digits, '-' and '_', at most 63 characters"
+                )
             labels.append(label.lower())
             continue
         try:

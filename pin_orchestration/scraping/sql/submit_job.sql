@@ -253,12 +253,13 @@ BEGIN
             quote_literal(left(v_host, 80))
             USING ERRCODE = '22023';
     END IF;
-    IF v_host ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$' THEN
+    IF v_host ~ '^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*\.?$' THEN
         RETURN rtrim(lower(v_host COLLATE "C"), '.');
     END IF;
     IF v_host ~ '^[\x01-\x7f]*$' THEN
         RAISE EXCEPTION '% has a host that is not a valid name (%): use letters, digits, '
-            '''-'', ''_'' and dots', p_argument, quote_literal(left(v_host, 80))
+            '''-'', ''_'' and dots, at most 63 characters between dots', p_argument,
+            quote_literal(left(v_host, 80))
             USING ERRCODE = '22023';
     END IF;
     RAISE EXCEPTION '% has a host with non-ASCII characters (%): give it in its IDNA '
