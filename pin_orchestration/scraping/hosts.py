@@ -32,8 +32,17 @@ _URL = re.compile(r"([Hh][Tt][Tt][Pp][Ss]?)://([^/?#]*)(.*)", re.DOTALL)
 _SCHEME_ONLY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 # host[:port]: an IPv6 literal in brackets (no zone id) or a name; the port 0-5 digits.
 _AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:]*\]|[^:\[\]]*)(?::([0-9]*))?")
-# An ASCII name: letters, digits, '-' and '_' in dot-separated labels, one trailing dot.
-_ASCII_NAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
+# An ASCII name: letters, digits, '-' and '_' in dot-separated labels of at most 63
+# (DNS's limit: urllib3 refuses a longer label when it connects), one trailing dot.
+_ASCII_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?")
+# A name getaddrinfo may read as an IPv4 address (inet_aton: 1 to 4 parts, each decimal,
+# 0x hex or 0 octal), and the one spelling of it accepted, a.b.c.d: 0x7f.1, 127.1 and
+# 2130706433 are all 127.0.0.1, and one address under many keys gets many rates.
+_NUMERIC_HOST = re.compile(
+    r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)(?:\.(?:0[xX][0-9A-Fa-f]*|[0-9]+)){0,3}\.?"
+)
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}\.?")
 # A name with non-ASCII labels: each label free of the characters above that have a
 # meaning in a URL or DNS (the IDNA check refuses the rest).
 _NAME = re.compile(r"[^.%@\\/?#:\[\]]+(?:\.[^.%@\\/?#:\[\]]+)*\.?")
@@ -101,17 +110,25 @@ def host_key(host: str, field: str = "the host") -> str:
             raise ValueError(f"{field} has an invalid IPv6 address {host[:80]!r}") from None
         return host.lower()
     if _ASCII_NAME.fullmatch(host):
+        if _NUMERIC_HOST.fullmatch(host) and not _DOTTED_QUAD.fullmatch(host):
+            raise ValueError(
+                f"{field} has an IPv4 address not written as a.b.c.d ({host[:80]!r}): give "
+                "four decimal numbers 0 to 255 without leading zeros"
+            )
         return host.lower().rstrip(".")
     if host.isascii() or not _NAME.fullmatch(host):
         raise ValueError(
             f"{field} has a host that is not a valid name ({host[:80]!r}): use letters, "
-            "digits, '-', '_' and dots"
+            "digits, '-', '_' and dots, at most 63 characters between dots"
         )
     labels = []
     for label in host.rstrip(".").split("."):
         if label.isascii():
             if not _ASCII_NAME.fullmatch(label):
-                raise ValueError(f"{field} has an invalid label {label[:63]!r} in its host")
+                raise ValueError(
+                    f"{field} has an invalid label {label[:63]!r} in its host: use letters, "
+                    "digits, '-' and '_', at most 63 characters"
+                )
             labels.append(label.lower())
             continue
         try:

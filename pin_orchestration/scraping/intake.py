@@ -131,6 +131,9 @@ class GroupedIntake:
         answers: list[Submitted | IdempotencyKeyReused | None] = [None] * len(group)
         admitted: list[int] = []
         for n, job in enumerate(group):
+            # Answered by this write alone: a failed group's attempt, rolled back, may have
+            # refused a job this one admits.
+            job.wait_seconds = 0.0
             if not self._limit.enabled:
                 admitted.append(n)
                 continue

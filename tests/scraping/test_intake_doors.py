@@ -4,6 +4,7 @@ naming the field, and keys an accepted job's domain as the fetcher resolves its 
 
 from __future__ import annotations
 
+import socket
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +16,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.fetch import Fetcher, FetchError, FetchPolicy
 from pin_orchestration.scraping.repository import JobRequest
 from tests.scraping.conftest import auth
 from tests.scraping.test_scheduling import claim
@@ -162,3 +164,80 @@ def test_an_atomic_batch_points_a_reused_key_at_the_job_that_reused_it(
     )
     assert answer.status_code == 422, answer.text
     assert [e["pointer"] for e in answer.json()["errors"]] == ["/jobs/2/idempotency_key"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://" + "a" * 64 + ".example/page",
+        "http://x." + "b" * 64 + "/page",
+        "http://bücher." + "c" * 64 + ".example/page",
+    ],
+)
+def test_a_label_longer_than_dns_allows_is_refused_at_every_door(
+    client: TestClient, db_engine: Engine, make_tenant, url: str
+) -> None:
+    """A DNS label is at most 63 octets: the fetcher refuses the URL (invalid_url, the job
+    failed after its 202), so every door refuses it, naming the field."""
+    tenant, key = make_tenant("shop")
+    fetcher = Fetcher(FetchPolicy(timeout_seconds=5))
+    with pytest.raises(FetchError) as at_fetch:
+        fetcher.fetch(url)
+    assert at_fetch.value.error_class == "invalid_url"
+
+    answer = client.post("/jobs", json={"url": url}, headers=auth(key))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["pointer"] == "/url"
+    hook = client.post(
+        "/jobs", json={"url": "http://ok.example/", "callback_url": url}, headers=auth(key)
+    )
+    assert hook.status_code == 422, hook.text
+    assert hook.json()["errors"][0]["pointer"] == "/callback_url"
+    batch = client.post("/jobs/batch", json={"jobs": [{"url": url}]}, headers=auth(key))
+    assert batch.json()["items"][0]["status"] == 422
+    with pytest.raises(repository.JobRejected, match="63"):
+        repository.submit_job(db_engine, tenant.id, JobRequest(url, {}), None)
+    if url.isascii():  # SQL asks for the xn-- form of a non-ASCII host first
+        with pytest.raises(DBAPIError) as refused:
+            sql_submit(db_engine, tenant.id, url)
+        assert refused.value.orig.sqlstate == "22023"  # type: ignore[union-attr]
+        assert "63" in str(refused.value.orig)
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one() == 0
+
+
+@pytest.mark.parametrize(
+    "host", ["0x7f.1", "2130706433", "127.1", "0177.0.0.1", "0x7f.0.0.1", "127.0.0.01"]
+)
+def test_an_ipv4_address_in_another_spelling_is_refused_at_every_door(
+    client: TestClient, db_engine: Engine, make_tenant, host: str
+) -> None:
+    """The fetcher connects to 127.0.0.1 for each of these (getaddrinfo reads them as
+    inet_aton does), while their keys were the spellings: one address under as many
+    politeness keys as a client writes (0x0…7f.1: without end), each with its own rate.
+    Refused at every door, naming the field; 127.0.0.1 is accepted, keyed as itself."""
+    assert {a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET)} == {"127.0.0.1"}
+    tenant, key = make_tenant("shop")
+    url = f"http://{host}/page"
+    answer = client.post("/jobs", json={"url": url}, headers=auth(key))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["pointer"] == "/url"
+    hook = client.post(
+        "/jobs", json={"url": "http://ok.example/", "callback_url": url}, headers=auth(key)
+    )
+    assert hook.status_code == 422, hook.text
+    assert hook.json()["errors"][0]["pointer"] == "/callback_url"
+    batch = client.post("/jobs/batch", json={"jobs": [{"url": url}]}, headers=auth(key))
+    assert batch.json()["items"][0]["status"] == 422
+    with pytest.raises(repository.JobRejected, match="a.b.c.d"):
+        repository.submit_job(db_engine, tenant.id, JobRequest(url, {}), None)
+    with pytest.raises(DBAPIError) as refused:
+        sql_submit(db_engine, tenant.id, url)
+    assert refused.value.orig.sqlstate == "22023"  # type: ignore[union-attr]
+    assert "a.b.c.d" in str(refused.value.orig)
+
+    canonical = client.post("/jobs", json={"url": "http://127.0.0.1./page"}, headers=auth(key))
+    assert canonical.status_code == 202, canonical.text
+    assert job_domain(db_engine, canonical.json()["id"]) == "127.0.0.1"
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one() == 1

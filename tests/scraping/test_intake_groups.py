@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
-from tests.scraping.conftest import auth, checkouts_and_commits
+from tests.scraping.conftest import auth, checkouts_and_commits, limited_client
 
 
 def _wait_until(condition: Any, what: str) -> None:
@@ -146,3 +146,78 @@ def test_another_tenants_post_is_not_held_behind_a_tenants_write(
         gate.close()
         gate_engine.dispose()
     assert answers["held"].status_code == 202
+
+
+def test_a_job_written_again_alone_is_answered_by_that_write_not_the_failed_groups(
+    db_engine: Engine, db_url: str, local_store: Any, make_tenant
+) -> None:
+    """A group that fails is written again job by job: a job the group's intake limit
+    refused (no tokens left after the others of the group) may be admitted alone, once the
+    failed group's tokens are rolled back. Its answer is then its stored job (202), not the
+    429 of the failed attempt: a client told "nothing was stored" would post it again."""
+    # Stands for any failure of a job's insert (a deadlock victim, a constraint): the
+    # group's transaction fails, its jobs are written alone.
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION pg_temp_fail() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN IF NEW.url LIKE '%/fails-at-insert' THEN "
+                "RAISE EXCEPTION 'this job fails at insert'; END IF; RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER fails_at_insert BEFORE INSERT ON scraping.jobs "
+                "FOR EACH ROW EXECUTE FUNCTION pg_temp_fail()"
+            )
+        )
+    _, key = make_tenant("shop")
+    headers = auth(key)
+    # Three tokens, none coming back during the test.
+    with limited_client(db_engine, local_store, rps=0.0001, burst=3) as client:
+        first = client.post("/jobs", json={"url": "http://a.example/first"}, headers=headers)
+        assert first.status_code == 202  # makes the tenant's fair-tag row; 2 tokens left
+        gate_engine = create_engine(db_url)
+        gate = gate_engine.connect()
+        gate.execute(text("SELECT 1 FROM scraping.tenant_vtimes FOR UPDATE")).all()
+        answers: dict[str, Any] = {}
+
+        def post(name: str, url: str) -> None:
+            try:
+                answers[name] = client.post("/jobs", json={"url": url}, headers=headers)
+            except Exception as exc:  # the failing job's own answer (a 500)
+                answers[name] = exc
+
+        intake = client.app.state.intake  # type: ignore[attr-defined]
+        threads = []
+        try:
+            leader = threading.Thread(target=post, args=("leader", "http://a.example/leader"))
+            leader.start()  # takes a token (1 left), then waits for the fair-tag row
+            threads.append(leader)
+            _wait_until(lambda: _lock_waiters(db_engine) == 1, "the leader waits")
+            # In this order: the group takes the last token for "bad", refuses "late".
+            for name, url in [
+                ("bad", "http://a.example/fails-at-insert"),
+                ("late", "http://a.example/late"),
+            ]:
+                thread = threading.Thread(target=post, args=(name, url))
+                thread.start()
+                threads.append(thread)
+                queued = len(threads) - 1
+                _wait_until(lambda q=queued: intake.waiting() == q, f"{name} waits")
+        finally:
+            gate.rollback()
+            for thread in threads:
+                thread.join(60)
+            gate.close()
+            gate_engine.dispose()
+    assert answers["leader"].status_code == 202
+    with db_engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT id::text FROM scraping.jobs WHERE url = 'http://a.example/late'")
+        ).all()
+    late = answers["late"]
+    # Alone, "late" took the token "bad" gave back: stored, and answered so.
+    assert len(stored) == 1
+    assert late.status_code == 202, late.text
+    assert late.json()["id"] == stored[0][0]

@@ -253,12 +253,23 @@ BEGIN
             quote_literal(left(v_host, 80))
             USING ERRCODE = '22023';
     END IF;
-    IF v_host ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?$' THEN
+    IF v_host ~ '^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*\.?$' THEN
+        -- An IPv4 address in another spelling than a.b.c.d (getaddrinfo reads 0x7f.1 as
+        -- 127.0.0.1): one address under many keys gets many rates.
+        IF v_host ~ '^(0[xX][0-9A-Fa-f]*|[0-9]+)(\.(0[xX][0-9A-Fa-f]*|[0-9]+)){0,3}\.?$'
+           AND v_host !~ ('^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}'
+                          '(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.?$') THEN
+            RAISE EXCEPTION '% has an IPv4 address not written as a.b.c.d (%): give four '
+                'decimal numbers 0 to 255 without leading zeros', p_argument,
+                quote_literal(left(v_host, 80))
+                USING ERRCODE = '22023';
+        END IF;
         RETURN rtrim(lower(v_host COLLATE "C"), '.');
     END IF;
     IF v_host ~ '^[\x01-\x7f]*$' THEN
         RAISE EXCEPTION '% has a host that is not a valid name (%): use letters, digits, '
-            '''-'', ''_'' and dots', p_argument, quote_literal(left(v_host, 80))
+            '''-'', ''_'' and dots, at most 63 characters between dots', p_argument,
+            quote_literal(left(v_host, 80))
             USING ERRCODE = '22023';
     END IF;
     RAISE EXCEPTION '% has a host with non-ASCII characters (%): give it in its IDNA '
