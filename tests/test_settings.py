@@ -17,8 +17,9 @@ from pin_orchestration.scraping.settings import ScrapingSettings
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
 
-# Set by `pin up` for the processes it starts, not by an operator.
-NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT"}
+# Set by `pin up` for the processes it starts, not by an operator (PIN_UP_STACK: the
+# marker every process of one stack carries, devstack/up.py).
+NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT", "PIN_UP_STACK"}
 
 
 def test_the_committed_configuration_doc_is_what_the_declarations_produce() -> None:

@@ -183,6 +183,23 @@ def test_counters_and_histograms_do_not_go_down_when_their_rows_are_deleted(
     ]
     for status, days, result in reconcile_runs:
         job_run(db_engine, "news-comment-reconcile", status, days, result)
+        # The work counters read the runs' own record (news.comment_reconcile_runs), which
+        # the reconcile writes beside pin.job_runs and retention never deletes.
+        with db_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO news.comment_reconcile_runs (run_id, scope, status, "
+                    "started_at, finished_at, posts_reconciled, drift_corrected) "
+                    "VALUES (:run_id, 'DailyWindow', :status, :at, :at, :posts, :drift)"
+                ),
+                {
+                    "run_id": str(uuid.uuid4()),
+                    "status": status,
+                    "at": ago(days),
+                    "posts": result["posts_reconciled"],
+                    "drift": result["drift_corrected"],
+                },
+            )
     for days, counts in ((100, (3, 2, 2, 0)), (92, (1, 0, 1, 1)), (1, (4, 1, 1, 0))):
         succeeded, retried, failed, quarantined = counts
         job_run(
