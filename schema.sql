@@ -1066,10 +1066,7 @@ BEGIN
     INSERT INTO scraping.domains AS d (domain, blocked_until)
     VALUES (scraping.idna_host(p_domain), v_until)
     ON CONFLICT (domain) DO UPDATE
-    SET blocked_until = greatest(
-            least(coalesce(d.blocked_until, '-infinity'),
-                  clock_timestamp() + make_interval(secs => v_cap)),
-            EXCLUDED.blocked_until),
+    SET blocked_until = greatest(coalesce(d.blocked_until, '-infinity'), EXCLUDED.blocked_until),
         updated_at = now()
     RETURNING d.blocked_until INTO v_kept;
     RETURN v_kept;

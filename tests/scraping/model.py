@@ -35,6 +35,7 @@ import hashlib
 import io
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -419,7 +420,8 @@ class ScrapingModel(RuleBasedStateMachine):
             rng=self.rng,
         )
         paused = domain_pause_until(status, retry_after, POLICY, now)
-        return worker._decided(job, decision, status, 1, paused, job.domain)
+        decided = worker._Decided(now, time.monotonic())
+        return worker._decided(job, decision, decided, status, 1, paused, job.domain)
 
     @precondition(lambda self: bool(self.flights))
     @rule(

@@ -238,6 +238,22 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
     assert _blocked_for(db_engine, "paused.example") is None
 
 
+def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
+    db_engine: Engine,
+) -> None:
+    """The cap bounds the pause a session writes, not one already in force: a worker (or
+    the operator's CLI) whose PIN_SCRAPING_MAX_PAUSE_SECONDS is 600 must not cut another's
+    50-minute pause to 10 minutes."""
+    repository.pause_domain(db_engine, "capped.example", seconds=3000, max_pause_seconds=3600)
+    with db_engine.begin() as conn:
+        conn.execute(text("SELECT set_config('pin.scraping_max_pause_seconds', '600', true)"))
+        conn.execute(
+            text("SELECT scraping.pause_domain('capped.example', now() + interval '10 s')")
+        )
+    left = _blocked_for(db_engine, "capped.example")
+    assert left is not None and left > 2990
+
+
 def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     db_engine: Engine, make_tenant: Any
 ) -> None:

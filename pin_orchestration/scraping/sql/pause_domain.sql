@@ -1,8 +1,10 @@
 -- A domain's pause (a 429 or Retry-After from it, or an operator): no worker sends it
--- anything before the pause ends. The pause kept is capped at the session's
+-- anything before the pause ends. The pause this call asks for is capped at the session's
 -- pin.scraping_max_pause_seconds (the worker sets it from PIN_SCRAPING_MAX_PAUSE_SECONDS;
 -- 3600 when unset), so `Retry-After: Fri, 31 Dec 9999 …` cannot stop a domain for every
--- tenant for ever. Pauses only lengthen: a longer pause already in force stands, and
+-- tenant for ever. Pauses only lengthen: a longer pause already in force stands, whatever this
+-- session's cap (a worker or CLI with a smaller PIN_SCRAPING_MAX_PAUSE_SECONDS must not cut
+-- another's pause), and
 -- p_until NULL or already past changes nothing (an outcome held through a database blip
 -- arrives with its pause over; it must not lift another worker's longer one). Only
 -- scraping.resume_domain (an operator: `pin scraping domain resume`) lifts a pause.
@@ -29,10 +31,7 @@ BEGIN
     INSERT INTO scraping.domains AS d (domain, blocked_until)
     VALUES (scraping.idna_host(p_domain), v_until)
     ON CONFLICT (domain) DO UPDATE
-    SET blocked_until = greatest(
-            least(coalesce(d.blocked_until, '-infinity'),
-                  clock_timestamp() + make_interval(secs => v_cap)),
-            EXCLUDED.blocked_until),
+    SET blocked_until = greatest(coalesce(d.blocked_until, '-infinity'), EXCLUDED.blocked_until),
         updated_at = now()
     RETURNING d.blocked_until INTO v_kept;
     RETURN v_kept;
