@@ -366,8 +366,45 @@ def scraping_domain_list() -> None:
         paused = f"\tpaused until {d['blocked_until'].isoformat()}" if d["blocked_until"] else ""
         click.echo(
             f"{d['domain']}\t{_limits(d, defaults.rps, defaults.concurrency)}\t"
-            f"{d['running']} running\t{d['queued']} queued{paused}"
+            f"{d['running']} running\t{d['queued']} queued{paused}{_robots_shown(d)}"
         )
+
+
+def _robots_shown(row: dict[str, Any]) -> str:
+    """The robots.txt part of a host's line: its Crawl-delay, an operator's exemption."""
+    shown = ""
+    if row.get("crawl_delay"):
+        shown += f"\tCrawl-delay {row['crawl_delay']:g} s"
+    if row.get("robots_mode") == "ignore":
+        shown += f"\trobots.txt ignored ({row['robots_set_by']}: {row['robots_reason']})"
+    return shown
+
+
+@scraping_domain.command("robots")
+@click.argument("host")
+@click.option("--ignore", "mode", flag_value="ignore", help="Exempt HOST: robots.txt not obeyed")
+@click.option("--obey", "mode", flag_value="obey", help="Obey HOST's robots.txt again")
+@click.option("--reason", required=True, help="Why (kept with the setting, shown in the list)")
+@click.option("--by", "set_by", default=None, help="Who decided (default: your login name)")
+def scraping_domain_robots(host: str, mode: str | None, reason: str, set_by: str | None) -> None:
+    """Exempt HOST from its robots.txt (--ignore) or obey it again (--obey), with why; every
+    worker follows it from its next request to HOST. PIN_SCRAPING_ROBOTS is the default of
+    hosts without a setting; tenants cannot change either."""
+    import getpass
+
+    from pin_orchestration.scraping.repository import DomainError
+    from pin_orchestration.scraping.robots import set_robots_mode
+
+    if mode is None:
+        raise click.UsageError("give --ignore or --obey")
+    try:
+        row = set_robots_mode(
+            engine_from_env(), host, mode=mode, reason=reason, set_by=set_by or getpass.getuser()
+        )
+    except DomainError as exc:
+        raise click.ClickException(str(exc)) from exc
+    verb = "robots.txt ignored" if row["robots_mode"] == "ignore" else "robots.txt obeyed"
+    click.echo(f"{row['domain']}\t{verb}\t{row['robots_set_by']}: {row['robots_reason']}")
 
 
 def _domain_defaults() -> DomainDefaults:

@@ -84,6 +84,24 @@ _CONNECTIONS_KEPT_PER_HOST = 1024
 _MAX_DETAIL_CHARS = 300
 
 
+# Names the service and where to reach its operators; its product token (the first word)
+# is what robots.txt groups are matched against (scraping/robots.py).
+DEFAULT_USER_AGENT = "pin-scraper/0.1 (+https://github.com/pin-orchestration)"
+
+
+def product_token(user_agent: str) -> str:
+    """A User-Agent's product token, RFC 9309's name of the crawler: its leading letters,
+    '_' and '-' (`pin-scraper/0.1 (...)` → `pin-scraper`). ValueError when it has none."""
+    token = ""
+    for char in user_agent:
+        if not (char.isascii() and (char.isalpha() or char in "_-")):
+            break
+        token += char
+    if not token:
+        raise ValueError("does not start with a product token (letters, '_', '-')")
+    return token
+
+
 @dataclass(frozen=True)
 class FetchPolicy:
     # Connect and read timeout, and the deadline for the whole fetch (redirects and body).
@@ -91,7 +109,10 @@ class FetchPolicy:
     max_body_bytes: int = 50 * 1024 * 1024
     allowed_cidrs: tuple[IPNetwork, ...] = ()
     max_redirects: int = 5
-    user_agent: str = "pin-scraper/0.1 (+https://github.com/pin-orchestration)"
+    user_agent: str = DEFAULT_USER_AGENT
+    # Keep the first max_body_bytes of a longer body instead of failing (robots.txt: RFC
+    # 9309 has a crawler parse a prefix of a large file).
+    truncate_body: bool = False
 
     def __post_init__(self) -> None:
         if not self.timeout_seconds > 0:
@@ -242,18 +263,20 @@ class Fetcher:
         *,
         should_stop: Callable[[], bool] | None = None,
         redirect_slots: RedirectSlots | None = None,
+        check_hop: Callable[[str], None] | None = None,
     ) -> FetchResult:
         """GET `url` with `params` added to its query, following redirects up to the
-        policy's limit; each hop first waits for `redirect_slots` to give it a place on its
-        host (within the fetch's deadline: past it the fetch fails with `timeout`). Returns
-        the final answer whatever its status; raises `FetchError` when there is none (or
-        `should_stop` turned true: `cancelled`)."""
+        policy's limit; each hop is first shown to `check_hop` (robots.txt: it raises to
+        refuse the hop, and its exception ends the fetch as it is), then waits for
+        `redirect_slots` to give it a place on its host (within the fetch's deadline: past
+        it the fetch fails with `timeout`). Returns the final answer whatever its status;
+        raises `FetchError` when there is none (or `should_stop` turned true: `cancelled`)."""
         query = _query_pairs(params)
         target = _checked_url(url, what="url")
         try:
             return self._guarded(
                 lambda deadline, started: self._fetch(
-                    target, query, should_stop, redirect_slots, deadline, started
+                    target, query, should_stop, redirect_slots, deadline, started, check_hop
                 )
             )
         finally:
@@ -286,6 +309,9 @@ class Fetcher:
         `FetchError`."""
         started = time.monotonic()
         deadline = self._watchdog.start(started + self.policy.timeout_seconds)
+        # A fetch inside a fetch (a redirect hop's robots.txt) gives the outer one its
+        # deadline back when it ends.
+        outer = getattr(_current, "deadline", None)
         _current.deadline = deadline
         try:
             return call(deadline, started)
@@ -297,7 +323,7 @@ class Fetcher:
                 raise
             raise error from exc
         finally:
-            _current.deadline = None
+            _current.deadline = outer
             deadline.finish()
 
     def _fetch(
@@ -308,6 +334,7 @@ class Fetcher:
         redirect_slots: RedirectSlots | None,
         deadline: _Deadline,
         started: float,
+        check_hop: Callable[[str], None] | None = None,
     ) -> FetchResult:
         timeout = self.policy.timeout_seconds
         for hop in range(self.policy.max_redirects + 1):
@@ -335,6 +362,8 @@ class Fetcher:
                     f"more than {self.policy.max_redirects} redirects (last to {location[:200]})",
                 )
             url = _checked_url(location, what="redirect location")
+            if check_hop is not None:
+                check_hop(url)
             if redirect_slots is not None:
                 self._wait_for_slot(redirect_slots, url, should_stop, started)
         raise AssertionError("unreachable: the loop returns or raises")
@@ -370,7 +399,7 @@ def _read_answer(
     with response:
         # A length that does not parse is no length: the body is still cut at the limit.
         declared = parse_content_length(response.headers.get("content-length"))
-        if declared is not None and declared > policy.max_body_bytes:
+        if declared is not None and declared > policy.max_body_bytes and not policy.truncate_body:
             raise FetchError(
                 "body_too_large",
                 f"Content-Length {declared} exceeds the limit of {policy.max_body_bytes} bytes",
@@ -385,6 +414,12 @@ def _read_answer(
                 # slow target trickles; decoding is bounded by the chunk size.
                 chunk = response.raw.read1(_READ_CHUNK_BYTES, decode_content=True)
                 if not chunk:
+                    break
+                if policy.truncate_body and size + len(chunk) >= policy.max_body_bytes:
+                    chunk = chunk[: policy.max_body_bytes - size]
+                    size += len(chunk)
+                    digest.update(chunk)
+                    body.write(chunk)
                     break
                 size += len(chunk)
                 if size > policy.max_body_bytes:
@@ -434,6 +469,15 @@ def _checked_url(url: str, *, what: str) -> str:
     if not parts.hostname:
         raise FetchError("invalid_url", f"{what} {url[:200]!r} has no host") from None
     return url
+
+
+def request_url(url: str, params: Mapping[str, Any] | None) -> str:
+    """The URL `Fetcher.fetch(url, params)` asks for first (robots.txt judges this one)."""
+    try:
+        return requests.Request("GET", url, params=_query_pairs(params)).prepare().url or url
+    except Exception:
+        # The fetch refuses it with its own error.
+        return url
 
 
 def _query_pairs(params: Mapping[str, Any] | None) -> list[tuple[str, str]]:

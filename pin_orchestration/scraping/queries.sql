@@ -312,18 +312,20 @@ SELECT scraping.pause_domain(:domain, now() + make_interval(secs => :seconds)) A
 SELECT scraping.resume_domain(:domain) AS was_paused
 
 -- name: set_domain_limits
--- NULL keeps what is set (the default when nothing is).
-INSERT INTO scraping.domains AS d (domain, rps, concurrency)
+-- NULL keeps what is set (the default when nothing is). The operator's rate is
+-- configured_rps; rps, what the claim enforces, is derived from it and the host's
+-- robots.txt Crawl-delay (trigger domains_effective_rps, scraping/sql/robots.sql).
+INSERT INTO scraping.domains AS d (domain, configured_rps, concurrency)
 VALUES (:domain, :rps, :concurrency)
 ON CONFLICT (domain) DO UPDATE
-SET rps = coalesce(EXCLUDED.rps, d.rps),
+SET configured_rps = coalesce(EXCLUDED.configured_rps, d.configured_rps),
     concurrency = coalesce(EXCLUDED.concurrency, d.concurrency),
     updated_at = now()
 RETURNING domain, rps, concurrency
 
 -- name: clear_domain_limits
 UPDATE scraping.domains
-SET rps = NULL, concurrency = NULL, updated_at = now()
+SET configured_rps = NULL, concurrency = NULL, updated_at = now()
 WHERE domain = :domain
 RETURNING domain
 
@@ -339,11 +341,12 @@ WITH busy AS (
 )
 SELECT coalesce(d.domain, b.domain) AS domain, d.rps, d.concurrency,
        CASE WHEN d.blocked_until > now() THEN d.blocked_until END AS blocked_until,
-       coalesce(b.queued, 0) AS queued, coalesce(b.running, 0) AS running
+       coalesce(b.queued, 0) AS queued, coalesce(b.running, 0) AS running,
+       d.configured_rps, d.crawl_delay, d.robots_mode, d.robots_reason, d.robots_set_by
 FROM scraping.domains d
 FULL JOIN busy b ON b.domain = d.domain
 WHERE d.rps IS NOT NULL OR d.concurrency IS NOT NULL OR d.blocked_until > now()
-   OR b.domain IS NOT NULL
+   OR d.robots_mode IS NOT NULL OR b.domain IS NOT NULL
 ORDER BY 1
 
 -- name: set_tenant_weight

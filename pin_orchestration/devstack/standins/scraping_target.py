@@ -29,6 +29,9 @@ Routes (query parameters in brackets; <name> is any path segment, counted apart)
     /echo                         200, the request target (path and query) as the body
     /headers                      200, the request's headers as the body
     /cookie                       200 setting a cookie
+    /robots.txt                   what `robots` scripts: the n-th request gets its n-th
+                                  (status, body, headers), the last repeats; 404 when empty;
+                                  held while `robots_gate` is set and not open
     anything else                 404
 
 It listens on loopback only (127.0.0.0/8 or `localhost`): one per address is one domain per
@@ -172,6 +175,10 @@ class ScrapingTarget:
         # results against it).
         self.served: deque[Served] = deque(maxlen=LOG_LIMIT)
         self.sni_names: list[str | None] = []
+        # /robots.txt answers, in order (the last repeats); none: 404, as for any path.
+        self.robots: list[tuple[int, str, dict[str, str]]] = []
+        # When set, /robots.txt answers wait for this event (a test's gate).
+        self.robots_gate: threading.Event | None = None
         # /held/ answers wait for this; set at stop.
         self.gate = threading.Event()
         # Set at stop: handlers that hang, sleep or trickle stop at once.
@@ -372,6 +379,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, self.path.encode(), "text/plain")
         elif kind == "headers":
             self._answer(200, str(self.headers).encode(), "text/plain")
+        elif path == "/robots.txt" and site.robots:
+            while site.robots_gate is not None and not site.robots_gate.wait(0.05):
+                if site.closing.is_set():
+                    break
+            status, text, headers = site.robots[min(seen, len(site.robots)) - 1]
+            self._answer(status, text.encode(), "text/plain", headers)
         elif kind == "cookie":
             self._answer(200, b"", None, {"Set-Cookie": "session=tenant-a; Path=/"})
         else:
