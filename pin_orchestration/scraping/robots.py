@@ -58,6 +58,8 @@ MAX_TTL_SECONDS = 24 * 3600.0
 MIN_TTL_SECONDS = 60.0
 # How often a worker waiting for another's fetch looks at the row again.
 POLL_SECONDS = 0.05
+# How long a worker trusts the row it read (fresh ones only) before reading it again.
+MEMO_SECONDS = 5.0
 # Parsed robots.txt kept per process (by origin and fetch time).
 _PARSED_KEPT = 1024
 
@@ -157,6 +159,7 @@ class _Stored:
     failures: int
     fresh: bool
     leased: bool
+    fresh_until: float  # epoch seconds
 
 
 class RobotsGuard:
@@ -190,6 +193,7 @@ class RobotsGuard:
             dataclasses.replace(fetcher.policy, max_body_bytes=MAX_ROBOTS_BYTES, truncate_body=True)
         )
         self._parsed: OrderedDict[tuple[str, datetime], Protego] = OrderedDict()
+        self._memo: OrderedDict[str, tuple[_Stored, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -208,10 +212,11 @@ class RobotsGuard:
             if self._check(url, turns, should_stop, first_hop=True):
                 until = time.monotonic() + self.timeout_seconds
                 self._wait_turn(job.domain, turns, should_stop, until)
-        except BaseException:
-            # what the robots.txt fetch's redirects hold (the job's fetch is not sent)
+        finally:
+            # What the robots.txt fetch's redirects held is given back now, so the job's
+            # fetch ends holding only what its own redirects take (and, holding nothing,
+            # needs no database to end: a fetch rides out an outage).
             turns.release()
-            raise
 
     def hop_checker(self, turns: Turns, should_stop: Callable[[], bool]) -> Callable[[str], None]:
         """For Fetcher.fetch's `check_hop`: a redirect hop into a disallowed path raises."""
@@ -328,8 +333,25 @@ class RobotsGuard:
     # --- the shared row ----------------------------------------------------------------
 
     def _read(self, origin: str, domain: str) -> _Stored:
+        """The origin's row; a fresh one is remembered for MEMO_SECONDS (a job's check then
+        costs no query; an operator's exemption reaches this worker within that)."""
+        now = time.monotonic()
+        with self._lock:
+            memo = self._memo.get(origin)
+            if memo is not None and memo[1] > now and memo[0].fresh_until > time.time():
+                return memo[0]
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
+        stored = self._stored(row)
+        if stored.fresh:
+            with self._lock:
+                self._memo[origin] = (stored, now + MEMO_SECONDS)
+                while len(self._memo) > _PARSED_KEPT:
+                    self._memo.popitem(last=False)
+        return stored
+
+    @staticmethod
+    def _stored(row: Any) -> _Stored:
         return _Stored(
             host_mode=row.host_mode,
             state=row.state,
@@ -339,6 +361,7 @@ class RobotsGuard:
             failures=row.failures or 0,
             fresh=bool(row.fresh),
             leased=bool(row.leased),
+            fresh_until=row.expires_at.timestamp() if row.fresh else 0.0,
         )
 
     def _take_lease(self, origin: str, domain: str) -> int | None:

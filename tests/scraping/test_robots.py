@@ -73,7 +73,7 @@ def test_a_disallowed_path_is_never_requested_and_an_allowed_one_is_fetched(
     assert site.count("/page/private-2") == 0
     assert site.count("/page/public") == 1
     assert site.count("/robots.txt") == 1
-    assert site.requests[0] == "/robots.txt"
+    assert site.all_requests[0] == "/robots.txt"
     assert job(db_engine, public).status == "succeeded"
     for disallowed in (private, hop):
         row = job(db_engine, disallowed)
@@ -96,7 +96,7 @@ def test_a_robots_txt_that_is_not_found_allows_everything(
 
     assert {job(db_engine, i).status for i in ids} == {"succeeded"}
     assert site.count("/robots.txt") == 1
-    assert site.requests[0] == "/robots.txt"
+    assert site.all_requests[0] == "/robots.txt"
 
 
 def test_an_unreachable_robots_txt_keeps_every_job_of_its_host_away_until_it_answers(
@@ -110,7 +110,7 @@ def test_an_unreachable_robots_txt_keeps_every_job_of_its_host_away_until_it_ans
     work(idle_exit_seconds=2.0)
 
     # nothing but robots.txt reached the host before robots.txt answered
-    assert site.requests[:3] == ["/robots.txt"] * 3
+    assert site.all_requests[:3] == ["/robots.txt"] * 3
     assert site.count("/robots.txt") == 3
     assert {job(db_engine, i).status for i in ids} == {"succeeded"}
     handed_back = [a for i in ids for a in attempts(db_engine, i) if a.outcome == "retry"]

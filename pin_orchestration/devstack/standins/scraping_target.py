@@ -143,6 +143,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _is_robots(target: str) -> bool:
+    return urlsplit(target).path == "/robots.txt"
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # 600 clients connect at once in the fetcher's concurrency test; the default backlog
@@ -228,7 +232,15 @@ class ScrapingTarget:
 
     @property
     def requests(self) -> list[str]:
-        """Every request's target (path and query), in the order they arrived."""
+        """Every request's target (path and query), in the order they arrived, but those of
+        /robots.txt (the scraper asks for it before a host's first job: `count` and
+        `all_requests` show them)."""
+        with self._lock:
+            return [r for r in self._requests if not _is_robots(r)]
+
+    @property
+    def all_requests(self) -> list[str]:
+        """Every request's target, /robots.txt included, in the order they arrived."""
         with self._lock:
             return list(self._requests)
 
@@ -244,11 +256,13 @@ class ScrapingTarget:
             return self._accepted
 
     def arrivals(self) -> list[float]:
-        """When each answer sent in full arrived, sorted."""
+        """When each answer sent in full arrived, sorted (/robots.txt's not: `served` keeps
+        the answers to jobs)."""
         with self._lock:
             return sorted(s.arrived for s in self.served)
 
     def wait_for_requests(self, n: int, timeout: float = 30) -> None:
+        """Until `n` requests other than /robots.txt have arrived."""
         with self._lock:
             if not self._lock.wait_for(lambda: self._arrived >= n, timeout):
                 raise AssertionError(f"{self._arrived} requests arrived, waited for {n}")
@@ -264,7 +278,8 @@ class ScrapingTarget:
     def _arrive(self, target: str, path: str, host: str) -> tuple[int, int]:
         """Count a request in; returns its number at this site and at its path."""
         with self._lock:
-            self._arrived += 1
+            if not _is_robots(target):
+                self._arrived += 1
             self._requests.append(target)
             self._hits[path] += 1
             self.in_flight[host] += 1
@@ -277,7 +292,7 @@ class ScrapingTarget:
         # Counted closed once the answer is out: the client may already be writing its
         # outcome, never before.
         with self._lock:
-            if served is not None:
+            if served is not None and not _is_robots(served.path):
                 self.served.append(served)
             self.in_flight[host] -= 1
 
