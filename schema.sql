@@ -315,6 +315,7 @@ CREATE TABLE scraping.jobs (
     result_expired_at timestamp with time zone,
     fair_tag double precision,
     attempt_objects_swept_at timestamp with time zone,
+    timeout_seconds double precision,
     CONSTRAINT jobs_callback_url_check CHECK ((length(callback_url) <= 2048)),
     CONSTRAINT jobs_check CHECK (((status = 'running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT jobs_check1 CHECK (((status <> 'succeeded'::text) OR (result_key IS NOT NULL))),
@@ -322,6 +323,7 @@ CREATE TABLE scraping.jobs (
     CONSTRAINT jobs_last_error_check CHECK ((length(last_error) <= 512)),
     CONSTRAINT jobs_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
     CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_timeout_seconds_check CHECK ((timeout_seconds > (0)::double precision)),
     CONSTRAINT jobs_url_check CHECK ((length(url) <= 2048))
 );
 
@@ -773,9 +775,11 @@ CREATE TABLE scraping.domains (
     robots_reason text,
     robots_set_by text,
     robots_set_at timestamp with time zone,
+    pause_cause text,
     CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
     CONSTRAINT domains_configured_rps_check CHECK (((configured_rps >= (0.01)::double precision) AND (configured_rps <= (10000)::double precision))),
     CONSTRAINT domains_crawl_delay_check CHECK ((crawl_delay >= (0)::double precision)),
+    CONSTRAINT domains_pause_cause_check CHECK ((pause_cause = ANY (ARRAY['operator'::text, 'retry_after'::text]))),
     CONSTRAINT domains_robots_mode_check CHECK ((robots_mode = ANY (ARRAY['obey'::text, 'ignore'::text]))),
     CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
 )
@@ -860,6 +864,23 @@ BEGIN
                   greatest(1.0 / (NEW.crawl_delay * 1.1), 0.01))
         ELSE NEW.configured_rps
     END;
+    RETURN NEW;
+END
+$$;
+
+--
+-- Name: domains_pause_cause(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domains_pause_cause() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.blocked_until IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.blocked_until IS DISTINCT FROM OLD.blocked_until) THEN
+        NEW.pause_cause := coalesce(
+            nullif(current_setting('pin.scraping_pause_cause', true), ''), 'retry_after');
+    END IF;
     RETURN NEW;
 END
 $$;
@@ -2186,6 +2207,12 @@ CREATE TRIGGER domains_domain_queue_update AFTER UPDATE OF blocked_until, rps, c
 --
 
 CREATE TRIGGER domains_effective_rps BEFORE INSERT OR UPDATE OF configured_rps, crawl_delay, robots_default_rps ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_effective_rps();
+
+--
+-- Name: domains domains_pause_cause; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_pause_cause BEFORE INSERT OR UPDATE OF blocked_until ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_pause_cause();
 
 --
 -- Name: jobs jobs_domain_queue_insert; Type: TRIGGER; Schema: scraping; Owner: -

@@ -426,6 +426,42 @@ def _limits(row: dict[str, Any], default_rps: float, default_concurrency: int) -
     return f"{rps}\t{concurrency}"
 
 
+@scraping.group("job")
+def scraping_job() -> None:
+    """One job, any tenant's (operators)."""
+
+
+@scraping_job.command("explain")
+@click.argument("job_id", type=click.UUID)
+def scraping_job_explain(job_id: uuid.UUID) -> None:
+    """Why JOB_ID waits and until when (what GET /jobs/{id} says in `wait`), or how it
+    ended."""
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.wait_reasons import explain
+
+    try:
+        settings = ScrapingSettings.from_env()
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    found = explain(
+        engine_from_env(),
+        job_id,
+        domain_defaults=settings.domain_defaults,
+        robots_mode=settings.robots,
+    )
+    if found is None:
+        raise click.ClickException(f"no job {job_id}")
+    job, wait = found
+    click.echo(f"{job['id']}\t{job['status']}\t{job['tenant']}\t{job['priority']}\t{job['url']}")
+    if wait is not None:
+        cause = f" ({wait.cause})" if wait.cause else ""
+        until = f"\tuntil {wait.until.isoformat()}" if wait.until else ""
+        click.echo(f"waiting: {wait.reason}{cause}{until}")
+        click.echo(wait.message)
+    elif job["last_error_class"]:
+        click.echo(f"last error: {job['last_error_class']}: {job['last_error']}")
+
+
 @scraping.command("deliver")
 @click_options(DeliveryOptions)
 def scraping_deliver(**fields: object) -> None:

@@ -264,20 +264,31 @@ class Fetcher:
         should_stop: Callable[[], bool] | None = None,
         redirect_slots: RedirectSlots | None = None,
         check_hop: Callable[[str], None] | None = None,
+        timeout_seconds: float | None = None,
     ) -> FetchResult:
         """GET `url` with `params` added to its query, following redirects up to the
         policy's limit; each hop is first shown to `check_hop` (robots.txt: it raises to
         refuse the hop, and its exception ends the fetch as it is), then waits for
         `redirect_slots` to give it a place on its host (within the fetch's deadline: past
         it the fetch fails with `timeout`). Returns the final answer whatever its status;
-        raises `FetchError` when there is none (or `should_stop` turned true: `cancelled`)."""
+        raises `FetchError` when there is none (or `should_stop` turned true: `cancelled`).
+        `timeout_seconds` replaces the policy's for this fetch (a job's own timeout)."""
         query = _query_pairs(params)
         target = _checked_url(url, what="url")
+        timeout = timeout_seconds or self.policy.timeout_seconds
         try:
             return self._guarded(
                 lambda deadline, started: self._fetch(
-                    target, query, should_stop, redirect_slots, deadline, started, check_hop
-                )
+                    target,
+                    query,
+                    should_stop,
+                    redirect_slots,
+                    deadline,
+                    started,
+                    check_hop,
+                    timeout,
+                ),
+                timeout,
             )
         finally:
             if redirect_slots is not None:
@@ -304,11 +315,14 @@ class Fetcher:
 
         return self._guarded(send)
 
-    def _guarded(self, call: Callable[[_Deadline, float], FetchResult]) -> FetchResult:
-        """Run one request under the policy's deadline; what requests raises becomes a
-        `FetchError`."""
+    def _guarded(
+        self, call: Callable[[_Deadline, float], FetchResult], timeout: float | None = None
+    ) -> FetchResult:
+        """Run one request under the deadline (`timeout`, else the policy's); what requests
+        raises becomes a `FetchError`."""
+        timeout = timeout or self.policy.timeout_seconds
         started = time.monotonic()
-        deadline = self._watchdog.start(started + self.policy.timeout_seconds)
+        deadline = self._watchdog.start(started + timeout)
         # A fetch inside a fetch (a redirect hop's robots.txt) gives the outer one its
         # deadline back when it ends.
         outer = getattr(_current, "deadline", None)
@@ -318,7 +332,7 @@ class Fetcher:
         except FetchError:
             raise
         except Exception as exc:
-            error = _classify(exc, deadline, self.policy)
+            error = _classify(exc, deadline, timeout)
             if error is None:
                 raise
             raise error from exc
@@ -335,8 +349,9 @@ class Fetcher:
         deadline: _Deadline,
         started: float,
         check_hop: Callable[[str], None] | None = None,
+        timeout: float | None = None,
     ) -> FetchResult:
-        timeout = self.policy.timeout_seconds
+        timeout = timeout or self.policy.timeout_seconds
         for hop in range(self.policy.max_redirects + 1):
             _raise_if_stopped(should_stop)
             response = self._session.get(
@@ -365,7 +380,7 @@ class Fetcher:
             if check_hop is not None:
                 check_hop(url)
             if redirect_slots is not None:
-                self._wait_for_slot(redirect_slots, url, should_stop, started)
+                self._wait_for_slot(redirect_slots, url, should_stop, started, timeout)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _wait_for_slot(
@@ -374,15 +389,16 @@ class Fetcher:
         url: str,
         should_stop: Callable[[], bool] | None,
         started: float,
+        timeout: float,
     ) -> None:
         host = urlsplit(url).hostname or ""
-        ends = started + self.policy.timeout_seconds
+        ends = started + timeout
         while (wait := redirect_slots.take(host)) > 0:
             if time.monotonic() + wait > ends:
                 raise FetchError(
                     "timeout",
                     f"redirect to {host[:200]}: no request slot of that host within the "
-                    f"{self.policy.timeout_seconds:g} s deadline (it is paused or at its limits)",
+                    f"{timeout:g} s deadline (it is paused or at its limits)",
                 )
             # Short naps: a slot freed by another worker is not announced.
             time.sleep(min(wait, 0.05))
@@ -568,13 +584,11 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _classify(exc: BaseException, deadline: _Deadline, policy: FetchPolicy) -> FetchError | None:
+def _classify(exc: BaseException, deadline: _Deadline, timeout: float) -> FetchError | None:
     """The FetchError for what requests raised, judged by the innermost cause that says
     something; `None` for an exception that is not about the fetch (a bug: re-raised)."""
     if deadline.expired:
-        return FetchError(
-            "timeout", f"no complete answer within {policy.timeout_seconds:g} s (deadline)"
-        )
+        return FetchError("timeout", f"no complete answer within {timeout:g} s (deadline)")
     for cause in reversed(_causes(exc)):
         error_class = _node_class(cause)
         if error_class is not None:

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import to_json
 
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.wait_reasons import WaitView
 
 MAX_URL_LENGTH = 2048
 MAX_PARAMS_BYTES = 16 * 1024
@@ -136,6 +137,11 @@ UrlText = Annotated[
 ]
 
 
+# The longest a job's own timeout may be: a fetch holds a worker slot and a connection of
+# its host that long.
+MAX_JOB_TIMEOUT_SECONDS = 600.0
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -151,6 +157,15 @@ class JobCreate(BaseModel):
     callback_url: UrlText | None = Field(
         default=None,
         description="Optional http(s) URL told when the job finishes",
+    )
+    # Per job: a slow site's job may wait longer, a quick check less (issue 31).
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_JOB_TIMEOUT_SECONDS,
+        description="Connect/read timeout and deadline of this job's fetch, seconds (at most "
+        f"{MAX_JOB_TIMEOUT_SECONDS:g}); default the service's fetch timeout "
+        "(PIN_SCRAPING_FETCH_TIMEOUT_SECONDS). Not part of an Idempotency-Key's body",
     )
 
     @field_validator("url")
@@ -215,6 +230,15 @@ class JobView(BaseModel):
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None
     result: ResultInfo | None
+    timeout_seconds: float | None = Field(
+        None, description="The job's own fetch timeout; null: the service's"
+    )
+    wait: WaitView | None = Field(
+        None,
+        description="GET /jobs/{id} of a queued job: why it waits and until when (computed "
+        "at as_of; a cached answer is at most 2 s old and never outlives its until); null "
+        "otherwise and in lists",
+    )
 
 
 class JobList(BaseModel):

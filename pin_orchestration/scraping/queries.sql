@@ -31,6 +31,13 @@ SELECT id, name FROM scraping.tenants WHERE name = :name
 SELECT scraping.submit_job(
     :tenant_id, :url, CAST(:params AS jsonb), :priority, :callback_url, :idempotency_key)
 
+-- name: set_job_timeouts
+-- Jobs' own fetch timeouts, set in their intake's transaction (repository._set_timeouts).
+UPDATE scraping.jobs j
+SET timeout_seconds = t.seconds
+FROM unnest(CAST(:ids AS uuid[]), CAST(:seconds AS double precision[])) AS t(id, seconds)
+WHERE j.id = t.id AND j.timeout_seconds IS NULL
+
 -- name: forget_expired_idempotency_keys
 -- submit_job's forgetting of a key past its 24 h, for the keys of a batch (POST /jobs/batch).
 UPDATE scraping.jobs
@@ -114,7 +121,7 @@ WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
        result_key, result_size, result_sha256, result_content_type, result_expired_at,
-       updated_at
+       updated_at, timeout_seconds
 FROM scraping.jobs
 WHERE id = :id AND tenant_id = :tenant_id
 
@@ -122,7 +129,7 @@ WHERE id = :id AND tenant_id = :tenant_id
 -- Keyset on id descending (UUIDv7: newest first), one index range per page.
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
-       result_key, result_size, result_sha256, result_content_type
+       result_key, result_size, result_sha256, result_content_type, timeout_seconds
 FROM scraping.jobs
 WHERE tenant_id = :tenant_id
   AND (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
@@ -207,7 +214,7 @@ FROM totals
 -- scraping.claim_jobs (migration 0007, its plan explained there): one round trip, one
 -- short transaction, a batch of up to :limit jobs.
 SELECT id, tenant_id, url, domain, priority, params, attempts,
-       attempts - attempts_before_requeue AS budget_used, created_at
+       attempts - attempts_before_requeue AS budget_used, created_at, timeout_seconds
 FROM scraping.claim_jobs(
     :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 
@@ -290,6 +297,10 @@ WHERE a.outcome IS NOT NULL AND a.outcome <> 'lost'
 -- name: set_max_pause
 -- The cap scraping.pause_domain applies in this transaction (PIN_SCRAPING_MAX_PAUSE_SECONDS).
 SELECT set_config('pin.scraping_max_pause_seconds', CAST(:seconds AS text), true)
+
+-- name: set_pause_cause
+-- Who pauses in this transaction (trigger domains_pause_cause): an operator.
+SELECT set_config('pin.scraping_pause_cause', 'operator', true)
 
 -- name: pause_domains
 -- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds

@@ -98,6 +98,7 @@ def claim_due_jobs(
             created_at=r.created_at,
             domain=r.domain,
             priority=r.priority,
+            timeout_seconds=r.timeout_seconds,
         )
         for r in rows
     ]
@@ -274,7 +275,7 @@ def run_worker(
             slots = repository.RedirectSlots(
                 engine,
                 flight.job,
-                hold_seconds=fetcher.policy.timeout_seconds,
+                hold_seconds=flight.job.timeout_seconds or fetcher.policy.timeout_seconds,
                 domain_defaults=options.domain_defaults,
             )
             outcome = _attempt(flight, store, fetcher, slots, retry_policy, rng, clock, robots)
@@ -470,6 +471,7 @@ def _attempt(
             should_stop=flight.should_stop,
             redirect_slots=redirect_slots,
             check_hop=robots.hop_checker(redirect_slots, flight.should_stop),
+            timeout_seconds=job.timeout_seconds,
         )
     except RobotsRefusal as refusal:
         return robots.outcome(job, refusal, elapsed_ms())

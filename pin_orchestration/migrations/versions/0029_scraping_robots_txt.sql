@@ -1,4 +1,9 @@
 -- 0029: robots.txt shared by the fleet; Crawl-delay caps a host's rate; operators' exemptions.
+-- A job's own fetch timeout (POST /jobs timeout_seconds); NULL: the service's.
+ALTER TABLE scraping.jobs
+    ADD COLUMN timeout_seconds double precision
+        CONSTRAINT jobs_timeout_seconds_check CHECK (timeout_seconds > 0);
+
 CREATE TABLE scraping.robots (
     -- scheme://host:port, what a robots.txt governs (RFC 9309 section 2.3)
     origin text PRIMARY KEY,
@@ -38,6 +43,13 @@ ALTER TABLE scraping.domains
     ADD COLUMN robots_set_at timestamptz;
 UPDATE scraping.domains SET configured_rps = rps WHERE rps IS NOT NULL;
 
+-- Who paused a host (GET /jobs/{id}'s wait says): 'operator' (`pin scraping domain pause`
+-- sets pin.scraping_pause_cause in its transaction) or 'retry_after' (a 429 / Retry-After,
+-- the worker's). A robots.txt that is unreachable is told from scraping.robots.
+ALTER TABLE scraping.domains
+    ADD COLUMN pause_cause text
+        CONSTRAINT domains_pause_cause_check CHECK (pause_cause IN ('operator', 'retry_after'));
+
 -- The robots.txt state every worker shares (migration 0029; scraping/robots.py).
 --
 -- A host's effective rate, what the claim and redirect hops enforce (scraping.domains.rps),
@@ -66,6 +78,24 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+-- A pause that lengthens records who set it: an operator's transaction says so in
+-- pin.scraping_pause_cause; any other is a target's 429 / Retry-After (the worker's).
+CREATE OR REPLACE FUNCTION scraping.domains_pause_cause() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.blocked_until IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.blocked_until IS DISTINCT FROM OLD.blocked_until) THEN
+        NEW.pause_cause := coalesce(
+            nullif(current_setting('pin.scraping_pause_cause', true), ''), 'retry_after');
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+CREATE TRIGGER domains_pause_cause
+BEFORE INSERT OR UPDATE OF blocked_until ON scraping.domains
+FOR EACH ROW EXECUTE FUNCTION scraping.domains_pause_cause();
 
 CREATE TRIGGER domains_effective_rps
 BEFORE INSERT OR UPDATE OF configured_rps, crawl_delay, robots_default_rps ON scraping.domains

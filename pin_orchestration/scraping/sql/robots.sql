@@ -26,3 +26,17 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+-- A pause that lengthens records who set it: an operator's transaction says so in
+-- pin.scraping_pause_cause; any other is a target's 429 / Retry-After (the worker's).
+CREATE OR REPLACE FUNCTION scraping.domains_pause_cause() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.blocked_until IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.blocked_until IS DISTINCT FROM OLD.blocked_until) THEN
+        NEW.pause_cause := coalesce(
+            nullif(current_setting('pin.scraping_pause_cause', true), ''), 'retry_after');
+    END IF;
+    RETURN NEW;
+END
+$fn$;
