@@ -2095,10 +2095,10 @@ CREATE INDEX ix_domains_blocked ON scraping.domains USING btree (blocked_until) 
 CREATE INDEX ix_domains_overrides ON scraping.domains USING btree (domain) WHERE ((rps IS NOT NULL) OR (concurrency IS NOT NULL));
 
 --
--- Name: ix_job_attempts_started; Type: INDEX; Schema: scraping; Owner: -
+-- Name: ix_job_attempts_finished; Type: INDEX; Schema: scraping; Owner: -
 --
 
-CREATE INDEX ix_job_attempts_started ON scraping.job_attempts USING btree (started_at);
+CREATE INDEX ix_job_attempts_finished ON scraping.job_attempts USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 --
 -- Name: ix_jobs_attempt_objects_unswept; Type: INDEX; Schema: scraping; Owner: -

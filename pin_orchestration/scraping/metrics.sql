@@ -36,8 +36,10 @@ FROM scraping.jobs
 WHERE id >= :since_id AND (started_at IS NOT NULL OR status = 'queued')
 
 -- name: recent_attempt_failures
--- Attempts started in the window that have ended (cancelled ones aside), by error class
--- and target host; failed = it did not fetch (retry, failed, lost). The host comes from
+-- Attempts that ended in the window (cancelled ones aside), by error class and target
+-- host, as the metrics' help says: an attempt swept as lost long after it started counts
+-- when it ended. failed = it did not fetch (retry, failed, lost). Uses
+-- ix_job_attempts_finished. The host comes from
 -- the URL as urlsplit reads it: after the scheme and any userinfo, up to port/path.
 WITH recent AS (
     SELECT a.outcome IN ('retry', 'failed', 'lost') AS failed,
@@ -46,7 +48,7 @@ WITH recent AS (
                AS domain
     FROM scraping.job_attempts a
     JOIN scraping.jobs j ON j.id = a.job_id
-    WHERE a.started_at >= now() - make_interval(secs => :window_seconds)
+    WHERE a.finished_at >= now() - make_interval(secs => :window_seconds)
       AND a.outcome IS NOT NULL AND a.outcome <> 'cancelled'
 )
 SELECT domain, error_class, failed, count(*) AS attempts

@@ -158,8 +158,10 @@ RETURNING id, status
 
 -- name: queue_stats
 -- One cheap query for the sensor: due depth, oldest due age, and what of it a worker could
--- claim now — due jobs on domains not paused and below their concurrency, each domain
--- counted up to its free connections — with the oldest claimable job's wait. A recursive
+-- claim now, by the claim's rules — due jobs on domains not paused and below their
+-- concurrency, each domain counted up to its free connections (its running jobs and the
+-- redirect hops holding one taken) and to the tokens its bucket holds — with the oldest
+-- claimable job's wait. A recursive
 -- skip scan walks the distinct queued domains (ix_jobs_queued_domain), a few index probes
 -- each; nothing scans the jobs of a busy domain.
 WITH RECURSIVE queued_domains(name) AS (
@@ -172,9 +174,14 @@ WITH RECURSIVE queued_domains(name) AS (
 ), room AS (
     SELECT q.name,
            greatest(head.due_at, d.blocked_until) AS claimable_since,
-           coalesce(d.concurrency, :default_concurrency) - (
-               SELECT count(*) FROM scraping.jobs r
-               WHERE r.status = 'running' AND r.domain = q.name) AS free
+           least(
+               coalesce(d.concurrency, :default_concurrency)
+                 - (SELECT count(*) FROM scraping.jobs r
+                    WHERE r.status = 'running' AND r.domain = q.name)
+                 - (SELECT count(*) FROM scraping.redirect_slots s
+                    WHERE s.domain = q.name AND s.expires_at > now()),
+               CAST(floor(scraping.domain_tokens(
+                   d, coalesce(d.rps, :default_rps), clock_timestamp())) AS bigint)) AS free
     FROM queued_domains q
     CROSS JOIN LATERAL (
         SELECT j.next_attempt_at AS due_at FROM scraping.jobs j
@@ -400,6 +407,40 @@ WITH expired AS (
     WHERE a.job_id = swept.id AND a.number = swept.attempts AND a.outcome IS NULL
 )
 SELECT id, attempts, status FROM swept
+
+-- name: expired_lease_jobs
+-- The jobs the next sweep takes (those whose lease ran out longest ago), and their domains.
+SELECT j.id, j.domain FROM scraping.jobs j
+WHERE j.status = 'running' AND j.lease_expires_at < now()
+ORDER BY j.lease_expires_at
+LIMIT :limit
+
+-- name: failed_job_domains
+SELECT DISTINCT j.domain FROM scraping.jobs j
+WHERE j.id = ANY(CAST(:ids AS uuid[])) AND j.status = 'failed'
+
+-- name: lock_fair_tag_rows
+-- The fair-tag rows (class × tenant) of these jobs, locked in one order by a statement or
+-- round that may send jobs of several tenants back to the queue: each requeue takes its
+-- tenant's next tag under that row's lock (scraping.take_fair_tags) before it touches its
+-- domain's queue, and two rounds whose tenants cross deadlocked. Everywhere: these rows
+-- first, then the domain queues (lock_domain_queues, or writes in domain order).
+SELECT 1 FROM scraping.tenant_vtimes v
+WHERE (v.priority, v.tenant_id) IN (
+    SELECT j.priority, j.tenant_id FROM scraping.jobs j
+    WHERE j.id = ANY(CAST(:ids AS uuid[])))
+ORDER BY v.priority, v.tenant_id
+FOR NO KEY UPDATE
+
+-- name: lock_domain_queues
+-- The queue rows of these domains, locked in domain order, by a statement about to change
+-- jobs of several domains at once (the sweeper, the requeue runbook): its triggers would
+-- lock them in whatever order it meets the jobs, and deadlock with a worker's outcome
+-- round, which locks them in domain order.
+SELECT 1 FROM scraping.domain_queues q
+WHERE q.domain = ANY(CAST(:domains AS text[]))
+ORDER BY q.domain, q.priority
+FOR NO KEY UPDATE
 
 -- name: list_failed_jobs
 SELECT j.id, t.name AS tenant, j.url, j.attempts, j.last_error_class, j.last_error,

@@ -537,14 +537,19 @@ class QueueStats:
     next_due_at: datetime | None
     oldest_due_age_seconds: float
     # Due jobs a worker could claim now (domains not paused, below their concurrency, each
-    # counted up to its free connections) and how long the oldest of them has waited.
+    # counted up to its free connections and its bucket's tokens) and how long the oldest
+    # of them has waited.
     claimable: int
     oldest_claimable_age_seconds: float
 
 
 def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats:
     row = conn.execute(
-        _q("queue_stats"), {"default_concurrency": domain_defaults.concurrency}
+        _q("queue_stats"),
+        {
+            "default_concurrency": domain_defaults.concurrency,
+            "default_rps": domain_defaults.rps,
+        },
     ).one()
     return QueueStats(
         due=row.due,
@@ -576,6 +581,10 @@ class RedirectSlots:
         self._holds = False
 
     def take(self, host: str) -> float:
+        # The last hop's slot goes back in a transaction of its own: released inside the
+        # take, its domain's queue rows would be locked before the next hop's domain row,
+        # in whatever order the hops come, not in domain order as everywhere else.
+        self.release()
         with self._engine.begin() as conn:
             wait = conn.execute(
                 _q("take_redirect_slot"),
@@ -648,6 +657,8 @@ class AttemptOutcome:
     # left alone (a 429, a Retry-After): every worker leaves that domain alone until then.
     domain: str | None = None
     domain_paused_until: datetime | None = None
+    # The job's own domain: a round's writes lock domains in its order (finish_attempts).
+    job_domain: str | None = None
 
 
 def finish_attempts(
@@ -674,46 +685,64 @@ def finish_attempts(
     def seconds_from_now(moment: datetime | None) -> float | None:
         return None if moment is None else (moment - decided_at).total_seconds()
 
+    pauses: dict[str, datetime] = {}
+    for o in outcomes:
+        if o.domain and o.domain_paused_until is not None:
+            earlier = pauses.get(o.domain, o.domain_paused_until)
+            pauses[o.domain] = max(o.domain_paused_until, earlier)
+    # Each write locks rows of one domain (the job's queue rows through the triggers, the
+    # domain's row and queues for a pause), held to the commit. Written in completion order,
+    # two rounds met in opposite orders and deadlocked; in domain order (a domain's
+    # outcomes, then its pause), as the sweeper and the requeue lock them, they queue.
+    by_domain: dict[str, list[AttemptOutcome]] = {}
+    for o in sorted(outcomes, key=lambda o: str(o.job_id)):
+        by_domain.setdefault(o.job_domain or "", []).append(o)
     written: dict[uuid.UUID, str] = {}
     with engine.begin() as conn:
-        for o in outcomes:
-            detail = o.error_detail[:512] if o.error_detail else None
-            row = conn.execute(
-                _q("finish_attempt"),
-                {
-                    "job_id": o.job_id,
-                    "attempt": o.attempt,
-                    "worker": worker,
-                    "status": o.status,
-                    "outcome": o.outcome,
-                    "http_status": o.http_status,
-                    "error_class": o.error_class,
-                    "error_detail": detail,
-                    "last_error": detail,
-                    "duration_ms": o.duration_ms,
-                    "next_attempt_in": seconds_from_now(o.next_attempt_at),
-                    "result_key": o.result_key,
-                    "result_size": o.result_size,
-                    "result_sha256": o.result_sha256,
-                    "result_content_type": o.result_content_type,
-                },
-            ).one_or_none()
-            if row is not None:
-                written[o.job_id] = row.status
-        pauses: dict[str, datetime] = {}
-        for o in outcomes:
-            if o.domain and o.domain_paused_until is not None:
-                earlier = pauses.get(o.domain, o.domain_paused_until)
-                pauses[o.domain] = max(o.domain_paused_until, earlier)
-        if pauses:
-            if max_pause_seconds is not None:
-                conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
-            names = sorted(pauses)
-            conn.execute(
-                _q("pause_domains"),
-                {"domains": names, "paused_for": [seconds_from_now(pauses[n]) for n in names]},
-            )
+        # A retry takes its tenant's next fair tag before its domain's queue is touched:
+        # those rows first, in one order (two rounds whose tenants crossed deadlocked).
+        _lock_fair_tag_rows(conn, [o.job_id for o in outcomes if o.status == "queued"])
+        if pauses and max_pause_seconds is not None:
+            conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
+        for domain in sorted(by_domain.keys() | pauses.keys()):
+            for o in by_domain.get(domain, []):
+                written.update(_finish_attempt(conn, worker, o, seconds_from_now))
+            if domain in pauses:
+                conn.execute(
+                    _q("pause_domains"),
+                    {"domains": [domain], "paused_for": [seconds_from_now(pauses[domain])]},
+                )
     return written
+
+
+def _finish_attempt(
+    conn: Connection,
+    worker: str,
+    o: AttemptOutcome,
+    seconds_from_now: Callable[[datetime | None], float | None],
+) -> dict[uuid.UUID, str]:
+    detail = o.error_detail[:512] if o.error_detail else None
+    row = conn.execute(
+        _q("finish_attempt"),
+        {
+            "job_id": o.job_id,
+            "attempt": o.attempt,
+            "worker": worker,
+            "status": o.status,
+            "outcome": o.outcome,
+            "http_status": o.http_status,
+            "error_class": o.error_class,
+            "error_detail": detail,
+            "last_error": detail,
+            "duration_ms": o.duration_ms,
+            "next_attempt_in": seconds_from_now(o.next_attempt_at),
+            "result_key": o.result_key,
+            "result_size": o.result_size,
+            "result_sha256": o.result_sha256,
+            "result_content_type": o.result_content_type,
+        },
+    ).one_or_none()
+    return {} if row is None else {o.job_id: row.status}
 
 
 def attempts_written(
@@ -732,8 +761,13 @@ def attempts_written(
 
 
 def sweep_expired_leases(engine: Engine, *, max_attempts: int, limit: int = 1000) -> list[Any]:
-    """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept."""
+    """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept. Their
+    fair-tag rows, then their domains' queue rows, are locked first, each in one order
+    (lock_fair_tag_rows, lock_domain_queues)."""
     with engine.begin() as conn:
+        expired = conn.execute(_q("expired_lease_jobs"), {"limit": limit}).all()
+        _lock_fair_tag_rows(conn, [r.id for r in expired])
+        _lock_domain_queues(conn, sorted({r.domain for r in expired}))
         return conn.execute(
             _q("sweep_expired_leases"), {"max_attempts": max_attempts, "limit": limit}
         ).all()
@@ -745,7 +779,23 @@ def list_failed_jobs(engine: Engine, limit: int = 100) -> list[dict[str, Any]]:
 
 
 def requeue_failed_jobs(engine: Engine, job_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-    """Runbook: failed jobs back to queued with a fresh attempt budget; others untouched."""
+    """Runbook: failed jobs back to queued with a fresh attempt budget; others untouched.
+    Their fair-tag rows, then their domains' queue rows, are locked first, each in one
+    order (lock_fair_tag_rows, lock_domain_queues)."""
+    ids = [str(i) for i in job_ids]
     with engine.begin() as conn:
-        rows = conn.execute(_q("requeue_failed_jobs"), {"ids": [str(i) for i in job_ids]}).all()
+        _lock_fair_tag_rows(conn, ids)
+        domains = conn.execute(_q("failed_job_domains"), {"ids": ids}).scalars().all()
+        _lock_domain_queues(conn, domains)
+        rows = conn.execute(_q("requeue_failed_jobs"), {"ids": ids}).all()
     return [r.id for r in rows]
+
+
+def _lock_fair_tag_rows(conn: Connection, job_ids: Sequence[uuid.UUID | str]) -> None:
+    if job_ids:
+        conn.execute(_q("lock_fair_tag_rows"), {"ids": [str(i) for i in job_ids]}).all()
+
+
+def _lock_domain_queues(conn: Connection, domains: Sequence[str]) -> None:
+    if domains:
+        conn.execute(_q("lock_domain_queues"), {"domains": sorted(domains)}).all()

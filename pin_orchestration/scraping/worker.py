@@ -526,6 +526,7 @@ def _attempt(
         fetched.close()
     return AttemptOutcome(
         job_id=job.id,
+        job_domain=job.domain,
         attempt=job.attempt,
         status="succeeded",
         outcome="succeeded",
@@ -558,6 +559,7 @@ def _decided(
         domain=paused_domain or job.domain,
         domain_paused_until=domain_paused_until,
         job_id=job.id,
+        job_domain=job.domain,
         attempt=job.attempt,
         status="queued" if decision.outcome == "retry" else decision.outcome,
         outcome=decision.outcome,
@@ -574,6 +576,7 @@ def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome
     if flight.stop_reason == "cancelled":
         return AttemptOutcome(
             job_id=job.id,
+            job_domain=job.domain,
             attempt=job.attempt,
             status="cancelled",
             outcome="cancelled",
@@ -590,6 +593,7 @@ def _stopped(flight: _Flight, duration_ms: int, now: datetime) -> AttemptOutcome
 def _retry_now(job: ClaimedJob, error_class: str, detail: str, now: datetime) -> AttemptOutcome:
     return AttemptOutcome(
         job_id=job.id,
+        job_domain=job.domain,
         attempt=job.attempt,
         status="queued",
         outcome="retry",

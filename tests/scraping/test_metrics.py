@@ -81,6 +81,7 @@ def add_attempt(
     outcome: str | None,
     error_class: str | None = None,
     started_ago: float = 1.0,
+    finished_ago: float = 0.0,
 ) -> None:
     conn.execute(
         text(
@@ -88,7 +89,8 @@ def add_attempt(
             INSERT INTO scraping.job_attempts (job_id, number, worker, started_at, finished_at,
                                                outcome, error_class)
             VALUES (:job_id, :number, 'worker-1', now() - make_interval(secs => :ago),
-                    CASE WHEN CAST(:outcome AS text) IS NOT NULL THEN now() END,
+                    CASE WHEN CAST(:outcome AS text) IS NOT NULL
+                         THEN now() - make_interval(secs => :finished_ago) END,
                     :outcome, :error_class)
             """
         ),
@@ -98,6 +100,7 @@ def add_attempt(
             "outcome": outcome,
             "error_class": error_class,
             "ago": started_ago,
+            "finished_ago": finished_ago,
         },
     )
 
@@ -137,7 +140,7 @@ def test_the_scraping_metrics_come_from_the_database(db_engine: Engine, make_ten
         add_attempt(conn, a2, 1, "retry", "timeout")
         add_attempt(conn, a2, 2, "succeeded")
         add_attempt(conn, b1, 1, "succeeded")
-        add_attempt(conn, a2, 3, "failed", "http_500", started_ago=7200)
+        add_attempt(conn, a2, 3, "failed", "http_500", started_ago=7200, finished_ago=7100)
         add_attempt(conn, b1, 2, None)
         add_attempt(conn, b1, 3, "cancelled", "cancelled")
 
@@ -237,3 +240,19 @@ def test_the_database_gauges_are_computed_once_per_cache_period(
         assert second[depth] == first[depth] + expected - 1, cache_seconds
         with db_engine.begin() as conn:
             conn.execute(text("DELETE FROM scraping.jobs"))
+
+
+def test_the_failure_shares_count_attempts_ended_in_the_window(
+    db_engine: Engine, make_tenant
+) -> None:
+    """As their help says: an attempt started long ago and swept as lost just now counts;
+    one started in the window and still running does not."""
+    shop, _ = make_tenant("shop")
+    with db_engine.begin() as conn:
+        lost = add_job(conn, shop.id, url="http://slow.example/", status="queued")
+        add_attempt(conn, lost, 1, "lost", "lease_expired", started_ago=7200)
+        running = add_job(conn, shop.id, url="http://slow.example/2", status="running", lease_in=30)
+        add_attempt(conn, running, 1, None)
+    got = samples(generate_latest(build_registry(db_engine)).decode())
+    assert got[("scraping_attempts_recent", ())] == 1
+    assert got[("scraping_failure_share_by_class", (("error_class", "lease_expired"),))] == 1

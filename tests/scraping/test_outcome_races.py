@@ -266,3 +266,306 @@ def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     slots.release()
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
+
+
+class _Gate:
+    """After its first outcome statement, each of two sessions waits until the other has
+    made its first too, or is blocked on a lock (then the order is already decided)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.local = threading.local()
+        self.first_done = {"A": threading.Event(), "B": threading.Event()}
+        self.pids: dict[str, int] = {}
+
+    def before(self, conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        role = getattr(self.local, "role", None)
+        if role is not None and role not in self.pids:
+            self.pids[role] = cursor.connection.info.backend_pid
+
+    def after(self, conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        role = getattr(self.local, "role", None)
+        if role is None or "UPDATE scraping.job_attempts" not in statement:
+            return
+        if self.first_done[role].is_set():
+            return
+        self.first_done[role].set()
+        other = "B" if role == "A" else "A"
+        with self.engine.connect() as watcher:
+            for _ in range(1500):
+                if self.first_done[other].is_set():
+                    return
+                pid = self.pids.get(other)
+                blocked = (
+                    pid is not None
+                    and watcher.execute(
+                        text(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p"
+                        ),
+                        {"p": pid},
+                    ).scalar_one_or_none()
+                )
+                watcher.rollback()
+                if blocked:
+                    return
+                self.first_done[other].wait(0.01)
+        raise AssertionError(f"session {other} neither wrote nor waited")
+
+
+def _running_jobs_on(
+    engine: Engine, make_tenant: Any, domains: list[str], per_domain: int
+) -> dict[str, list[Any]]:
+    """`per_domain` running jobs on each domain, and each domain's queue set aside for want
+    of room (so a job leaving `running` updates the queue's row)."""
+    from pin_orchestration.scraping.worker import claim_due_jobs
+    from tests.scraping.conftest import UNLIMITED
+
+    tenant_id = make_tenant("shop")[0].id
+    for domain in domains:
+        for n in range(per_domain):
+            enqueue(engine, tenant_id, f"http://{domain}/{n}")
+    claimed = claim_due_jobs(
+        engine,
+        worker="claimer",
+        limit=len(domains) * per_domain,
+        lease_seconds=60,
+        domain_defaults=UNLIMITED,
+    )
+    assert len(claimed) == len(domains) * per_domain
+    with engine.begin() as conn:
+        for domain in domains:
+            conn.execute(
+                text(
+                    "INSERT INTO scraping.domain_queues AS q "
+                    "(domain, priority, head_tag, ready, waiting_for, wake_at) "
+                    "VALUES (:d, 'normal', 0, false, 'room', now() + interval '1 hour') "
+                    "ON CONFLICT (domain, priority) DO UPDATE SET ready = false, "
+                    "waiting_for = 'room', wake_at = now() + interval '1 hour'"
+                ),
+                {"d": domain},
+            )
+    by_domain: dict[str, list[Any]] = {d: [] for d in domains}
+    for job in sorted(claimed, key=lambda j: j.id):
+        by_domain[job.domain].append(job)
+    return by_domain
+
+
+def _own(engine: Engine, job: Any, worker: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scraping.jobs SET lease_owner = :w WHERE id = :id"),
+            {"w": worker, "id": job.id},
+        )
+
+
+def _failed(job: Any) -> repository.AttemptOutcome:
+    return repository.AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="failed",
+        outcome="failed",
+        http_status=404,
+        error_class="http_404",
+        job_domain=job.domain,
+    )
+
+
+def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    from sqlalchemy import event
+
+    from tests.chessboard.test_concurrency import Worker
+
+    jobs = _running_jobs_on(db_engine, make_tenant, ["x.example", "y.example"], 2)
+    (xa, xb), (ya, yb) = jobs["x.example"], jobs["y.example"]
+    for job, worker in ((xa, "A"), (ya, "A"), (xb, "B"), (yb, "B")):
+        _own(db_engine, job, worker)
+    gate = _Gate(db_engine)
+    event.listen(db_engine, "before_cursor_execute", gate.before)
+    event.listen(db_engine, "after_cursor_execute", gate.after)
+    written: dict[str, Any] = {}
+
+    def finish(role: str, outcomes: list[repository.AttemptOutcome]) -> None:
+        gate.local.role = role
+        written[role] = repository.finish_attempts(db_engine, worker=role, outcomes=outcomes)
+
+    try:
+        # Completion order: A finished x then y, B finished y then x.
+        a = Worker(lambda: finish("A", [_failed(xa), _failed(ya)]))
+        b = Worker(lambda: finish("B", [_failed(yb), _failed(xb)]))
+        a.start()
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        event.remove(db_engine, "before_cursor_execute", gate.before)
+        event.remove(db_engine, "after_cursor_execute", gate.after)
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert written["A"] == {xa.id: "failed", ya.id: "failed"}
+    assert written["B"] == {xb.id: "failed", yb.id: "failed"}
+
+
+def _gated_against_a_round(
+    db_engine: Engine,
+    gate: _Gate,
+    round_outcomes: list[repository.AttemptOutcome],
+    other: Any,
+) -> tuple[Any, Any]:
+    """Session A writes `round_outcomes` (x, then y); session B runs `other` once A has
+    written its first outcome. Returns both threads, finished."""
+    from sqlalchemy import event
+
+    from tests.chessboard.test_concurrency import Worker
+
+    def finish() -> object:
+        gate.local.role = "A"
+        return repository.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
+
+    def run_other() -> object:
+        gate.local.role = "B"
+        assert gate.first_done["A"].wait(20)
+        try:
+            return other()
+        finally:
+            gate.first_done["B"].set()
+
+    event.listen(db_engine, "before_cursor_execute", gate.before)
+    event.listen(db_engine, "after_cursor_execute", gate.after)
+    try:
+        a, b = Worker(finish), Worker(run_other)
+        a.start()
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        event.remove(db_engine, "before_cursor_execute", gate.before)
+        event.remove(db_engine, "after_cursor_execute", gate.after)
+    return a, b
+
+
+def test_the_sweeper_and_an_outcome_round_lock_domains_in_one_order(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    jobs = _running_jobs_on(db_engine, make_tenant, ["x.example", "y.example"], 2)
+    (xa, xs), (ya, ys) = jobs["x.example"], jobs["y.example"]
+    _own(db_engine, xa, "A")
+    _own(db_engine, ya, "A")
+    with db_engine.begin() as conn:  # y's lease ran out first: the sweep meets y, then x
+        for job, ago in ((ys, 20), (xs, 10)):
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET lease_expires_at = now() - make_interval("
+                    "secs => :ago) WHERE id = :id"
+                ),
+                {"id": job.id, "ago": ago},
+            )
+    gate = _Gate(db_engine)
+    a, b = _gated_against_a_round(
+        db_engine,
+        gate,
+        [_failed(xa), _failed(ya)],
+        lambda: repository.sweep_expired_leases(db_engine, max_attempts=5),
+    )
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert a.result == {xa.id: "failed", ya.id: "failed"}
+    assert sorted(r.id for r in b.result) == sorted([xs.id, ys.id])
+
+
+def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    # y's jobs are stored first: the requeue's update meets y, then x.
+    jobs = _running_jobs_on(db_engine, make_tenant, ["y.example", "x.example"], 2)
+    (xa, xf), (ya, yf) = jobs["x.example"], jobs["y.example"]
+    _own(db_engine, xa, "A")
+    _own(db_engine, ya, "A")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'failed', lease_owner = NULL, "
+                "lease_expires_at = NULL, finished_at = now() WHERE id IN (:x, :y)"
+            ),
+            {"x": xf.id, "y": yf.id},
+        )
+        # Queues whose head sorts after any requeued job: the requeue rewrites their rows.
+        conn.execute(text("UPDATE scraping.domain_queues SET head_tag = 1e18"))
+    gate = _Gate(db_engine)
+    a, b = _gated_against_a_round(
+        db_engine,
+        gate,
+        [_failed(xa), _failed(ya)],
+        lambda: repository.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
+    )
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert a.result == {xa.id: "failed", ya.id: "failed"}
+    assert sorted(b.result) == sorted([xf.id, yf.id])
+
+
+def _retry(job: Any) -> repository.AttemptOutcome:
+    return repository.AttemptOutcome(
+        job_id=job.id,
+        attempt=job.attempt,
+        status="queued",
+        outcome="retry",
+        http_status=503,
+        error_class="http_503",
+        job_domain=job.domain,
+    )
+
+
+def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
+    db_engine: Engine, make_tenant: Any
+) -> None:
+    """A retry takes its tenant's next fair tag (a lock on the tenant's row of its class)
+    before its domain's queue: rounds whose domains come in one order but whose tenants
+    cross must still queue, not deadlock."""
+    from sqlalchemy import event
+
+    from pin_orchestration.scraping.worker import claim_due_jobs
+    from tests.chessboard.test_concurrency import Worker
+    from tests.scraping.conftest import UNLIMITED
+
+    one, two = make_tenant("one")[0].id, make_tenant("two")[0].id
+    for tenant, url in ((one, "http://x.example/1"), (two, "http://x.example/2")):
+        enqueue(db_engine, tenant, url)
+    for tenant, url in ((two, "http://y.example/1"), (one, "http://y.example/2")):
+        enqueue(db_engine, tenant, url)
+    claimed = claim_due_jobs(
+        db_engine, worker="claimer", limit=4, lease_seconds=60, domain_defaults=UNLIMITED
+    )
+    by_url = {j.url: j for j in claimed}
+    xa, ya = by_url["http://x.example/1"], by_url["http://y.example/1"]  # tenants one, two
+    xb, yb = by_url["http://x.example/2"], by_url["http://y.example/2"]  # tenants two, one
+    for job, worker in ((xa, "A"), (ya, "A"), (xb, "B"), (yb, "B")):
+        _own(db_engine, job, worker)
+    gate = _Gate(db_engine)
+    event.listen(db_engine, "before_cursor_execute", gate.before)
+    event.listen(db_engine, "after_cursor_execute", gate.after)
+    written: dict[str, Any] = {}
+
+    def finish(role: str, outcomes: list[repository.AttemptOutcome]) -> None:
+        gate.local.role = role
+        written[role] = repository.finish_attempts(db_engine, worker=role, outcomes=outcomes)
+
+    try:
+        a = Worker(lambda: finish("A", [_retry(xa), _retry(ya)]))
+        b = Worker(lambda: finish("B", [_retry(xb), _retry(yb)]))
+        a.start()
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        event.remove(db_engine, "before_cursor_execute", gate.before)
+        event.remove(db_engine, "after_cursor_execute", gate.after)
+    for worker in (a, b):
+        if worker.error is not None:
+            raise worker.error
+    assert written["A"] == {xa.id: "queued", ya.id: "queued"}
+    assert written["B"] == {xb.id: "queued", yb.id: "queued"}

@@ -1,6 +1,8 @@
 -- 0026 down: pause_domain lifts a pause given a past or NULL until; a hop to the job's own
 -- host is free (scraping/sql/pause_domain.sql, redirect_slots.sql before 0026).
 DROP FUNCTION scraping.resume_domain(text);
+DROP INDEX scraping.ix_job_attempts_finished;
+CREATE INDEX ix_job_attempts_started ON scraping.job_attempts USING btree (started_at);
 
 -- A domain's pause (a 429 or Retry-After from it, or an operator): no worker sends it
 -- anything before the pause ends. The pause kept is capped at the session's

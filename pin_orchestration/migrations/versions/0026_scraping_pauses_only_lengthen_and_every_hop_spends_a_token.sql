@@ -155,3 +155,10 @@ BEGIN
     END IF;
 END
 $fn$;
+
+-- The failure shares count attempts that ended in their window: an index of when attempts
+-- ended, without the rows of attempts in flight (a claim's insert adds nothing to it). The
+-- index of when they started served that window only.
+DROP INDEX scraping.ix_job_attempts_started;
+CREATE INDEX ix_job_attempts_finished ON scraping.job_attempts (finished_at)
+WHERE finished_at IS NOT NULL;
