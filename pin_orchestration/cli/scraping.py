@@ -352,9 +352,16 @@ def scraping_domain_resume(host: str) -> None:
 def scraping_domain_list() -> None:
     """Domains with an override, a pause in force, or queued or running jobs."""
     from pin_orchestration.scraping.repository import list_domains
+    from pin_orchestration.scraping.robots import list_robots
 
     defaults = _domain_defaults()
-    domains = list_domains(engine_from_env())
+    engine = engine_from_env()
+    domains = list_domains(engine)
+    # robots.txt that does not answer: its host is held until the next try
+    unreachable: dict[str, list[dict[str, Any]]] = {}
+    for robots in list_robots(engine):
+        if robots["state"] == "unreachable":
+            unreachable.setdefault(robots["domain"], []).append(robots)
     if not domains:
         click.echo(
             "no domain has an override, a pause, or queued or running jobs: every host gets "
@@ -368,6 +375,12 @@ def scraping_domain_list() -> None:
             f"{d['domain']}\t{_limits(d, defaults.rps, defaults.concurrency)}\t"
             f"{d['running']} running\t{d['queued']} queued{paused}{_robots_shown(d)}"
         )
+        for robots in unreachable.get(d["domain"], []):
+            click.echo(
+                f"  {robots['origin']}/robots.txt unreachable ({robots['failures']} failures in "
+                f"a row, last: {robots['last_error']}); asked again at "
+                f"{robots['expires_at'].isoformat()}"
+            )
 
 
 def _robots_shown(row: dict[str, Any]) -> str:

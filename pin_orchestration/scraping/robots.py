@@ -278,7 +278,7 @@ class RobotsGuard:
         waited = False
         while True:
             stored = self._read(origin, domain)
-            if (stored.host_mode or self.mode) == "ignore":
+            if self._ignored(stored):
                 return waited
             if stored.fresh:
                 self._judge(origin, url, stored)
@@ -333,22 +333,28 @@ class RobotsGuard:
     # --- the shared row ----------------------------------------------------------------
 
     def _read(self, origin: str, domain: str) -> _Stored:
-        """The origin's row; a fresh one is remembered for MEMO_SECONDS (a job's check then
-        costs no query; an operator's exemption reaches this worker within that)."""
+        """The origin's row; a fresh one (or one of an exempt host) is remembered for
+        MEMO_SECONDS (a job's check then costs no query; an operator's exemption reaches
+        this worker within that)."""
         now = time.monotonic()
         with self._lock:
             memo = self._memo.get(origin)
-            if memo is not None and memo[1] > now and memo[0].fresh_until > time.time():
-                return memo[0]
+            if memo is not None and memo[1] > now:
+                stored = memo[0]
+                if stored.fresh_until > time.time() or self._ignored(stored):
+                    return stored
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
         stored = self._stored(row)
-        if stored.fresh:
+        if stored.fresh or self._ignored(stored):
             with self._lock:
                 self._memo[origin] = (stored, now + MEMO_SECONDS)
                 while len(self._memo) > _PARSED_KEPT:
                     self._memo.popitem(last=False)
         return stored
+
+    def _ignored(self, stored: _Stored) -> bool:
+        return (stored.host_mode or self.mode) == "ignore"
 
     @staticmethod
     def _stored(row: Any) -> _Stored:

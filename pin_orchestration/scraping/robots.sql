@@ -74,9 +74,9 @@ SET robots_mode = EXCLUDED.robots_mode,
 RETURNING domain, robots_mode, robots_reason, robots_set_by, robots_set_at
 
 -- name: list_robots
--- Every origin's robots.txt as stored, for operators (`pin scraping domain robots-status`).
+-- Every origin's robots.txt as stored, for operators (`pin scraping domain list`).
 SELECT origin, domain, state, http_status, crawl_delay, fetched_at, expires_at, failures,
        last_error, lease_owner, lease_expires_at > now() AS being_fetched
 FROM scraping.robots
-WHERE :domain IS NULL OR domain = :domain
+WHERE CAST(:domain AS text) IS NULL OR domain = CAST(:domain AS text)
 ORDER BY origin

@@ -13,11 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
+from prometheus_client import generate_latest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.robots import (
@@ -27,6 +30,7 @@ from pin_orchestration.scraping.robots import (
     ttl_seconds,
 )
 from tests.scraping.conftest import TEST_SETTINGS, Worker
+from tests.scraping.test_metrics import samples
 
 RULES = (
     # Everyone else is kept out; our product token's group lets us in except /page/private.
@@ -83,6 +87,10 @@ def test_a_disallowed_path_is_never_requested_and_an_allowed_one_is_fetched(
         assert (attempt.outcome, attempt.error_class) == ("failed", "robots_disallowed")
         assert "Disallow: /page/private" in attempt.error_detail
         assert "User-agent: pin-scraper" in attempt.error_detail
+    # counted by class with every other failure: 2 of the 3 attempts
+    got = samples(generate_latest(build_registry(db_engine)).decode())
+    share = got[("scraping_failure_share_by_class", (("error_class", "robots_disallowed"),))]
+    assert share == pytest.approx(2 / 3)
 
 
 def test_a_robots_txt_that_is_not_found_allows_everything(

@@ -143,6 +143,15 @@ def test_host_paused_while_its_robots_txt_is_unreachable(
     assert moment(wait["until"]) > datetime.now(UTC) + timedelta(seconds=20)
     assert claim(db_engine, limit=10) == []
     assert site.requests == []
+    # operators see it, with the next try
+    shown = CliRunner().invoke(
+        cli,
+        ["scraping", "domain", "list"],
+        env={"PIN_DATABASE_URL": db_engine.url.render_as_string(hide_password=False)},
+    )
+    assert f"{site.url}/robots.txt unreachable (1 failures in a row, last: HTTP 503)" in (
+        shown.output
+    ), shown.output
 
 
 def test_host_rate_and_host_connections_hold_what_the_claim_holds(
