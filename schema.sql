@@ -1684,6 +1684,7 @@ CREATE TABLE scraping.robots (
     failures integer DEFAULT 0 NOT NULL,
     last_error text,
     lease_owner text,
+    lease_job uuid,
     lease_expires_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT robots_state_check CHECK ((state = ANY (ARRAY['rules'::text, 'allow_all'::text, 'unreachable'::text])))

@@ -27,6 +27,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -209,7 +210,7 @@ class RobotsGuard:
         of its host: the claim's was spent on the robots.txt request, or under the rate
         from before its Crawl-delay."""
         try:
-            if self._check(url, turns, should_stop, first_hop=True):
+            if self._check(url, job.id, turns, should_stop, first_hop=True):
                 until = time.monotonic() + self.timeout_seconds
                 self._wait_turn(job.domain, turns, should_stop, until)
         finally:
@@ -218,11 +219,13 @@ class RobotsGuard:
             # needs no database to end: a fetch rides out an outage).
             turns.release()
 
-    def hop_checker(self, turns: Turns, should_stop: Callable[[], bool]) -> Callable[[str], None]:
+    def hop_checker(
+        self, job: ClaimedJob, turns: Turns, should_stop: Callable[[], bool]
+    ) -> Callable[[str], None]:
         """For Fetcher.fetch's `check_hop`: a redirect hop into a disallowed path raises."""
 
         def check(url: str) -> None:
-            self._check(url, turns, should_stop, first_hop=False)
+            self._check(url, job.id, turns, should_stop, first_hop=False)
 
         return check
 
@@ -267,7 +270,13 @@ class RobotsGuard:
     # --- the rules ---------------------------------------------------------------------
 
     def _check(
-        self, url: str, turns: Turns, should_stop: Callable[[], bool], *, first_hop: bool
+        self,
+        url: str,
+        job_id: uuid.UUID,
+        turns: Turns,
+        should_stop: Callable[[], bool],
+        *,
+        first_hop: bool,
     ) -> bool:
         """Judge `url`; True when it was not known at once (this call fetched it, or waited
         for another worker's fetch): the turn the claim gave was spent on the robots.txt
@@ -284,7 +293,7 @@ class RobotsGuard:
                 self._judge(origin, url, stored)
                 return waited
             waited = True
-            if not stored.leased and self._take_lease(origin, domain) is not None:
+            if not stored.leased and self._take_lease(origin, domain, job_id) is not None:
                 if not first_hop:
                     self._wait_turn(domain, turns, should_stop, until)
                 self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)
@@ -370,7 +379,7 @@ class RobotsGuard:
             fresh_until=row.expires_at.timestamp() if row.fresh else 0.0,
         )
 
-    def _take_lease(self, origin: str, domain: str) -> int | None:
+    def _take_lease(self, origin: str, domain: str, job_id: uuid.UUID) -> int | None:
         with self._engine.begin() as conn:
             return conn.execute(
                 _q("robots_take_lease"),
@@ -378,6 +387,7 @@ class RobotsGuard:
                     "origin": origin,
                     "domain": domain,
                     "owner": self._owner,
+                    "job_id": job_id,
                     # its fetch, its wait for a turn, and room for a slow database
                     "lease_seconds": self.timeout_seconds * 2 + 5,
                 },

@@ -8,22 +8,33 @@
 SELECT (SELECT d.robots_mode FROM scraping.domains d WHERE d.domain = :domain) AS host_mode,
        r.state, r.body, r.fetched_at, r.expires_at, r.failures,
        coalesce(r.expires_at > now(), false) AS fresh,
-       coalesce(r.lease_expires_at > now(), false) AS leased
+       coalesce(r.lease_expires_at > now()
+                AND EXISTS (SELECT 1 FROM scraping.jobs j
+                            WHERE j.id = r.lease_job AND j.status = 'running'
+                              AND j.lease_owner = r.lease_owner
+                              AND j.lease_expires_at > now()), false) AS leased
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN scraping.robots r ON r.origin = :origin
 
 -- name: robots_take_lease
--- This worker fetches the origin's robots.txt: only when it is missing or stale and no
--- other worker holds a live lease on it (two takers race on the row: one wins). Returns
--- the failures so far (the backoff of another unreachable answer).
-INSERT INTO scraping.robots AS r (origin, domain, lease_owner, lease_expires_at)
-VALUES (:origin, :domain, :owner, now() + make_interval(secs => :lease_seconds))
+-- This worker fetches the origin's robots.txt for job :job_id: only when it is missing or
+-- stale and no other worker holds a live lease on it (two takers race on the row: one
+-- wins). A lease is live while it lasts and its job still runs under its worker with a
+-- live lease of its own: a killed worker's is taken over once its job is swept or its
+-- lease runs out, not after the whole robots lease. Returns the failures so far (the
+-- backoff of another unreachable answer).
+INSERT INTO scraping.robots AS r (origin, domain, lease_owner, lease_job, lease_expires_at)
+VALUES (:origin, :domain, :owner, :job_id, now() + make_interval(secs => :lease_seconds))
 ON CONFLICT (origin) DO UPDATE
 SET lease_owner = EXCLUDED.lease_owner,
+    lease_job = EXCLUDED.lease_job,
     lease_expires_at = EXCLUDED.lease_expires_at,
     updated_at = now()
 WHERE (r.expires_at IS NULL OR r.expires_at <= now())
-  AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now())
+  AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()
+       OR NOT EXISTS (SELECT 1 FROM scraping.jobs j
+                      WHERE j.id = r.lease_job AND j.status = 'running'
+                        AND j.lease_owner = r.lease_owner AND j.lease_expires_at > now()))
 RETURNING r.failures
 
 -- name: robots_store
@@ -40,13 +51,15 @@ SET state = :state,
     failures = CASE WHEN :state = 'unreachable' THEN failures + 1 ELSE 0 END,
     last_error = :last_error,
     lease_owner = NULL,
+    lease_job = NULL,
     lease_expires_at = NULL,
     updated_at = now()
 WHERE origin = :origin AND lease_owner = :owner
 RETURNING expires_at
 
 -- name: robots_release_lease
-UPDATE scraping.robots SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+UPDATE scraping.robots
+SET lease_owner = NULL, lease_job = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE origin = :origin AND lease_owner = :owner
 
 -- name: robots_crawl_delay

@@ -470,7 +470,7 @@ def _attempt(
             job.params,
             should_stop=flight.should_stop,
             redirect_slots=redirect_slots,
-            check_hop=robots.hop_checker(redirect_slots, flight.should_stop),
+            check_hop=robots.hop_checker(job, redirect_slots, flight.should_stop),
             timeout_seconds=job.timeout_seconds,
         )
     except RobotsRefusal as refusal:

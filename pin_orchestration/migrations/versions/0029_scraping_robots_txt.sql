@@ -22,8 +22,11 @@ CREATE TABLE scraping.robots (
     -- fetches in a row that found it unreachable (the backoff's exponent)
     failures integer NOT NULL DEFAULT 0,
     last_error text,
-    -- the worker fetching it now; the others wait for it
+    -- the worker fetching it now, for the job it judges; the others wait for it while
+    -- that job runs under that worker with a live lease (a killed worker's lease is
+    -- taken over once its job is swept or its lease runs out)
     lease_owner text,
+    lease_job uuid,
     lease_expires_at timestamptz,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
