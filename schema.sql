@@ -276,6 +276,7 @@ CREATE TABLE scraping.jobs (
     result_expired_at timestamp with time zone,
     fair_tag double precision,
     attempt_objects_swept_at timestamp with time zone,
+    timeout_seconds double precision,
     CONSTRAINT jobs_callback_url_check CHECK ((length(callback_url) <= 2048)),
     CONSTRAINT jobs_check CHECK (((status = 'running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT jobs_check1 CHECK (((status <> 'succeeded'::text) OR (result_key IS NOT NULL))),
@@ -283,6 +284,7 @@ CREATE TABLE scraping.jobs (
     CONSTRAINT jobs_last_error_check CHECK ((length(last_error) <= 512)),
     CONSTRAINT jobs_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
     CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_timeout_seconds_check CHECK ((timeout_seconds > (0)::double precision)),
     CONSTRAINT jobs_url_check CHECK ((length(url) <= 2048))
 );
 
@@ -727,7 +729,19 @@ CREATE TABLE scraping.domains (
     tokens_at timestamp with time zone,
     blocked_until timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    configured_rps double precision,
+    crawl_delay double precision,
+    robots_default_rps double precision,
+    robots_mode text,
+    robots_reason text,
+    robots_set_by text,
+    robots_set_at timestamp with time zone,
+    pause_cause text,
     CONSTRAINT domains_concurrency_check CHECK (((concurrency > 0) AND (concurrency <= 10000))),
+    CONSTRAINT domains_configured_rps_check CHECK (((configured_rps >= (0.01)::double precision) AND (configured_rps <= (10000)::double precision))),
+    CONSTRAINT domains_crawl_delay_check CHECK ((crawl_delay >= (0)::double precision)),
+    CONSTRAINT domains_pause_cause_check CHECK ((pause_cause = ANY (ARRAY['operator'::text, 'retry_after'::text]))),
+    CONSTRAINT domains_robots_mode_check CHECK ((robots_mode = ANY (ARRAY['obey'::text, 'ignore'::text]))),
     CONSTRAINT domains_rps_check CHECK (((rps >= (0.01)::double precision) AND (rps <= (10000)::double precision)))
 )
 WITH (fillfactor='50');
@@ -789,6 +803,46 @@ BEGIN
           AND q.wake_at > clock_timestamp();
     END IF;
     RETURN NULL;
+END
+$$;
+
+--
+-- Name: domains_effective_rps(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domains_effective_rps() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' AND NEW.configured_rps IS NULL AND NEW.crawl_delay IS NULL THEN
+        -- a row inserted with its rate (older callers, tests): that rate is the operator's
+        NEW.configured_rps := NEW.rps;
+        RETURN NEW;
+    END IF;
+    NEW.rps := CASE
+        WHEN NEW.crawl_delay > 0 THEN
+            least(coalesce(NEW.configured_rps, NEW.robots_default_rps),
+                  greatest(1.0 / (NEW.crawl_delay * 1.1), 0.01))
+        ELSE NEW.configured_rps
+    END;
+    RETURN NEW;
+END
+$$;
+
+--
+-- Name: domains_pause_cause(); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.domains_pause_cause() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.blocked_until IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.blocked_until IS DISTINCT FROM OLD.blocked_until) THEN
+        NEW.pause_cause := coalesce(
+            nullif(current_setting('pin.scraping_pause_cause', true), ''), 'retry_after');
+    END IF;
+    RETURN NEW;
 END
 $$;
 
@@ -1720,6 +1774,28 @@ CREATE TABLE scraping.redirect_slots (
 );
 
 --
+-- Name: robots; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.robots (
+    origin text NOT NULL,
+    domain text NOT NULL,
+    state text,
+    http_status integer,
+    body text,
+    crawl_delay double precision,
+    fetched_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    failures integer DEFAULT 0 NOT NULL,
+    last_error text,
+    lease_owner text,
+    lease_job uuid,
+    lease_expires_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT robots_state_check CHECK ((state = ANY (ARRAY['rules'::text, 'allow_all'::text, 'unreachable'::text])))
+);
+
+--
 -- Name: tenant_vtimes; Type: TABLE; Schema: scraping; Owner: -
 --
 
@@ -1984,6 +2060,13 @@ ALTER TABLE ONLY scraping.redirect_slots
     ADD CONSTRAINT redirect_slots_pkey PRIMARY KEY (job_id, attempt);
 
 --
+-- Name: robots robots_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.robots
+    ADD CONSTRAINT robots_pkey PRIMARY KEY (origin);
+
+--
 -- Name: tenant_vtimes tenant_vtimes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
 --
 
@@ -2217,6 +2300,12 @@ CREATE INDEX ix_jobs_webhook_due ON scraping.jobs USING btree (COALESCE(webhook_
 CREATE INDEX ix_redirect_slots_domain ON scraping.redirect_slots USING btree (domain, expires_at);
 
 --
+-- Name: ix_robots_domain; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_robots_domain ON scraping.robots USING btree (domain);
+
+--
 -- Name: ix_webhook_deliveries_job; Type: INDEX; Schema: scraping; Owner: -
 --
 
@@ -2245,6 +2334,18 @@ CREATE TRIGGER domains_domain_queue_insert AFTER INSERT ON scraping.domains FOR 
 --
 
 CREATE TRIGGER domains_domain_queue_update AFTER UPDATE OF blocked_until, rps, concurrency ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_domain_queue();
+
+--
+-- Name: domains domains_effective_rps; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_effective_rps BEFORE INSERT OR UPDATE OF configured_rps, crawl_delay, robots_default_rps ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_effective_rps();
+
+--
+-- Name: domains domains_pause_cause; Type: TRIGGER; Schema: scraping; Owner: -
+--
+
+CREATE TRIGGER domains_pause_cause BEFORE INSERT OR UPDATE OF blocked_until ON scraping.domains FOR EACH ROW EXECUTE FUNCTION scraping.domains_pause_cause();
 
 --
 -- Name: jobs jobs_domain_queue_insert; Type: TRIGGER; Schema: scraping; Owner: -

@@ -363,9 +363,16 @@ def scraping_domain_resume(host: str) -> None:
 def scraping_domain_list() -> None:
     """Domains with an override, a pause in force, or queued or running jobs."""
     from pin_orchestration.scraping.repository import list_domains
+    from pin_orchestration.scraping.robots import list_robots
 
     defaults = _domain_defaults()
-    domains = list_domains(engine_from_env())
+    engine = engine_from_env()
+    domains = list_domains(engine)
+    # robots.txt that does not answer: its host is held until the next try
+    unreachable: dict[str, list[dict[str, Any]]] = {}
+    for robots in list_robots(engine):
+        if robots["state"] == "unreachable":
+            unreachable.setdefault(robots["domain"], []).append(robots)
     if not domains:
         click.echo(
             "no domain has an override, a pause, or queued or running jobs: every host gets "
@@ -377,8 +384,51 @@ def scraping_domain_list() -> None:
         paused = f"\tpaused until {d['blocked_until'].isoformat()}" if d["blocked_until"] else ""
         click.echo(
             f"{d['domain']}\t{_limits(d, defaults.rps, defaults.concurrency)}\t"
-            f"{d['running']} running\t{d['queued']} queued{paused}"
+            f"{d['running']} running\t{d['queued']} queued{paused}{_robots_shown(d)}"
         )
+        for robots in unreachable.get(d["domain"], []):
+            click.echo(
+                f"  {robots['origin']}/robots.txt unreachable ({robots['failures']} failures in "
+                f"a row, last: {robots['last_error']}); asked again at "
+                f"{robots['expires_at'].isoformat()}"
+            )
+
+
+def _robots_shown(row: dict[str, Any]) -> str:
+    """The robots.txt part of a host's line: its Crawl-delay, an operator's exemption."""
+    shown = ""
+    if row.get("crawl_delay"):
+        shown += f"\tCrawl-delay {row['crawl_delay']:g} s"
+    if row.get("robots_mode") == "ignore":
+        shown += f"\trobots.txt ignored ({row['robots_set_by']}: {row['robots_reason']})"
+    return shown
+
+
+@scraping_domain.command("robots")
+@click.argument("host")
+@click.option("--ignore", "mode", flag_value="ignore", help="Exempt HOST: robots.txt not obeyed")
+@click.option("--obey", "mode", flag_value="obey", help="Obey HOST's robots.txt again")
+@click.option("--reason", required=True, help="Why (kept with the setting, shown in the list)")
+@click.option("--by", "set_by", default=None, help="Who decided (default: your login name)")
+def scraping_domain_robots(host: str, mode: str | None, reason: str, set_by: str | None) -> None:
+    """Exempt HOST from its robots.txt (--ignore) or obey it again (--obey), with why; every
+    worker follows it from its next request to HOST. PIN_SCRAPING_ROBOTS is the default of
+    hosts without a setting; tenants cannot change either."""
+    import getpass
+
+    from pin_orchestration.scraping.repository import DomainError
+    from pin_orchestration.scraping.robots import set_robots_mode
+
+    if mode is None:
+        raise click.UsageError("give --ignore or --obey")
+    try:
+        row = set_robots_mode(
+            engine_from_env(), host, mode=mode, reason=reason, set_by=set_by or getpass.getuser()
+        )
+    except DomainError as exc:
+        raise click.ClickException(str(exc)) from exc
+    verb = "robots.txt ignored" if row["robots_mode"] == "ignore" else "robots.txt obeyed"
+    click.echo(f"{row['domain']}\t{verb}\t{row['robots_set_by']}: {row['robots_reason']}")
 
 
 def _domain_defaults() -> DomainDefaults:
@@ -398,6 +448,42 @@ def _limits(row: dict[str, Any], default_rps: float, default_concurrency: int) -
         else f"{default_concurrency} concurrent (default)"
     )
     return f"{rps}\t{concurrency}"
+
+
+@scraping.group("job")
+def scraping_job() -> None:
+    """One job, any tenant's (operators)."""
+
+
+@scraping_job.command("explain")
+@click.argument("job_id", type=click.UUID)
+def scraping_job_explain(job_id: uuid.UUID) -> None:
+    """Why JOB_ID waits and until when (what GET /jobs/{id} says in `wait`), or how it
+    ended."""
+    from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.wait_reasons import explain
+
+    try:
+        settings = ScrapingSettings.from_env()
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    found = explain(
+        engine_from_env(),
+        job_id,
+        domain_defaults=settings.domain_defaults,
+        robots_mode=settings.robots,
+    )
+    if found is None:
+        raise click.ClickException(f"no job {job_id}")
+    job, wait = found
+    click.echo(f"{job['id']}\t{job['status']}\t{job['tenant']}\t{job['priority']}\t{job['url']}")
+    if wait is not None:
+        cause = f" ({wait.cause})" if wait.cause else ""
+        until = f"\tuntil {wait.until.isoformat()}" if wait.until else ""
+        click.echo(f"waiting: {wait.reason}{cause}{until}")
+        click.echo(wait.message)
+    elif job["last_error_class"]:
+        click.echo(f"last error: {job['last_error_class']}: {job['last_error']}")
 
 
 @scraping.command("deliver")

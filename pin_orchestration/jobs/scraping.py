@@ -86,6 +86,8 @@ def drain_scraping_jobs(
             max_run_duration_seconds=config.max_run_duration_seconds,
             domain_rps=settings.domain_rps,
             domain_concurrency=settings.domain_concurrency,
+            robots=settings.robots,
+            robots_retry_seconds=settings.robots_retry_seconds,
         )
         options.validate()
     except (SettingsError, WorkerConfigError) as exc:

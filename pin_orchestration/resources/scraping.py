@@ -51,6 +51,7 @@ def fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
         timeout_seconds=settings.fetch_timeout_seconds,
         max_body_bytes=settings.max_result_bytes,
         allowed_cidrs=settings.allowed_cidrs,
+        user_agent=settings.user_agent,
     )
 
 

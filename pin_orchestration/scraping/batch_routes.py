@@ -193,7 +193,11 @@ def batch_router(deps: ApiDeps) -> APIRouter:
 
 def _request(job: BatchJob) -> JobRequest:
     return JobRequest(
-        url=job.url, params=job.params, priority=job.priority, callback_url=job.callback_url
+        url=job.url,
+        params=job.params,
+        priority=job.priority,
+        callback_url=job.callback_url,
+        timeout_seconds=job.timeout_seconds,
     )
 
 

@@ -202,6 +202,7 @@ class JobCache:
         terminal: bool,
         created_at: datetime,
         updated_at: datetime,
+        not_after: datetime | None = None,
     ) -> bool:
         """Store a body read from PostgreSQL after `read` missed, unless Redis holds a newer
         version of the job. True when stored.
@@ -209,7 +210,9 @@ class JobCache:
         Refused too when the epoch changed since (events may have been missed in between),
         or when the read took longer than half a tombstone's life: an event applied after
         the row was read leaves a tombstone that lives `tombstone_ttl_seconds`, and a fill
-        that comes later could find it expired and store the state the event replaced."""
+        that comes later could find it expired and store the state the event replaced.
+        `not_after`: the copy expires then at the latest (when a queued job's wait lifts);
+        one already past is not stored."""
         if read.epoch is None or read.epoch != self.epoch:
             return False
         if time.monotonic() - read.looked_at > self.tombstone_ttl_seconds / 2:
@@ -218,6 +221,10 @@ class JobCache:
         if terminal and read.long_ttl_allowed:
             age = (datetime.now(UTC) - created_at).total_seconds()
             ttl = max(ttl, min(self.terminal_ttl_seconds, self.retention_seconds - age))
+        if not_after is not None:
+            ttl = min(ttl, (not_after - datetime.now(UTC)).total_seconds())
+            if ttl < 0.001:
+                return False
         try:
             stored = self._fill(
                 keys=[job_key(read.epoch, read.tenant_id, read.job_id)],

@@ -88,6 +88,24 @@ _CONNECTIONS_KEPT_PER_HOST = 1024
 _MAX_DETAIL_CHARS = 300
 
 
+# Names the service and where to reach its operators; its product token (the first word)
+# is what robots.txt groups are matched against (scraping/robots.py).
+DEFAULT_USER_AGENT = "pin-scraper/0.1 (+https://github.com/pin-orchestration)"
+
+
+def product_token(user_agent: str) -> str:
+    """A User-Agent's product token, RFC 9309's name of the crawler: its leading letters,
+    '_' and '-' (`pin-scraper/0.1 (...)` → `pin-scraper`). ValueError when it has none."""
+    token = ""
+    for char in user_agent:
+        if not (char.isascii() and (char.isalpha() or char in "_-")):
+            break
+        token += char
+    if not token:
+        raise ValueError("does not start with a product token (letters, '_', '-')")
+    return token
+
+
 @dataclass(frozen=True)
 class FetchPolicy:
     # Connect and read timeout, and the deadline for the whole fetch (redirects and body).
@@ -95,7 +113,10 @@ class FetchPolicy:
     max_body_bytes: int = 50 * 1024 * 1024
     allowed_cidrs: tuple[IPNetwork, ...] = ()
     max_redirects: int = 5
-    user_agent: str = "pin-scraper/0.1 (+https://github.com/pin-orchestration)"
+    user_agent: str = DEFAULT_USER_AGENT
+    # Keep the first max_body_bytes of a longer body instead of failing (robots.txt: RFC
+    # 9309 has a crawler parse a prefix of a large file).
+    truncate_body: bool = False
 
     def __post_init__(self) -> None:
         if not self.timeout_seconds > 0:
@@ -246,19 +267,32 @@ class Fetcher:
         *,
         should_stop: Callable[[], bool] | None = None,
         redirect_slots: RedirectSlots | None = None,
+        check_hop: Callable[[str], None] | None = None,
+        timeout_seconds: float | None = None,
     ) -> FetchResult:
         """GET `url` with `params` added to its query, following redirects up to the
-        policy's limit; each hop first waits for `redirect_slots` to give it a place on its
-        host (within the fetch's deadline: past it the fetch fails with `timeout`). Returns
-        the final answer whatever its status; raises `FetchError` when there is none (or
-        `should_stop` turned true: `cancelled`)."""
+        policy's limit; each hop is first shown to `check_hop` (robots.txt: it raises to
+        refuse the hop, and its exception ends the fetch as it is), then waits for
+        `redirect_slots` to give it a place on its host (within the fetch's deadline: past
+        it the fetch fails with `timeout`). Returns the final answer whatever its status;
+        raises `FetchError` when there is none (or `should_stop` turned true: `cancelled`).
+        `timeout_seconds` replaces the policy's for this fetch (a job's own timeout)."""
         query = _query_pairs(params)
         target = _checked_url(url, what="url")
+        timeout = timeout_seconds or self.policy.timeout_seconds
         try:
             return self._guarded(
                 lambda deadline, started: self._fetch(
-                    target, query, should_stop, redirect_slots, deadline, started
-                )
+                    target,
+                    query,
+                    should_stop,
+                    redirect_slots,
+                    deadline,
+                    started,
+                    check_hop,
+                    timeout,
+                ),
+                timeout,
             )
         finally:
             if redirect_slots is not None:
@@ -287,23 +321,29 @@ class Fetcher:
 
         return self._guarded(send)
 
-    def _guarded(self, call: Callable[[_Deadline, float], FetchResult]) -> FetchResult:
-        """Run one request under the policy's deadline; what requests raises becomes a
-        `FetchError`."""
+    def _guarded(
+        self, call: Callable[[_Deadline, float], FetchResult], timeout: float | None = None
+    ) -> FetchResult:
+        """Run one request under the deadline (`timeout`, else the policy's); what requests
+        raises becomes a `FetchError`."""
+        timeout = timeout or self.policy.timeout_seconds
         started = time.monotonic()
-        deadline = self._watchdog.start(started + self.policy.timeout_seconds)
+        deadline = self._watchdog.start(started + timeout)
+        # A fetch inside a fetch (a redirect hop's robots.txt) gives the outer one its
+        # deadline back when it ends.
+        outer = getattr(_current, "deadline", None)
         _current.deadline = deadline
         try:
             return call(deadline, started)
         except FetchError:
             raise
         except Exception as exc:
-            error = _classify(exc, deadline, self.policy)
+            error = _classify(exc, deadline, timeout)
             if error is None:
                 raise
             raise error from exc
         finally:
-            _current.deadline = None
+            _current.deadline = outer
             deadline.finish()
 
     def _fetch(
@@ -314,8 +354,10 @@ class Fetcher:
         redirect_slots: RedirectSlots | None,
         deadline: _Deadline,
         started: float,
+        check_hop: Callable[[str], None] | None = None,
+        timeout: float | None = None,
     ) -> FetchResult:
-        timeout = self.policy.timeout_seconds
+        timeout = timeout or self.policy.timeout_seconds
         for hop in range(self.policy.max_redirects + 1):
             _raise_if_stopped(should_stop)
             response = self._session.get(
@@ -341,8 +383,10 @@ class Fetcher:
                     f"more than {self.policy.max_redirects} redirects (last to {location[:200]})",
                 )
             url = _checked_url(location, what="redirect location")
+            if check_hop is not None:
+                check_hop(url)
             if redirect_slots is not None:
-                self._wait_for_slot(redirect_slots, url, should_stop, started)
+                self._wait_for_slot(redirect_slots, url, should_stop, started, timeout)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _wait_for_slot(
@@ -351,15 +395,16 @@ class Fetcher:
         url: str,
         should_stop: Callable[[], bool] | None,
         started: float,
+        timeout: float,
     ) -> None:
         host = urlsplit(url).hostname or ""
-        ends = started + self.policy.timeout_seconds
+        ends = started + timeout
         while (wait := redirect_slots.take(host)) > 0:
             if time.monotonic() + wait > ends:
                 raise FetchError(
                     "timeout",
                     f"redirect to {host[:200]}: no request slot of that host within the "
-                    f"{self.policy.timeout_seconds:g} s deadline (it is paused or at its limits)",
+                    f"{timeout:g} s deadline (it is paused or at its limits)",
                 )
             # Short naps: a slot freed by another worker is not announced.
             time.sleep(min(wait, 0.05))
@@ -376,7 +421,9 @@ def _read_answer(
     cut: bool = False,
 ) -> FetchResult:
     """The answer, its body read whole; past `policy.max_body_bytes` a `body_too_large`
-    error, or with `cut` the bytes up to the limit (the rest unread)."""
+    error, or with `cut` (or a policy that truncates, robots.txt's) the bytes up to the
+    limit (the rest unread)."""
+    cut = cut or policy.truncate_body
     with response:
         framing = content_length_error(
             response.status_code,
@@ -458,6 +505,15 @@ def _checked_url(url: str, *, what: str) -> str:
     if not parts.hostname:
         raise FetchError("invalid_url", f"{what} {url[:200]!r} has no host") from None
     return url
+
+
+def request_url(url: str, params: Mapping[str, Any] | None) -> str:
+    """The URL `Fetcher.fetch(url, params)` asks for first (robots.txt judges this one)."""
+    try:
+        return requests.Request("GET", url, params=_query_pairs(params)).prepare().url or url
+    except Exception:
+        # The fetch refuses it with its own error.
+        return url
 
 
 def _query_pairs(params: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -548,13 +604,11 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _classify(exc: BaseException, deadline: _Deadline, policy: FetchPolicy) -> FetchError | None:
+def _classify(exc: BaseException, deadline: _Deadline, timeout: float) -> FetchError | None:
     """The FetchError for what requests raised, judged by the innermost cause that says
     something; `None` for an exception that is not about the fetch (a bug: re-raised)."""
     if deadline.expired:
-        return FetchError(
-            "timeout", f"no complete answer within {policy.timeout_seconds:g} s (deadline)"
-        )
+        return FetchError("timeout", f"no complete answer within {timeout:g} s (deadline)")
     for cause in reversed(_causes(exc)):
         error_class = _node_class(cause)
         if error_class is not None:

@@ -24,6 +24,7 @@ from pydantic_core import to_json
 
 from pin_orchestration.scraping import hosts
 from pin_orchestration.scraping.hosts import MAX_URL_LENGTH
+from pin_orchestration.scraping.wait_reasons import WaitView
 
 MAX_PARAMS_BYTES = 16 * 1024
 # Levels of arrays and objects inside `params` (a job's query parameters are flat; this
@@ -99,6 +100,11 @@ UrlText = Annotated[
 ]
 
 
+# The longest a job's own timeout may be: a fetch holds a worker slot and a connection of
+# its host that long.
+MAX_JOB_TIMEOUT_SECONDS = 600.0
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -114,6 +120,15 @@ class JobCreate(BaseModel):
     callback_url: UrlText | None = Field(
         default=None,
         description="Optional http(s) URL told when the job finishes",
+    )
+    # Per job: a slow site's job may wait longer, a quick check less (issue 31).
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_JOB_TIMEOUT_SECONDS,
+        description="Connect/read timeout and deadline of this job's fetch, seconds (at most "
+        f"{MAX_JOB_TIMEOUT_SECONDS:g}); default the service's fetch timeout "
+        "(PIN_SCRAPING_FETCH_TIMEOUT_SECONDS). Not part of an Idempotency-Key's body",
     )
 
     @field_validator("url")
@@ -181,6 +196,15 @@ class JobView(BaseModel):
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None
     result: ResultInfo | None
+    timeout_seconds: float | None = Field(
+        None, description="The job's own fetch timeout; null: the service's"
+    )
+    wait: WaitView | None = Field(
+        None,
+        description="GET /jobs/{id} of a queued job: why it waits and until when (computed "
+        "at as_of; a cached answer is at most 2 s old and never outlives its until); null "
+        "otherwise and in lists",
+    )
 
 
 class JobList(BaseModel):

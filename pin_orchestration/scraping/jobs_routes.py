@@ -39,6 +39,7 @@ from pin_orchestration.scraping.limits import MAX_BODY_BYTES
 from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
 from pin_orchestration.scraping.ratelimit import RateLimited
 from pin_orchestration.scraping.repository import TERMINAL, IdempotencyKeyReused, JobRequest
+from pin_orchestration.scraping.wait_reasons import job_wait
 
 
 def _webhook_callbacks() -> APIRouter:
@@ -147,7 +148,10 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
                 content_type=row["result_content_type"],
                 links={"result": f"/jobs/{row['id']}/result"},
             )
-        return JobView(**{k: row[k] for k in JobView.model_fields if k != "result"}, result=result)
+        return JobView(
+            **{k: row[k] for k in JobView.model_fields if k not in ("result", "wait")},
+            result=result,
+        )
 
     @router.post(
         "/jobs",
@@ -185,6 +189,7 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
             params=body.params,
             priority=body.priority,
             callback_url=body.callback_url,
+            timeout_seconds=body.timeout_seconds,
         )
         try:
             # The token and the job in one transaction, shared with the tenant's other
@@ -231,9 +236,20 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
             return Response(cached.body, media_type="application/json")
         with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
+            # a queued job says why it waits (scraping/wait_reasons.py)
+            wait = (
+                None
+                if row is None
+                else job_wait(
+                    conn,
+                    row,
+                    domain_defaults=settings.domain_defaults,
+                    robots_mode=settings.robots,
+                )
+            )
         if row is None:
             raise HTTPException(404, "no such job")
-        body = job_view(row).model_dump_json().encode()
+        body = job_view(row).model_copy(update={"wait": wait}).model_dump_json().encode()
         if job_cache is not None and cached is not None:
             job_cache.put(
                 cached,
@@ -241,6 +257,8 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
                 terminal=row["status"] in TERMINAL,
                 created_at=row["created_at"],
                 updated_at=row["updated_at"],
+                # a copy never says a wait that has lifted
+                not_after=wait.until if wait is not None else None,
             )
         return Response(body, media_type="application/json")
 

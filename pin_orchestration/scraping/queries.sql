@@ -25,6 +25,13 @@ SELECT id, name, api_key_sha256 FROM scraping.tenants WHERE api_key_sha256 = :ap
 -- name: tenant_by_name
 SELECT id, name FROM scraping.tenants WHERE name = :name
 
+-- name: set_job_timeouts
+-- Jobs' own fetch timeouts, set in their intake's transaction (repository._set_timeouts).
+UPDATE scraping.jobs j
+SET timeout_seconds = t.seconds
+FROM unnest(CAST(:ids AS uuid[]), CAST(:seconds AS double precision[])) AS t(id, seconds)
+WHERE j.id = t.id AND j.timeout_seconds IS NULL
+
 -- name: forget_expired_idempotency_keys
 -- submit_job's forgetting of a key past its 24 h, for the keys of the jobs submitted.
 UPDATE scraping.jobs
@@ -102,7 +109,7 @@ WHERE tenant_id = :tenant_id AND idempotency_key = :idempotency_key
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
        result_key, result_size, result_sha256, result_content_type, result_expired_at,
-       updated_at
+       updated_at, timeout_seconds
 FROM scraping.jobs
 WHERE id = :id AND tenant_id = :tenant_id
 
@@ -110,7 +117,7 @@ WHERE id = :id AND tenant_id = :tenant_id
 -- Keyset on id descending (UUIDv7: newest first), one index range per page.
 SELECT id, tenant_id, url, params, priority, callback_url, status, attempts, last_error,
        last_error_class, next_attempt_at, created_at, started_at, finished_at,
-       result_key, result_size, result_sha256, result_content_type
+       result_key, result_size, result_sha256, result_content_type, timeout_seconds
 FROM scraping.jobs
 WHERE tenant_id = :tenant_id
   AND (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
@@ -202,7 +209,7 @@ FROM totals
 -- scraping.claim_jobs (migration 0007, its plan explained there): one round trip, one
 -- short transaction, a batch of up to :limit jobs.
 SELECT id, tenant_id, url, domain, priority, params, attempts,
-       attempts - attempts_before_requeue AS budget_used, created_at
+       attempts - attempts_before_requeue AS budget_used, created_at, timeout_seconds
 FROM scraping.claim_jobs(
     :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 
@@ -286,6 +293,10 @@ WHERE a.outcome IS NOT NULL AND a.outcome <> 'lost'
 -- The cap scraping.pause_domain applies in this transaction (PIN_SCRAPING_MAX_PAUSE_SECONDS).
 SELECT set_config('pin.scraping_max_pause_seconds', CAST(:seconds AS text), true)
 
+-- name: set_pause_cause
+-- Who pauses in this transaction (trigger domains_pause_cause): an operator.
+SELECT set_config('pin.scraping_pause_cause', 'operator', true)
+
 -- name: pause_domains
 -- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds
 -- (from the database's clock), through scraping.pause_domain (capped; a longer pause
@@ -307,18 +318,20 @@ SELECT scraping.pause_domain(:domain, now() + make_interval(secs => :seconds)) A
 SELECT scraping.resume_domain(:domain) AS was_paused
 
 -- name: set_domain_limits
--- NULL keeps what is set (the default when nothing is).
-INSERT INTO scraping.domains AS d (domain, rps, concurrency)
+-- NULL keeps what is set (the default when nothing is). The operator's rate is
+-- configured_rps; rps, what the claim enforces, is derived from it and the host's
+-- robots.txt Crawl-delay (trigger domains_effective_rps, scraping/sql/robots.sql).
+INSERT INTO scraping.domains AS d (domain, configured_rps, concurrency)
 VALUES (:domain, :rps, :concurrency)
 ON CONFLICT (domain) DO UPDATE
-SET rps = coalesce(EXCLUDED.rps, d.rps),
+SET configured_rps = coalesce(EXCLUDED.configured_rps, d.configured_rps),
     concurrency = coalesce(EXCLUDED.concurrency, d.concurrency),
     updated_at = now()
 RETURNING domain, rps, concurrency
 
 -- name: clear_domain_limits
 UPDATE scraping.domains
-SET rps = NULL, concurrency = NULL, updated_at = now()
+SET configured_rps = NULL, concurrency = NULL, updated_at = now()
 WHERE domain = :domain
 RETURNING domain
 
@@ -334,11 +347,12 @@ WITH busy AS (
 )
 SELECT coalesce(d.domain, b.domain) AS domain, d.rps, d.concurrency,
        CASE WHEN d.blocked_until > now() THEN d.blocked_until END AS blocked_until,
-       coalesce(b.queued, 0) AS queued, coalesce(b.running, 0) AS running
+       coalesce(b.queued, 0) AS queued, coalesce(b.running, 0) AS running,
+       d.configured_rps, d.crawl_delay, d.robots_mode, d.robots_reason, d.robots_set_by
 FROM scraping.domains d
 FULL JOIN busy b ON b.domain = d.domain
 WHERE d.rps IS NOT NULL OR d.concurrency IS NOT NULL OR d.blocked_until > now()
-   OR b.domain IS NOT NULL
+   OR d.robots_mode IS NOT NULL OR b.domain IS NOT NULL
 ORDER BY 1
 
 -- name: set_tenant_weight

@@ -194,6 +194,8 @@ def pause_domain(
     domain = normalize_host(host)
     with engine.begin() as conn:
         conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
+        # a job's wait says the host is paused by an operator (scraping/wait_reasons.py)
+        conn.execute(_q("set_pause_cause"))
         return conn.execute(_q("pause_domain"), {"domain": domain, "seconds": seconds}).scalar_one()
 
 
@@ -223,6 +225,8 @@ class JobRequest:
     params: Mapping[str, Any]
     priority: str = "normal"
     callback_url: str | None = None
+    # its fetch's timeout (None: the service's); set after the insert, see set_job_timeouts
+    timeout_seconds: float | None = None
 
     @property
     def domain(self) -> str:
@@ -359,6 +363,14 @@ def submit_jobs(
         row["idempotency_key"] is None or job_id in keyed_inserted
         for job_id, row in zip(ids, rows, strict=True)
     ]
+    _set_timeouts(
+        conn,
+        [
+            (job_id, request.timeout_seconds)
+            for job_id, (request, _), new in zip(ids, requests, inserted, strict=True)
+            if new
+        ],
+    )
     missing = [n for n, new in enumerate(inserted) if not new]
     existing = {}
     if missing:
@@ -384,6 +396,19 @@ def submit_jobs(
         else:
             answers.append(Submitted(winner.id, winner.status, replayed=True))
     return answers
+
+
+def _set_timeouts(conn: Connection, jobs: Sequence[tuple[uuid.UUID, float | None]]) -> None:
+    """The jobs' own fetch timeouts, in the intake's transaction: a statement only when a
+    job asks for one (scraping.submit_job and insert_jobs keep their columns: a job row
+    without it takes the service's timeout). A replayed job keeps the timeout it had: the
+    update matches the new row only (`timeout_seconds IS NULL`)."""
+    given = [(str(job_id), seconds) for job_id, seconds in jobs if seconds is not None]
+    if given:
+        conn.execute(
+            _q("set_job_timeouts"),
+            {"ids": [i for i, _ in given], "seconds": [s for _, s in given]},
+        )
 
 
 @dataclass(frozen=True)
@@ -504,6 +529,7 @@ class ClaimedJob:
     created_at: datetime
     domain: str
     priority: str
+    timeout_seconds: float | None = None  # its fetch's; None: the service's
 
 
 @dataclass(frozen=True)

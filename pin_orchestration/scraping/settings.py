@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
 from pin_orchestration.platform.settings import http_url, read_settings
-from pin_orchestration.scraping.fetch import parse_allowed_cidrs
+from pin_orchestration.scraping.fetch import DEFAULT_USER_AGENT, parse_allowed_cidrs, product_token
 from pin_orchestration.scraping.repository import (
     MAX_DOMAIN_RPS,
     MIN_DOMAIN_RPS,
@@ -49,6 +49,19 @@ def _redis_url(raw: str) -> str:
 
 def _public_url(raw: str) -> str:
     return http_url(raw).rstrip("/")
+
+
+def _robots_mode(raw: str) -> str:
+    if raw not in ("obey", "ignore"):
+        raise ValueError("")
+    return raw
+
+
+def _user_agent(raw: str) -> str:
+    product_token(raw)
+    if not raw.isascii() or not raw.isprintable():
+        raise ValueError("has characters a header cannot carry")
+    return raw
 
 
 def _secret(raw: str) -> str:
@@ -151,6 +164,37 @@ class ScrapingSettings:
         "for every worker",
         check=POSITIVE,
         unit="seconds",
+        group=POLITENESS,
+    )
+    # robots.txt (RFC 9309), obeyed by default; an operator exempts one host with `pin
+    # scraping domain robots HOST --ignore` (tenants cannot: docs/jobs/scraping.md).
+    robots: str = setting(
+        "obey",
+        env="PIN_SCRAPING_ROBOTS",
+        help="`obey`: every host's robots.txt (and its Crawl-delay) is fetched once for the "
+        "fleet and obeyed; `ignore`: not fetched, nothing disallowed (a host's own `pin "
+        "scraping domain robots` setting still wins)",
+        parse=_robots_mode,
+        accepts="obey or ignore",
+        group=POLITENESS,
+    )
+    robots_retry_seconds: float = setting(
+        60.0,
+        env="PIN_SCRAPING_ROBOTS_RETRY_SECONDS",
+        help="an unreachable robots.txt (5xx, no answer) disallows its host and is tried again "
+        "after this, doubling per failure up to PIN_SCRAPING_MAX_PAUSE_SECONDS",
+        check=POSITIVE,
+        unit="seconds",
+        group=POLITENESS,
+    )
+    user_agent: str = setting(
+        DEFAULT_USER_AGENT,
+        env="PIN_SCRAPING_USER_AGENT",
+        help="the User-Agent of every fetch; its first word (the product token) is the name "
+        "robots.txt groups are matched against",
+        parse=_user_agent,
+        accepts="a User-Agent starting with a product token of letters, '_' and '-', such as "
+        "`pin-scraper/0.1 (+https://example.com/bot)`",
         group=POLITENESS,
     )
     s3_bucket: str | None = setting(

@@ -42,9 +42,10 @@ from sqlalchemy import Engine, text
 from pin_orchestration.platform.options import option, same_as, with_settings
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher, FetchError
+from pin_orchestration.scraping.fetch import Fetcher, FetchError, request_url
 from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide, domain_pause_until
+from pin_orchestration.scraping.robots import RobotsGuard, RobotsRefusal
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import ResultStore, result_key
 
@@ -97,6 +98,7 @@ def claim_due_jobs(
             created_at=r.created_at,
             domain=r.domain,
             priority=r.priority,
+            timeout_seconds=r.timeout_seconds,
         )
         for r in rows
     ]
@@ -139,6 +141,9 @@ class WorkerOptions:
     # Limits of a domain without an override.
     domain_rps: float = same_as(ScrapingSettings, "domain_rps")
     domain_concurrency: int = same_as(ScrapingSettings, "domain_concurrency")
+    # robots.txt (scraping/robots.py)
+    robots: str = same_as(ScrapingSettings, "robots")
+    robots_retry_seconds: float = same_as(ScrapingSettings, "robots_retry_seconds")
 
     @classmethod
     def from_settings(cls, settings: ScrapingSettings, **given: Any) -> WorkerOptions:
@@ -158,9 +163,12 @@ class WorkerOptions:
             "poll_seconds",
             "domain_rps",
             "domain_concurrency",
+            "robots_retry_seconds",
         ):
             if not getattr(self, name) > 0:
                 raise WorkerConfigError(f"{name} must be > 0 (got {getattr(self, name)!r})")
+        if self.robots not in ("obey", "ignore"):
+            raise WorkerConfigError(f"robots must be obey or ignore (got {self.robots!r})")
 
 
 @dataclass
@@ -260,16 +268,26 @@ def run_worker(
     unwritten: list[tuple[AttemptOutcome, datetime]] = []
     database = _Backoff()
     wake = threading.Event()
+    robots = RobotsGuard(
+        engine,
+        fetcher,
+        mode=options.robots,
+        owner=worker,
+        domain_defaults=options.domain_defaults,
+        retry_seconds=options.robots_retry_seconds,
+        max_pause_seconds=retry_policy.max_pause_seconds,
+        clock=clock,
+    )
 
     def process(flight: _Flight) -> None:
         try:
             slots = repository.RedirectSlots(
                 engine,
                 flight.job,
-                hold_seconds=fetcher.policy.timeout_seconds,
+                hold_seconds=flight.job.timeout_seconds or fetcher.policy.timeout_seconds,
                 domain_defaults=options.domain_defaults,
             )
-            outcome = _attempt(flight, store, fetcher, slots, retry_policy, rng, clock)
+            outcome = _attempt(flight, store, fetcher, slots, retry_policy, rng, clock, robots)
         except Exception as exc:
             # A bug, or a results store that fails: must not strand the job in running, and
             # must not requeue it at once either (a cause that persists would retry it for
@@ -396,6 +414,7 @@ def run_worker(
     finally:
         renewal_done.set()
         renewer.join(timeout=5)
+        robots.close()
     return report
 
 
@@ -444,6 +463,7 @@ def _attempt(
     retry_policy: RetryPolicy,
     rng: random.Random,
     clock: Callable[[], datetime],
+    robots: RobotsGuard,
 ) -> AttemptOutcome | None:
     job = flight.job
     begun = time.monotonic()
@@ -452,9 +472,20 @@ def _attempt(
         return int((time.monotonic() - begun) * 1000)
 
     try:
-        fetched = fetcher.fetch(
-            job.url, job.params, should_stop=flight.should_stop, redirect_slots=redirect_slots
+        # robots.txt first: a disallowed URL (or redirect hop) is never requested.
+        robots.before_fetch(
+            job, request_url(job.url, job.params), redirect_slots, flight.should_stop
         )
+        fetched = fetcher.fetch(
+            job.url,
+            job.params,
+            should_stop=flight.should_stop,
+            redirect_slots=redirect_slots,
+            check_hop=robots.hop_checker(job, redirect_slots, flight.should_stop),
+            timeout_seconds=job.timeout_seconds,
+        )
+    except RobotsRefusal as refusal:
+        return robots.outcome(job, refusal, elapsed_ms())
     except FetchError as exc:
         decided = _Decided.now(clock)
         if exc.error_class == "cancelled":

@@ -40,6 +40,7 @@ def test_the_scraping_function_files_are_what_head_holds(empty_db_url: str) -> N
             "submit_job.sql",
             "pause_domain.sql",
             "redirect_slots.sql",
+            "robots.sql",
         ):
             conn.execute(sql_dir.joinpath(name).read_text(encoding="utf-8"))
     assert dump_schema(empty_db_url) == at_head

@@ -56,6 +56,8 @@ TEST_SETTINGS = ScrapingSettings(
     # Politeness limits out of the way; the scheduling tests set their own.
     domain_rps=UNLIMITED.rps,
     domain_concurrency=UNLIMITED.concurrency,
+    # An unreachable robots.txt is asked again within the test.
+    robots_retry_seconds=0.2,
 )
 
 
@@ -158,6 +160,8 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
                     poll_seconds=0.05,
                     domain_rps=settings.domain_rps,
                     domain_concurrency=settings.domain_concurrency,
+                    robots=settings.robots,
+                    robots_retry_seconds=settings.robots_retry_seconds,
                 ),
                 stop=stop,
                 rng=random.Random(7),

@@ -541,3 +541,25 @@ def test_a_status_change_by_a_transaction_begun_earlier_still_advances_updated_a
         events = [json.loads(n.payload) for n in raw.notifies(timeout=5, stop_after=2)]
     assert later > first
     assert [datetime.fromisoformat(e["updated_at"]) for e in events] == [first, later]
+
+
+def test_a_queued_jobs_cached_wait_never_outlives_its_until(
+    cached_app: AppFactory, make_tenant, db_engine: Engine
+) -> None:
+    """The copy of a job waiting for a pause that ends in 0.8 s lives at most that long, not
+    the short TTL's 2 s: a cached wait is never one that has lifted."""
+    from pin_orchestration.scraping import repository
+
+    tenant, key = make_tenant("shop")
+    with live(cached_app()) as client:
+        job_id = submit(client, key, "http://127.0.0.2/a")
+        until = repository.pause_domain(db_engine, "127.0.0.2", seconds=0.8, max_pause_seconds=3600)
+        wait = client.get(f"/jobs/{job_id}", headers=auth(key)).json()["wait"]
+        assert (wait["reason"], wait["cause"]) == ("host_paused", "operator")
+        ttl = cache_of(client.app).ttl_seconds(tenant.id, uuid.UUID(job_id))  # type: ignore[arg-type]
+        left = (until - datetime.now(UTC)).total_seconds()
+        assert ttl is not None and 0 < ttl <= left + 0.01 < SHORT_TTL_SECONDS
+        time.sleep(max(left, 0) + 0.05)  # the pause is over (and the copy with it)
+        assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["wait"]["reason"] != (
+            "host_paused"
+        )

@@ -118,9 +118,14 @@ def test_a_generated_client_drives_the_whole_job_lifecycle(
     assert isinstance(receipt.id, uuid.UUID) and receipt.links.self_ == f"/jobs/{receipt.id}"
     job = read_job.sync(receipt.id, client=client)
     assert isinstance(job, models.JobView) and job.status == models.JobViewStatus.QUEUED
+    # why it waits, typed: its host's robots.txt is not known yet
+    assert isinstance(job.wait, models.WaitView), job.wait
+    assert job.wait.reason == models.WaitViewReason.ROBOTS_PENDING
+    assert isinstance(job.wait.as_of, datetime) and job.wait.message
     work()
     job = read_job.sync(receipt.id, client=client)
     assert job.status == models.JobViewStatus.SUCCEEDED and job.result.size > 0
+    assert job.wait is None
     # Typed as the schema says: times are datetimes, not strings.
     assert isinstance(job.finished_at, datetime) and job.finished_at >= job.created_at
 

@@ -21,10 +21,12 @@ from pin_orchestration.scraping.store import LocalResultStore, StoredObject
 from tests.scraping.conftest import TEST_SETTINGS, Worker
 from tests.scraping.test_worker import attempts, enqueue, job_row
 
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
 
 class RawTarget:
     """Answers every request on its connection with `answer`'s bytes, as they are, then
-    closes the connection; counts the requests."""
+    closes the connection; counts the requests (/robots.txt: 404, not counted)."""
 
     def __init__(self, answer: bytes) -> None:
         self.answer = answer
@@ -56,6 +58,10 @@ class RawTarget:
                             break
                         received += chunk
                     if b"\r\n\r\n" not in received:
+                        continue
+                    if received.startswith(b"GET /robots.txt "):
+                        # no robots.txt: everything allowed; not one of the counted answers
+                        conn.sendall(NOT_FOUND)
                         continue
                     with self._lock:
                         self.requests += 1

@@ -19,7 +19,8 @@ from tests.scraping.test_worker import attempts, enqueue, job_row
 
 
 class GatedTarget:
-    """Request number n (from 1) waits for `release(n)`, then answers 200 `answer n`."""
+    """Request number n (from 1) waits for `release(n)`, then answers 200 `answer n`
+    (/robots.txt: 404 at once, not numbered)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -33,6 +34,11 @@ class GatedTarget:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == "/robots.txt":  # none: everything allowed, not counted
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with target._arrived:
                     target.arrivals += 1
                     n = target.arrivals

@@ -29,6 +29,9 @@ Routes (query parameters in brackets; <name> is any path segment, counted apart)
     /echo                         200, the request target (path and query) as the body
     /headers                      200, the request's headers as the body
     /cookie                       200 setting a cookie
+    /robots.txt                   what `robots` scripts: the n-th request gets its n-th
+                                  (status, body, headers), the last repeats; 404 when empty;
+                                  held while `robots_gate` is set and not open
     anything else                 404
 
 It listens on loopback only (127.0.0.0/8 or `localhost`): one per address is one domain per
@@ -140,6 +143,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _is_robots(target: str) -> bool:
+    return urlsplit(target).path == "/robots.txt"
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # 600 clients connect at once in the fetcher's concurrency test; the default backlog
@@ -172,6 +179,10 @@ class ScrapingTarget:
         # results against it).
         self.served: deque[Served] = deque(maxlen=LOG_LIMIT)
         self.sni_names: list[str | None] = []
+        # /robots.txt answers, in order (the last repeats); none: 404, as for any path.
+        self.robots: list[tuple[int, str, dict[str, str]]] = []
+        # When set, /robots.txt answers wait for this event (a test's gate).
+        self.robots_gate: threading.Event | None = None
         # /held/ answers wait for this; set at stop.
         self.gate = threading.Event()
         # Set at stop: handlers that hang, sleep or trickle stop at once.
@@ -221,7 +232,15 @@ class ScrapingTarget:
 
     @property
     def requests(self) -> list[str]:
-        """Every request's target (path and query), in the order they arrived."""
+        """Every request's target (path and query), in the order they arrived, but those of
+        /robots.txt (the scraper asks for it before a host's first job: `count` and
+        `all_requests` show them)."""
+        with self._lock:
+            return [r for r in self._requests if not _is_robots(r)]
+
+    @property
+    def all_requests(self) -> list[str]:
+        """Every request's target, /robots.txt included, in the order they arrived."""
         with self._lock:
             return list(self._requests)
 
@@ -237,11 +256,13 @@ class ScrapingTarget:
             return self._accepted
 
     def arrivals(self) -> list[float]:
-        """When each answer sent in full arrived, sorted."""
+        """When each answer sent in full arrived, sorted (/robots.txt's not: `served` keeps
+        the answers to jobs)."""
         with self._lock:
             return sorted(s.arrived for s in self.served)
 
     def wait_for_requests(self, n: int, timeout: float = 30) -> None:
+        """Until `n` requests other than /robots.txt have arrived."""
         with self._lock:
             if not self._lock.wait_for(lambda: self._arrived >= n, timeout):
                 raise AssertionError(f"{self._arrived} requests arrived, waited for {n}")
@@ -257,7 +278,8 @@ class ScrapingTarget:
     def _arrive(self, target: str, path: str, host: str) -> tuple[int, int]:
         """Count a request in; returns its number at this site and at its path."""
         with self._lock:
-            self._arrived += 1
+            if not _is_robots(target):
+                self._arrived += 1
             self._requests.append(target)
             self._hits[path] += 1
             self.in_flight[host] += 1
@@ -270,7 +292,7 @@ class ScrapingTarget:
         # Counted closed once the answer is out: the client may already be writing its
         # outcome, never before.
         with self._lock:
-            if served is not None:
+            if served is not None and not _is_robots(served.path):
                 self.served.append(served)
             self.in_flight[host] -= 1
 
@@ -372,6 +394,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, self.path.encode(), "text/plain")
         elif kind == "headers":
             self._answer(200, str(self.headers).encode(), "text/plain")
+        elif path == "/robots.txt" and site.robots:
+            while site.robots_gate is not None and not site.robots_gate.wait(0.05):
+                if site.closing.is_set():
+                    break
+            status, text, headers = site.robots[min(seen, len(site.robots)) - 1]
+            self._answer(status, text.encode(), "text/plain", headers)
         elif kind == "cookie":
             self._answer(200, b"", None, {"Set-Cookie": "session=tenant-a; Path=/"})
         else:

@@ -1,0 +1,193 @@
+"""Why a queued job waits, and until when: GET /jobs/{id}'s `wait`, `pin scraping job
+explain ID` (docs/jobs/scraping.md, "Why is my job waiting").
+
+Computed when asked, from the state the claim keeps, with the claim's own predicates in
+the claim's order (scraping/sql/claim_jobs.sql: pause → due → token → connection → the
+host's fair order → the class's turn); nothing is written per claim for it. The reason is
+true at `as_of`; `until`, where known, is the earliest the reason lifts (the job may then
+wait for the next one).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import Connection, Engine, text
+
+from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.scraping.repository import DomainDefaults
+from pin_orchestration.scraping.robots import origin_of
+
+WaitReason = Literal[
+    "retry_backoff",
+    "host_paused",
+    "host_rate",
+    "host_connections",
+    "robots_pending",
+    "tenant_turn",
+    "class_share",
+    "no_free_worker",
+]
+REASONS: tuple[str, ...] = WaitReason.__args__  # type: ignore[attr-defined]
+PauseCause = Literal["retry_after", "operator", "robots_unreachable"]
+
+
+class WaitView(BaseModel):
+    reason: WaitReason = Field(
+        description="Why the job is not running: retry_backoff (its next attempt is not due), "
+        "host_paused (its host is paused, see cause), host_rate (its host's requests per "
+        "second are spent), host_connections (its host's connections are all in use), "
+        "robots_pending (its host's robots.txt is being fetched), tenant_turn (jobs with "
+        "an earlier fair turn on its host go first), class_share (another priority class "
+        "has the next turns of its 6:3:1 share), no_free_worker (it is next: no worker has "
+        "a free slot yet)"
+    )
+    cause: PauseCause | None = Field(
+        None,
+        description="host_paused only: retry_after (the host answered 429 / Retry-After), "
+        "operator (paused by an operator), robots_unreachable (its robots.txt does not "
+        "answer: nothing is sent to the host until it does)",
+    )
+    until: datetime | None = Field(
+        None, description="When the reason lifts at the earliest; null when not known"
+    )
+    as_of: datetime = Field(description="When this was true (a cached answer is older)")
+    message: str = Field(description="One sentence for a person")
+
+
+@functools.cache
+def _q(name: str = "job_wait") -> Any:
+    return text(load_queries("pin_orchestration.scraping", "wait_reasons.sql")[name])
+
+
+def job_wait(
+    conn: Connection,
+    job: dict[str, Any],
+    *,
+    domain_defaults: DomainDefaults,
+    robots_mode: str,
+) -> WaitView | None:
+    """The wait of `job` (a row of get_job), None unless it is queued."""
+    if job["status"] != "queued":
+        return None
+    row = conn.execute(
+        _q(),
+        {
+            "job_id": job["id"],
+            "origin": origin_of(job["url"]),
+            "default_rps": domain_defaults.rps,
+            "default_concurrency": domain_defaults.concurrency,
+        },
+    ).one_or_none()
+    if row is None:  # it left the queue since it was read
+        return None
+    return decide(row, robots_mode=robots_mode)
+
+
+def decide(row: Any, *, robots_mode: str) -> WaitView:
+    now: datetime = row.as_of
+
+    def view(
+        reason: str, message: str, until: datetime | None = None, cause: str | None = None
+    ) -> WaitView:
+        return WaitView(
+            reason=reason,  # type: ignore[arg-type]
+            cause=cause,  # type: ignore[arg-type]
+            until=until,
+            as_of=now,
+            message=message,
+        )
+
+    paused = row.blocked_until is not None and row.blocked_until > now
+    due_later = row.next_attempt_at is not None and row.next_attempt_at > now
+    # The later of the two is what holds the job.
+    if paused and not (due_later and row.next_attempt_at > row.blocked_until):
+        if row.robots_state == "unreachable":
+            return view(
+                "host_paused",
+                "Its host's robots.txt does not answer, so nothing is sent to the host until "
+                f"it is asked again at {_at(row.blocked_until)}.",
+                row.blocked_until,
+                "robots_unreachable",
+            )
+        if row.pause_cause == "operator":
+            return view(
+                "host_paused",
+                f"An operator paused its host until {_at(row.blocked_until)}.",
+                row.blocked_until,
+                "operator",
+            )
+        return view(
+            "host_paused",
+            f"Its host asked to be left alone (429 / Retry-After) until {_at(row.blocked_until)}.",
+            row.blocked_until,
+            "retry_after",
+        )
+    if due_later:
+        return view(
+            "retry_backoff",
+            f"Its next attempt is due at {_at(row.next_attempt_at)} (backoff after the last).",
+            row.next_attempt_at,
+        )
+    if row.tokens is not None and row.tokens < 1:
+        lifts = now + timedelta(seconds=(1 - row.tokens) / row.rps)
+        return view(
+            "host_rate",
+            f"Its host's rate ({row.rps:g} requests per second) allows the next request at "
+            f"{_at(lifts)}.",
+            lifts,
+        )
+    if row.concurrency is not None and row.connections >= row.concurrency:
+        return view(
+            "host_connections",
+            f"All {row.concurrency} connections its host allows are in use; it waits for "
+            "one to end.",
+        )
+    obeyed = (row.robots_mode or robots_mode) == "obey"
+    if obeyed and (row.robots_leased or not row.robots_fresh):
+        return view(
+            "robots_pending",
+            "Its host's robots.txt is not known yet; a worker fetches it before the job's request.",
+        )
+    if row.ahead:
+        whose = (
+            f"{row.others_ahead} of them other tenants' (the host is shared fairly)"
+            if row.others_ahead
+            else "all of them this tenant's own"
+        )
+        more = "+" if row.ahead >= 1000 else ""
+        return view(
+            "tenant_turn",
+            f"{row.ahead}{more} jobs with an earlier turn on its host go first, {whose}.",
+        )
+    if row.class_ahead is not None:
+        return view(
+            "class_share",
+            f"The {row.class_ahead} priority class has the next turns of the 6:3:1 share; "
+            "its own class follows.",
+        )
+    return view(
+        "no_free_worker",
+        "It is next on its host, which has room: it starts when a worker has a free slot.",
+    )
+
+
+def _at(moment: datetime) -> str:
+    return moment.isoformat(timespec="seconds")
+
+
+def explain(
+    engine: Engine, job_id: uuid.UUID, *, domain_defaults: DomainDefaults, robots_mode: str
+) -> tuple[dict[str, Any], WaitView | None] | None:
+    """An operator's view of any job and its wait (`pin scraping job explain`); None when
+    there is no such job."""
+    with engine.connect() as conn:
+        row = conn.execute(_q("job_by_id"), {"job_id": job_id}).one_or_none()
+        if row is None:
+            return None
+        job = dict(row._mapping)
+        return job, job_wait(conn, job, domain_defaults=domain_defaults, robots_mode=robots_mode)

@@ -1,0 +1,65 @@
+"""A job's own timeout (POST /jobs `timeout_seconds`): applied to its fetch, bounded by
+the service's cap, shown on the job."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
+from pin_orchestration.scraping.job_models import MAX_JOB_TIMEOUT_SECONDS
+from tests.scraping.conftest import Worker, auth
+
+
+def test_a_jobs_own_timeout_cuts_its_fetch_and_the_service_default_does_not(
+    db_engine: Engine, make_tenant, client: TestClient, site: ScrapingTarget, work: Worker
+) -> None:
+    _, key = make_tenant("shop")
+    slow = f"{site.url}/slow/a"
+    # 1.2 s answers: within the service's 2.5 s (TEST_SETTINGS), past the job's 0.3 s
+    short = client.post(
+        "/jobs",
+        json={"url": slow, "params": {"ms": 1200}, "timeout_seconds": 0.3},
+        headers=auth(key),
+    ).json()["id"]
+    default = client.post(
+        "/jobs", json={"url": f"{site.url}/slow/b", "params": {"ms": 1200}}, headers=auth(key)
+    ).json()["id"]
+    assert client.get(f"/jobs/{short}", headers=auth(key)).json()["timeout_seconds"] == 0.3
+    assert client.get(f"/jobs/{default}", headers=auth(key)).json()["timeout_seconds"] is None
+
+    work()
+
+    assert client.get(f"/jobs/{default}", headers=auth(key)).json()["status"] == "succeeded"
+    with db_engine.connect() as conn:
+        first = conn.execute(
+            text(
+                "SELECT error_class, error_detail, duration_ms FROM scraping.job_attempts "
+                "WHERE job_id = :id ORDER BY number LIMIT 1"
+            ),
+            {"id": short},
+        ).one()
+    assert first.error_class == "timeout", first
+    assert first.duration_ms < 1200
+
+
+def test_a_timeout_beyond_the_cap_is_refused_naming_the_field(
+    make_tenant, client: TestClient
+) -> None:
+    _, key = make_tenant("shop")
+    for bad in (0, -1, MAX_JOB_TIMEOUT_SECONDS + 1):
+        answer = client.post(
+            "/jobs",
+            json={"url": "http://127.0.0.2/a", "timeout_seconds": bad},
+            headers=auth(key),
+        )
+        assert answer.status_code == 422, answer.text
+        assert "timeout_seconds" in answer.text
+    batch = client.post(
+        "/jobs/batch",
+        json={"jobs": [{"url": "http://127.0.0.2/a", "timeout_seconds": 5}]},
+        headers=auth(key),
+    )
+    assert batch.status_code == 202, batch.text
+    job_id = batch.json()["items"][0]["receipt"]["id"]
+    assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["timeout_seconds"] == 5
