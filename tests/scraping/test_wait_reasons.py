@@ -7,6 +7,7 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -36,7 +37,10 @@ def robots_known(engine: Engine, url: str) -> None:
                 "expires_at) VALUES (:origin, :domain, 'allow_all', 404, now(), "
                 "now() + interval '1 day')"
             ),
-            {"origin": origin_of(url), "domain": repository.job_domain(url)},
+            {
+                "origin": origin_of(url),
+                "domain": repository.normalize_host(urlsplit(url).hostname or ""),
+            },
         )
 
 

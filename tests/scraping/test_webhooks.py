@@ -614,8 +614,10 @@ def test_one_tenants_malformed_receiver_does_not_hold_up_the_other_tenants_webho
     for name, job_id in zip(("j0", "j1"), bad_jobs, strict=True):
         assert job_row(db_engine, job_id).finish_published_at is not None
         outcomes = deliveries_of(db_engine, job_id)
-        # Every POST the peer read is a recorded attempt, none past the cap.
-        assert len(outcomes) == posts[name] <= POLICY.max_attempts
+        # Every POST the peer read is a recorded attempt, none past the cap. An attempt may
+        # also fail before the peer reads it (a pooled connection the peer had closed after
+        # its malformed answer: connection_error), never the other way round.
+        assert posts[name] <= len(outcomes) <= POLICY.max_attempts
         assert [o for o, _ in outcomes] == ["retry"] * (POLICY.max_attempts - 1) + ["gave_up"]
         assert all(error_class is not None for _, error_class in outcomes)
 
