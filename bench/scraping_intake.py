@@ -281,4 +281,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Every folder the run makes (API homes, the baseline's worktree) under one, removed
+    # at the end: each run left ~20 pin-bench-intake-* folders in /tmp.
+    with tempfile.TemporaryDirectory(prefix="pin-bench-intake-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            main()
+        finally:
+            tempfile.tempdir = None
