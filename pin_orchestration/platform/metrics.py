@@ -31,8 +31,6 @@ _RECONCILE_TOTALS = text(
     """
     WITH live AS (
         SELECT
-            coalesce(sum((result->>'posts_reconciled')::bigint), 0) AS posts_reconciled,
-            coalesce(sum((result->>'drift_corrected')::bigint), 0) AS drift_corrected,
             count(*) FILTER (WHERE status = 'failed') AS errors,
             coalesce(sum((result->>'duration_ms')::bigint)
                      FILTER (WHERE status <> 'skipped'), 0) AS duration_sum,
@@ -41,9 +39,6 @@ _RECONCILE_TOTALS = text(
     ),
     retired AS (
         SELECT
-            coalesce(sum(value) FILTER (WHERE name = 'posts_reconciled'), 0)
-                AS posts_reconciled,
-            coalesce(sum(value) FILTER (WHERE name = 'drift_corrected'), 0) AS drift_corrected,
             coalesce(sum(value) FILTER (WHERE name = 'runs' AND label = 'failed'), 0) AS errors,
             coalesce(sum(value) FILTER (WHERE name = 'duration_ms' AND label <> 'skipped'), 0)
                 AS duration_sum,
@@ -53,9 +48,7 @@ _RECONCILE_TOTALS = text(
                  AS n (name)
         WHERE starts_with(counter, 'job_runs/' || :job_code || '/')
     )
-    SELECT live.posts_reconciled + retired.posts_reconciled AS posts_reconciled,
-           live.drift_corrected + retired.drift_corrected AS drift_corrected,
-           live.errors + retired.errors AS errors,
+    SELECT live.errors + retired.errors AS errors,
            live.duration_sum + retired.duration_sum AS duration_sum,
            live.runs + retired.runs AS runs
     FROM live, retired
