@@ -309,13 +309,16 @@ class Fetcher:
         timeout = self.policy.timeout_seconds
 
         def send(deadline: _Deadline, started: float) -> FetchResult:
-            response = self._session.post(
-                target,
-                data=body,
-                headers=dict(headers or {}),
-                timeout=(timeout, timeout),
-                allow_redirects=False,
-                stream=True,
+            response = _sent_again_if_kept_connection_dropped(
+                lambda: self._session.post(
+                    target,
+                    data=body,
+                    headers=dict(headers or {}),
+                    timeout=(timeout, timeout),
+                    allow_redirects=False,
+                    stream=True,
+                ),
+                deadline,
             )
             return _read_answer(response, self.policy, None, deadline, started, cut=True)
 
@@ -360,12 +363,15 @@ class Fetcher:
         timeout = timeout or self.policy.timeout_seconds
         for hop in range(self.policy.max_redirects + 1):
             _raise_if_stopped(should_stop)
-            response = self._session.get(
-                url,
-                params=query if hop == 0 else None,
-                timeout=(timeout, timeout),
-                allow_redirects=False,
-                stream=True,
+            response = _sent_again_if_kept_connection_dropped(
+                lambda: self._session.get(
+                    url,
+                    params=query if hop == 0 else None,
+                    timeout=(timeout, timeout),
+                    allow_redirects=False,
+                    stream=True,
+                ),
+                deadline,
             )
             if not (response.status_code in _REDIRECT_STATUSES and "location" in response.headers):
                 return _read_answer(response, self.policy, should_stop, deadline, started)
@@ -487,6 +493,34 @@ def _read_answer(
     )
 
 
+# A kept connection found dropped is sent on again at most this many times in one request
+# (each time on the next kept connection, or a new one: a server that shut its idle
+# connections at once may have shut several).
+_KEPT_CONNECTION_RESENDS = 3
+
+
+def _sent_again_if_kept_connection_dropped(
+    send: Callable[[], requests.Response], deadline: _Deadline
+) -> requests.Response:
+    """`send()`, sent again when it went out on a kept (reused) connection that the server
+    closed without a byte of answer. A server may shut an idle kept connection at any
+    moment (RFC 9112 §9.3.1), so the request crossing its close is the connection's
+    failure, not the target's: clients send it again on another connection (§9.3.1.1).
+    A new connection that fails the same way fails the fetch, and so does one past the
+    deadline (the watchdog shut it)."""
+    for _ in range(_KEPT_CONNECTION_RESENDS):
+        _current.kept_connection = False
+        try:
+            return send()
+        except requests.exceptions.ConnectionError as exc:
+            if deadline.expired or not _current.kept_connection:
+                raise
+            if not any(isinstance(cause, _KEPT_CONNECTION_DROPS) for cause in _causes(exc)):
+                raise
+    _current.kept_connection = False
+    return send()
+
+
 def _raise_if_stopped(should_stop: Callable[[], bool] | None) -> None:
     if should_stop is not None and should_stop():
         raise FetchError("cancelled", "the job was cancelled while fetching")
@@ -556,6 +590,8 @@ _INVALID_RESPONSE_ERRORS = (
 )
 # The peer went away: worth another attempt, unlike an answer that makes no sense.
 _DISCONNECT_ERRORS = (http.client.RemoteDisconnected, http.client.IncompleteRead)
+# How a kept connection the server has closed fails the next request sent on it.
+_KEPT_CONNECTION_DROPS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
 def _node_class(exc: BaseException) -> str | None:
@@ -727,6 +763,8 @@ class _DeadlineWatchedPoolMixin:
 
     def _get_conn(self, timeout: float | None = None) -> Any:
         conn = super()._get_conn(timeout)  # type: ignore[misc]
+        # A kept connection has its socket already (see _sent_again_if_kept_connection_dropped).
+        _current.kept_connection = getattr(conn, "sock", None) is not None
         deadline: _Deadline | None = getattr(_current, "deadline", None)
         if deadline is not None:
             deadline.watch(conn)

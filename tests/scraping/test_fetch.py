@@ -552,3 +552,84 @@ def test_600_concurrent_fetches_are_not_serialised(target: ScrapingTarget) -> No
     # latency plus thread start-up on a busy machine.
     assert wall < 0.05 * serial, f"{fetches} fetches took {wall:.1f} s"
     assert target.most_in_flight > 100, target.most_in_flight
+
+
+class _ClosesIdleKeptConnection:
+    """A server whose first connection answers one request (kept alive: no `Connection:
+    close`), then reads the next request on it and closes without answering: the moment a
+    server's idle timeout shuts a kept connection just as the client sends on it (nginx's
+    keepalive_timeout; the hostile peer's every answer). The request read on the closing
+    connection is the gate: the close cannot come before the client has sent. Every later
+    connection answers `second`."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.requests: list[tuple[int, bytes]] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _read_request(self, conn: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head.split(b"\r\n", 1)[0]
+
+    def _serve(self) -> None:
+        for number in range(2):
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append((number, self._read_request(conn)))
+                if number == 0:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+                    self.requests.append((number, self._read_request(conn)))
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+
+    def close(self) -> None:
+        self.listener.close()
+        self._thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_kept_connection_the_server_closed_is_not_the_fetch_s_failure(
+    fetcher: Fetcher, method: str
+) -> None:
+    """The second request goes out on the kept connection, which the server closes
+    unanswered: the fetcher sends it again on a new connection instead of failing the
+    fetch (a job's attempt spent, a webhook's delivery failed, for the server's idle
+    timeout). CI failed on this against the hostile peer, for POST."""
+    server = _ClosesIdleKeptConnection()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        for path, want in (("/a", b"first"), ("/b", b"second")):
+            if method == "GET":
+                answer = fetcher.fetch(url + path)
+            else:
+                answer = fetcher.post(url + path, b"{}", {"Content-Type": "application/json"})
+            with answer:
+                assert (answer.status_code, answer.body.read()) == (200, want)
+    finally:
+        server.close()
+    assert [(n, line.split(b" ")[1]) for n, line in server.requests] == [
+        (0, b"/a"),
+        (0, b"/b"),
+        (1, b"/b"),
+    ]
