@@ -19,6 +19,7 @@ pools never block (a host gets as many connections as there are concurrent fetch
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import heapq
 import http.client
@@ -364,7 +365,8 @@ class Fetcher:
         for hop in range(self.policy.max_redirects + 1):
             _raise_if_stopped(should_stop)
             response = _sent_again_if_kept_connection_dropped(
-                lambda: self._session.get(
+                functools.partial(
+                    self._session.get,
                     url,
                     params=query if hop == 0 else None,
                     timeout=(timeout, timeout),

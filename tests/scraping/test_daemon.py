@@ -38,9 +38,9 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
             db_engine,
             tenant.id,
             JobRequest(
-                # Two domains (two names of the loopback site), 20 jobs each.
-                url=f"{site.url.replace('127.0.0.1', host)}/slow/{i}",
-                params={"ms": 600, "bytes": 100 + i},
+                # Two domains (two names of the loopback site), 20 jobs each, every answer
+                # held until both worker runs hold a job (the gate below).
+                url=f"{site.url.replace('127.0.0.1', host)}/held/{i}",
             ),
             None,
         ).id
@@ -62,6 +62,9 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
         # Two runs of 4 slots could open 8 connections to one domain: its limit is 3.
         "PIN_SCRAPING_DOMAIN_CONCURRENCY": "3",
         "PIN_SCRAPING_DOMAIN_RPS": "1000",
+        # Held answers wait for the second run's launch: no fetch may time out meanwhile.
+        "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS": "150",
+        "PIN_SCRAPING_LEASE_SECONDS": "200",
     }
     daemon = subprocess.Popen(
         [
@@ -76,7 +79,24 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
         stderr=subprocess.DEVNULL,
     )
     try:
+        # The first run to start could otherwise finish the queue before the daemon
+        # launches the second (a loaded machine starts a run in seconds): answers wait
+        # until two runs each hold a job, so sharing the queue is what is tested.
         deadline = time.monotonic() + 150
+        while True:
+            with db_engine.connect() as conn:
+                holders = conn.execute(
+                    text(
+                        "SELECT count(DISTINCT lease_owner) FROM scraping.jobs"
+                        " WHERE status = 'running'"
+                    )
+                ).scalar()
+            if holders >= 2:
+                break
+            assert daemon.poll() is None, "the daemon died"
+            assert time.monotonic() < deadline, f"{holders} worker run(s) holding jobs"
+            time.sleep(0.2)
+        site.gate.set()
         while True:
             with db_engine.connect() as conn:
                 left = conn.execute(
