@@ -41,6 +41,7 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
                 # Two domains (two names of the loopback site), 20 jobs each, every answer
                 # held until both worker runs hold a job (the gate below).
                 url=f"{site.url.replace('127.0.0.1', host)}/held/{i}",
+                params={},
             ),
             None,
         ).id
