@@ -13,7 +13,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.pin-installed"
-WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+# The checkout's path is part of the stamp: the project is installed editable, so a venv
+# shared between checkouts (PIN_VENV, as .ci/run keeps one) must point at this one.
+WANT="$( (cat "$ROOT/pyproject.toml"; echo "$ROOT") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "installing pin-orchestration and its dependencies into $VENV" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
