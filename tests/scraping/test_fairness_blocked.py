@@ -1,6 +1,7 @@
 """Fair by jobs started, whatever is blocked (issue 30 item 7), as the issue's cases, with
 no search and no timing: tenant A has 50 jobs on a paused host and 5 it could start,
-tenant B 50 it could start. Claimable work alone decides a tenant's turn: A's paused jobs
+tenant B 50 it could start (and the same with the host full rather than paused).
+Claimable work alone decides a tenant's turn: A's paused jobs
 neither cost it a turn (a claim of 20 starts A's 5) nor bank one (when the host wakes,
 A's old jobs do not jump ahead of B's).
 
@@ -22,7 +23,12 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.db import create_db_engine
-from pin_orchestration.scraping.repository import ClaimedJob, pause_domain, resume_domain
+from pin_orchestration.scraping.repository import (
+    ClaimedJob,
+    pause_domain,
+    resume_domain,
+    set_domain_limits,
+)
 from pin_orchestration.scraping.worker import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 
@@ -61,25 +67,39 @@ def _pause(engine: Engine) -> None:
 
 
 def _blocked_and_claimable(
-    engine: Engine, a: uuid.UUID, b: uuid.UUID, *, shared_hosts: bool, b_hosts: int = 5
+    engine: Engine,
+    a: uuid.UUID,
+    b: uuid.UUID,
+    *,
+    shared_hosts: bool,
+    b_hosts: int = 5,
+    blocked_by: str = "pause",
 ) -> None:
-    """A: 50 jobs on the paused host (posted first), then 5 it can start; B: 50 it can
+    """A: 50 jobs on a host without room, posted first, then 5 it can start; B: 50 it can
     start, over `b_hosts` hosts. A's 5 are on hosts of their own, or on B's hosts (then the
-    pick inside a host decides too)."""
-    _pause(engine)
-    _enqueue(engine, a, [f"http://{PAUSED}/{i}" for i in range(50)])
+    pick inside a host decides too). The host is paused, or full: its one connection
+    taken by a job of A's started before (A's one start so far)."""
+    if blocked_by == "pause":
+        _pause(engine)
+        _enqueue(engine, a, [f"http://{PAUSED}/{i}" for i in range(50)])
+    else:
+        set_domain_limits(engine, PAUSED, rps=None, concurrency=1)
+        _enqueue(engine, a, [f"http://{PAUSED}/0"])
+        assert [j.domain for j in _claim(engine, 1)] == [PAUSED]
+        _enqueue(engine, a, [f"http://{PAUSED}/{i}" for i in range(1, 50)])
     a_hosts = "b" if shared_hosts else "a"
     _enqueue(engine, a, [f"http://{a_hosts}-{i}.example/a{i}" for i in range(5)])
     _enqueue(engine, b, [f"http://b-{i % b_hosts}.example/b{i}" for i in range(50)])
 
 
 @OPEN_DEFECT
+@pytest.mark.parametrize("blocked_by", ["pause", "full"])
 @pytest.mark.parametrize("shared_hosts", [False, True], ids=["own-hosts", "shared-hosts"])
-def test_jobs_on_a_paused_host_do_not_cost_their_tenant_its_turn(
-    db_engine: Engine, make_tenant, shared_hosts: bool
+def test_jobs_on_a_paused_or_full_host_do_not_cost_their_tenant_its_turn(
+    db_engine: Engine, make_tenant, shared_hosts: bool, blocked_by: str
 ) -> None:
     a, b = make_tenant("a")[0].id, make_tenant("b")[0].id
-    _blocked_and_claimable(db_engine, a, b, shared_hosts=shared_hosts)
+    _blocked_and_claimable(db_engine, a, b, shared_hosts=shared_hosts, blocked_by=blocked_by)
 
     started = Counter(j.tenant_id for j in _claim(db_engine, 20))
     # Turns alternate while both can start a job: A's 5 are all in the first 10 picks.
