@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from sqlalchemy import Engine, event
 
 from pin_orchestration.platform.db import create_db_engine
-from tests.scraping.model import ModelViolation, machine_for
+from tests.scraping.model import machine_for
 
 
 def _statement_timeout(dbapi_connection: object, _record: object) -> None:
@@ -53,16 +52,7 @@ def _run(db_url: str, db_engine: Engine, store: Path, *, check_fairness: bool) -
 def test_the_scraping_model_keeps_every_promise(
     db_url: str, db_engine: Engine, tmp_path: Path
 ) -> None:
-    """Every invariant but fairness by jobs started (issue 30 item 7 is open: below)."""
+    """Every invariant but fairness by jobs started: issue 30 item 7 is open, pinned by the
+    deterministic cases of tests/scraping/test_fairness_blocked.py (a search for it here
+    found it or not depending on timing). When the claim is fixed, check_fairness=True."""
     _run(db_url, db_engine, tmp_path / "results", check_fairness=False)
-
-
-def test_the_model_still_finds_the_claim_unfair_by_jobs_started(
-    db_url: str, db_engine: Engine, tmp_path: Path
-) -> None:
-    """Issue 30 item 7, open: the claim spends fair tags at intake, so over a claim two
-    tenants with claimable work throughout can start jobs beyond the start-time fair
-    queuing bound. When the claim is fixed this fails: fold the fairness check back into
-    the test above (check_fairness=True) and delete this one."""
-    with pytest.raises(ModelViolation, match="unfair claim"):
-        _run(db_url, db_engine, tmp_path / "results", check_fairness=True)
