@@ -1,1 +1,1 @@
-"""The scraping-job service (SPEC §4, seed 004)."""
+"""The scraping-job service (docs/requirements.md §4, seed 004)."""
