@@ -91,6 +91,33 @@ def test_429_waits_for_retry_after(
     assert (attempt.outcome, attempt.http_status) == ("retry", 429)
 
 
+@pytest.mark.parametrize("retry_after", ["0", None])
+def test_a_429_with_retry_after_0_pauses_its_host_like_one_without(
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, retry_after: str | None
+) -> None:
+    # `Retry-After: 0` asks for no wait: it is as if absent, so the 429 still pauses its
+    # host for the floor (backoff_base_seconds) and the job waits behind it. It lifted the
+    # floor: the host was not paused at all and the job went back within its jitter.
+    import dataclasses
+
+    settings = dataclasses.replace(TEST_SETTINGS, backoff_base_seconds=30, backoff_cap_seconds=30)
+    params = {} if retry_after is None else {"retry_after": retry_after}
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/429", **params)
+    work(settings=settings, idle_exit_seconds=0.5)
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("queued", 1, "http_429")
+    assert site.count("/status/429") == 1
+    with db_engine.connect() as conn:
+        paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM blocked_until - now()) FROM scraping.domains"
+                " WHERE domain = :domain"
+            ),
+            {"domain": row.domain},
+        ).scalar_one()
+    assert paused_for is not None and 20 <= paused_for <= 30
+
+
 def test_503_twice_then_200_succeeds_on_the_third_attempt(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
