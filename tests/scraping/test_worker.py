@@ -234,6 +234,28 @@ def test_a_running_job_is_cancelled_at_the_workers_next_check(
     assert [a.outcome for a in attempts(db_engine, job_id)] == ["cancelled"]
 
 
+def test_the_sweeper_deletes_lapsed_redirect_slots_and_keeps_live_ones(
+    db_engine: Engine,
+) -> None:
+    """A worker killed during a hop leaves its redirect slot's row: it lapses (the claim
+    no longer counts it) but nothing deleted it, so the table only grew. The lease sweeper
+    deletes the lapsed rows; a hop still in its slot keeps it."""
+    lapsed, live = uuid.uuid4(), uuid.uuid4()
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)"
+                " VALUES (:lapsed, 1, 'a.example', now() - interval '1 second'),"
+                "        (:live, 1, 'a.example', now() + interval '1 hour')"
+            ),
+            {"lapsed": lapsed, "live": live},
+        )
+    assert repository.sweep_expired_leases(db_engine, max_attempts=5) == []
+    with db_engine.connect() as conn:
+        left = conn.execute(text("SELECT job_id FROM scraping.redirect_slots")).scalars().all()
+    assert left == [live]
+
+
 def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
     db_engine: Engine, tenant_id
 ) -> None:
