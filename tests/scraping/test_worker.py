@@ -118,6 +118,37 @@ def test_a_429_with_retry_after_0_pauses_its_host_like_one_without(
     assert paused_for is not None and 20 <= paused_for <= 30
 
 
+def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
+    db_engine: Engine, tenant_id, work: Worker
+) -> None:
+    """A target that takes the request and never answers held a stopping worker until
+    the fetch timeout (60 s here). The stop now interrupts the wait for the headers: the
+    run ends and hands the job back to the queue."""
+    import dataclasses
+
+    from tests.scraping.test_fetch import SilentTarget
+
+    silent = SilentTarget()
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=60, robots="ignore")
+    job_id = enqueue(db_engine, tenant_id, silent.url)
+    stop = threading.Event()
+    reports: list[Any] = []
+    run = threading.Thread(
+        target=lambda: reports.append(work(settings=settings, stop=stop, idle_exit_seconds=30))
+    )
+    try:
+        run.start()
+        assert silent.asked.wait(30)
+        stop.set()
+        run.join(timeout=30)  # a bound on failure only: the fetch timeout is 60 s
+        assert not run.is_alive(), "the stopped worker waited for the target"
+    finally:
+        silent.close()
+        run.join()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.last_error_class) == ("queued", "worker_stopped")
+
+
 def test_503_twice_then_200_succeeds_on_the_third_attempt(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
