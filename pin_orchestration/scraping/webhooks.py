@@ -122,8 +122,9 @@ class DeliveryOptions:
     concurrency: int = option(8, "Deliveries in flight at once")
     per_tenant: int = option(
         4,
-        "Deliveries of one tenant in flight at once (at most `concurrency`): the other "
-        "slots stay free for the other tenants while one tenant's receiver hangs",
+        "Deliveries of one tenant in flight at once (below `concurrency`, unless that is "
+        "1): the other slots stay free for the other tenants while one tenant's receiver "
+        "hangs",
     )
     max_run_duration_seconds: float = option(
         240.0, "Stop claiming after this long; the sensor launches the next run"
@@ -135,7 +136,15 @@ class DeliveryOptions:
             for name in ("batch_size", "concurrency", "per_tenant", "max_run_duration_seconds")
             if not getattr(self, name) > 0
         ]
-        if self.per_tenant > self.concurrency:
+        if self.concurrency > 1 and self.per_tenant >= self.concurrency:
+            # A tenant whose receiver hangs would hold every slot, the others' deliveries
+            # waiting for its calls to time out.
+            problems.append(
+                f"per_tenant must be below concurrency ({self.concurrency}) so one tenant "
+                f"cannot hold every slot (got {self.per_tenant}): give at most "
+                f"{self.concurrency - 1}, or raise concurrency"
+            )
+        elif self.per_tenant > self.concurrency:
             problems.append(
                 f"per_tenant must be <= concurrency ({self.concurrency}) (got {self.per_tenant})"
             )

@@ -37,6 +37,7 @@ from pin_orchestration.scraping.signing import secret_key, signed_headers
 from pin_orchestration.scraping.webhooks import (
     DeliveryOptions,
     DeliveryReport,
+    WebhookConfigError,
     WebhookPolicy,
     list_deliveries,
     run_deliveries,
@@ -624,6 +625,26 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
         assert reports[0].delivered == 13
     finally:
         hanging.close()
+
+
+@pytest.mark.parametrize("concurrency,per_tenant", [(2, 2), (8, 8), (4, 5)])
+def test_a_tenants_share_that_leaves_no_slot_to_the_others_is_refused(
+    concurrency: int, per_tenant: int
+) -> None:
+    """per_tenant == concurrency let one tenant whose receiver hangs hold every slot: with
+    concurrency=2, per_tenant=2 the other tenant's first delivery went out, the next two
+    waited for the hanging calls' timeouts (a whole run of them)."""
+    options = DeliveryOptions(concurrency=concurrency, per_tenant=per_tenant)
+    with pytest.raises(WebhookConfigError) as refused:
+        options.validate()
+    message = str(refused.value)
+    assert "per_tenant" in message and "concurrency" in message
+    assert f"at most {concurrency - 1}" in message
+
+
+def test_one_slot_is_one_tenant_at_a_time() -> None:
+    DeliveryOptions(concurrency=1, per_tenant=1).validate()
+    DeliveryOptions(concurrency=8, per_tenant=7).validate()
 
 
 def deliveries_of(engine: Engine, job_id: uuid.UUID) -> list[tuple[str, str | None]]:
