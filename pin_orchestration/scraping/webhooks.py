@@ -122,13 +122,22 @@ class DeliveryOptions:
     concurrency: int = option(8, "Deliveries in flight at once")
     per_tenant: int = option(
         4,
-        "Deliveries of one tenant in flight at once (below `concurrency`, unless that is "
-        "1): the other slots stay free for the other tenants while one tenant's receiver "
-        "hangs",
+        "Deliveries of one tenant in flight at once (at most `concurrency`, and one "
+        "slot short of it when there are more than one): the other slots stay free for "
+        "the other tenants while one tenant's receiver hangs",
     )
     max_run_duration_seconds: float = option(
         240.0, "Stop claiming after this long; the sensor launches the next run"
     )
+
+    @property
+    def tenant_share(self) -> int:
+        """The slots one tenant may hold: `per_tenant`, but one short of them all when
+        there are more than one, so a tenant whose receiver hangs never holds every slot
+        (per_tenant == concurrency let it: the other tenants waited for its timeouts)."""
+        if self.concurrency <= 1:
+            return self.per_tenant
+        return min(self.per_tenant, self.concurrency - 1)
 
     def validate(self) -> None:
         problems = [
@@ -136,15 +145,7 @@ class DeliveryOptions:
             for name in ("batch_size", "concurrency", "per_tenant", "max_run_duration_seconds")
             if not getattr(self, name) > 0
         ]
-        if self.concurrency > 1 and self.per_tenant >= self.concurrency:
-            # A tenant whose receiver hangs would hold every slot, the others' deliveries
-            # waiting for its calls to time out.
-            problems.append(
-                f"per_tenant must be below concurrency ({self.concurrency}) so one tenant "
-                f"cannot hold every slot (got {self.per_tenant}): give at most "
-                f"{self.concurrency - 1}, or raise concurrency"
-            )
-        elif self.per_tenant > self.concurrency:
+        if self.per_tenant > self.concurrency:
             problems.append(
                 f"per_tenant must be <= concurrency ({self.concurrency}) (got {self.per_tenant})"
             )
@@ -300,7 +301,7 @@ def run_deliveries(
                         engine,
                         min(free, options.batch_size),
                         policy.lease_seconds,
-                        options.per_tenant,
+                        options.tenant_share,
                         busy,
                         policy.secret_overlap_seconds,
                     )

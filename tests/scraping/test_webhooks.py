@@ -568,15 +568,20 @@ class HangingReceiver:
         self._server.server_close()
 
 
+@pytest.mark.parametrize("concurrency,per_tenant", [(4, 2), (2, 2), (4, 4)])
 def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
     receiver: Receiver,
+    concurrency: int,
+    per_tenant: int,
 ) -> None:
     """Ten deliveries of a tenant whose receiver hangs fall due first, then three of
     another tenant: those three arrive while the ten are still held (not after the hang
     ends), and no delivery is claimed before a slot can send it — so its lease, sized to
-    one call, cannot run out while it waits behind others."""
+    one call, cannot run out while it waits behind others. With per_tenant == concurrency
+    the hanging tenant took every slot (the other's first delivery went out, the rest
+    waited for the hanging calls' timeouts): a tenant's share is one slot short of all."""
     hanging = HangingReceiver()
     try:
         slow, _ = make_tenant("slow")
@@ -599,7 +604,9 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
                         db_engine,
                         fetcher,
                         policy,
-                        DeliveryOptions(batch_size=50, concurrency=4, per_tenant=2),
+                        DeliveryOptions(
+                            batch_size=50, concurrency=concurrency, per_tenant=per_tenant
+                        ),
                     )
                 )
 
@@ -618,7 +625,7 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
                         "AND webhook_attempts > 0"
                     )
                 ).scalar_one()
-            assert claimed <= 4  # claimed only as slots free up
+            assert claimed <= concurrency  # claimed only as slots free up
         finally:
             hanging.release.set()
             thread.join(timeout=60)
@@ -627,24 +634,12 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
         hanging.close()
 
 
-@pytest.mark.parametrize("concurrency,per_tenant", [(2, 2), (8, 8), (4, 5)])
-def test_a_tenants_share_that_leaves_no_slot_to_the_others_is_refused(
-    concurrency: int, per_tenant: int
-) -> None:
-    """per_tenant == concurrency let one tenant whose receiver hangs hold every slot: with
-    concurrency=2, per_tenant=2 the other tenant's first delivery went out, the next two
-    waited for the hanging calls' timeouts (a whole run of them)."""
-    options = DeliveryOptions(concurrency=concurrency, per_tenant=per_tenant)
-    with pytest.raises(WebhookConfigError) as refused:
-        options.validate()
-    message = str(refused.value)
-    assert "per_tenant" in message and "concurrency" in message
-    assert f"at most {concurrency - 1}" in message
-
-
-def test_one_slot_is_one_tenant_at_a_time() -> None:
-    DeliveryOptions(concurrency=1, per_tenant=1).validate()
-    DeliveryOptions(concurrency=8, per_tenant=7).validate()
+def test_a_tenants_share_is_below_the_slots_unless_there_is_one() -> None:
+    assert DeliveryOptions(concurrency=8, per_tenant=4).tenant_share == 4
+    assert DeliveryOptions(concurrency=4, per_tenant=4).tenant_share == 3
+    assert DeliveryOptions(concurrency=1, per_tenant=1).tenant_share == 1
+    with pytest.raises(WebhookConfigError, match="per_tenant must be <= concurrency"):
+        DeliveryOptions(concurrency=4, per_tenant=5).validate()
 
 
 def deliveries_of(engine: Engine, job_id: uuid.UUID) -> list[tuple[str, str | None]]:
