@@ -10,7 +10,10 @@ configured allow-list (`PIN_SCRAPING_ALLOWED_CIDRS`); a refused address gets no 
 
 Bounds: the body is streamed into a spooled temporary file and cut at `max_body_bytes`;
 one deadline covers the whole fetch (redirects, headers, body): a watchdog thread shuts the
-socket of a fetch that outlives it, so a target trickling bytes cannot hold a slot.
+socket of a fetch that outlives it, so a target trickling bytes cannot hold a slot. It
+shuts as well the socket of a fetch whose `should_stop` turned true (a cancel, a stopping
+worker, a lease in doubt), looked at every 0.25 s: a target that accepts and never answers
+holds no stopping worker until the deadline.
 
 A `Fetcher` is shared by the worker's threads: one `requests.Session` whose connection
 pools never block (a host gets as many connections as there are concurrent fetches to it).
@@ -294,6 +297,7 @@ class Fetcher:
                     timeout,
                 ),
                 timeout,
+                should_stop,
             )
         finally:
             if redirect_slots is not None:
@@ -326,13 +330,18 @@ class Fetcher:
         return self._guarded(send)
 
     def _guarded(
-        self, call: Callable[[_Deadline, float], FetchResult], timeout: float | None = None
+        self,
+        call: Callable[[_Deadline, float], FetchResult],
+        timeout: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> FetchResult:
-        """Run one request under the deadline (`timeout`, else the policy's); what requests
-        raises becomes a `FetchError`."""
+        """Run one request under the deadline (`timeout`, else the policy's), and under
+        `should_stop`, which the watchdog looks at while the request waits (a target that
+        never answers holds no stopping worker); what requests raises becomes a
+        `FetchError`."""
         timeout = timeout or self.policy.timeout_seconds
         started = time.monotonic()
-        deadline = self._watchdog.start(started + timeout)
+        deadline = self._watchdog.start(started + timeout, should_stop)
         # A fetch inside a fetch (a redirect hop's robots.txt) gives the outer one its
         # deadline back when it ends.
         outer = getattr(_current, "deadline", None)
@@ -473,6 +482,8 @@ def _read_answer(
                 body.write(chunk)
                 if over:
                     break
+            if deadline.stopped:
+                raise FetchError("cancelled", "the job was cancelled while fetching")
             if deadline.expired:
                 # The watchdog's shutdown reads as the end of a body that has no length.
                 raise FetchError(
@@ -645,6 +656,8 @@ def _causes(exc: BaseException) -> list[BaseException]:
 def _classify(exc: BaseException, deadline: _Deadline, timeout: float) -> FetchError | None:
     """The FetchError for what requests raised, judged by the innermost cause that says
     something; `None` for an exception that is not about the fetch (a bug: re-raised)."""
+    if deadline.stopped:
+        return FetchError("cancelled", "the job was cancelled while fetching")
     if deadline.expired:
         return FetchError("timeout", f"no complete answer within {timeout:g} s (deadline)")
     for cause in reversed(_causes(exc)):
@@ -886,8 +899,11 @@ class _Deadline:
     the body is still read from it.
     """
 
-    def __init__(self, at: float) -> None:
+    def __init__(self, at: float, should_stop: Callable[[], bool] | None = None) -> None:
         self.at = at
+        self.should_stop = should_stop
+        # Shut because should_stop turned true (the fetch is `cancelled`, not timed out).
+        self.stopped = False
         self.expired = False
         self._finished = False
         self._lock = threading.Lock()
@@ -925,6 +941,28 @@ class _Deadline:
                 _shut(conn, sockets)
             return True
 
+    def look(self, now: float, reshut_seconds: float, poll_seconds: float) -> float | None:
+        """The watchdog's look at this fetch: shut it when its deadline has passed or
+        `should_stop` turned true (again while it is not over: a socket may still have been
+        connecting). When to look again, or `None` once the fetch is over."""
+        if self._finished:
+            return None
+        if not self.expired and now < self.at:
+            if not self._stop_asked():
+                return min(self.at, now + poll_seconds)
+            self.stopped = True
+        return now + reshut_seconds if self.expire() else None
+
+    def _stop_asked(self) -> bool:
+        if self.should_stop is None:
+            return False
+        try:
+            return self.should_stop()
+        except Exception:
+            # The fetch's own thread calls it too, and gets the error there; the watchdog
+            # must outlive it for every other fetch.
+            return False
+
     def finish(self) -> None:
         with self._lock:
             self._finished = True
@@ -951,6 +989,10 @@ class _Watchdog:
     socket that was still connecting at the first expiry."""
 
     _RESHUT_SECONDS = 0.5
+    # How often a fetch's should_stop is looked at while it waits (a stop, a cancel, a
+    # lease in doubt): a target that accepts and never answers no longer holds the slot
+    # to the deadline.
+    _STOP_POLL_SECONDS = 0.25
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, _Deadline]] = []
@@ -959,8 +1001,9 @@ class _Watchdog:
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def start(self, at: float) -> _Deadline:
-        deadline = _Deadline(at)
+    def start(self, at: float, should_stop: Callable[[], bool] | None = None) -> _Deadline:
+        deadline = _Deadline(at, should_stop)
+        first = at if should_stop is None else min(at, time.monotonic() + self._STOP_POLL_SECONDS)
         with self._wakeup:
             if self._stopped:
                 raise RuntimeError("the fetcher is closed")
@@ -969,7 +1012,7 @@ class _Watchdog:
                     target=self._run, name="pin-fetch-watchdog", daemon=True
                 )
                 self._thread.start()
-            heapq.heappush(self._heap, (at, next(self._order), deadline))
+            heapq.heappush(self._heap, (first, next(self._order), deadline))
             if self._heap[0][2] is deadline:
                 self._wakeup.notify()
         return deadline
@@ -983,15 +1026,18 @@ class _Watchdog:
             thread.join()
 
     def _run(self) -> None:
-        with self._wakeup:
-            while not self._stopped:
-                now = time.monotonic()
-                if self._heap and self._heap[0][0] <= now:
-                    _, _, deadline = heapq.heappop(self._heap)
-                    if deadline.expire():
-                        heapq.heappush(
-                            self._heap,
-                            (now + self._RESHUT_SECONDS, next(self._order), deadline),
-                        )
-                    continue
-                self._wakeup.wait(self._heap[0][0] - now if self._heap else None)
+        while True:
+            with self._wakeup:
+                while True:
+                    if self._stopped:
+                        return
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, deadline = heapq.heappop(self._heap)
+                        break
+                    self._wakeup.wait(self._heap[0][0] - now if self._heap else None)
+            # Outside the lock: should_stop is the caller's code.
+            again = deadline.look(now, self._RESHUT_SECONDS, self._STOP_POLL_SECONDS)
+            if again is not None:
+                with self._wakeup:
+                    heapq.heappush(self._heap, (again, next(self._order), deadline))

@@ -94,9 +94,20 @@ def _url_host_key(value: str, field: str) -> str:
     return host_key(host, field)
 
 
+def ipv6_key(address: ipaddress.IPv6Address) -> str:
+    """One key per address, whatever its spelling (`::1`, `0:0:0:0:0:0:0:1`, `::0001`):
+    the compressed form RFC 5952 gives (lowercase hex, no leading zeros, the longest run of
+    two or more zero groups as `::`, the first of equal runs), as `ipaddress` writes it; an
+    IPv4-mapped address (`::ffff:7f00:1`) is the IPv4 address it reaches (`127.0.0.1`).
+    scraping.ipv6_key (scraping/sql/submit_job.sql) is the same in SQL."""
+    mapped = address.ipv4_mapped
+    return str(mapped) if mapped is not None else str(address)
+
+
 def host_key(host: str, field: str = "the host") -> str:
     """The key of a host as written in a URL (an IPv6 literal in brackets or not): what
-    the fetcher connects to, lowercased, without the trailing dot. ValueError naming
+    the fetcher connects to, lowercased, without the trailing dot (an IPv6 address in its
+    one canonical spelling, `ipv6_key`). ValueError naming
     `field` for a host outside check_url's grammar or one IDNA 2008 refuses."""
     bracketed = host.startswith("[")
     if bracketed:
@@ -105,10 +116,10 @@ def host_key(host: str, field: str = "the host") -> str:
         host = host[1:-1]
     if bracketed or ":" in host:
         try:
-            ipaddress.IPv6Address(host)
+            address = ipaddress.IPv6Address(host)
         except ValueError:
             raise ValueError(f"{field} has an invalid IPv6 address {host[:80]!r}") from None
-        return host.lower()
+        return ipv6_key(address)
     if _ASCII_NAME.fullmatch(host):
         if _NUMERIC_HOST.fullmatch(host) and not _DOTTED_QUAD.fullmatch(host):
             raise ValueError(

@@ -396,6 +396,19 @@ WITH expired AS (
 )
 SELECT id, attempts, status FROM swept
 
+-- name: delete_lapsed_redirect_slots
+-- Redirect slots past their hold (a worker killed mid-hop never released its slot): the
+-- claim already ignores them; nothing else deletes them. Rows another transaction holds
+-- (a hop being released) are left to it.
+DELETE FROM scraping.redirect_slots s
+USING (
+    SELECT job_id, attempt FROM scraping.redirect_slots
+    WHERE expires_at < now()
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+) lapsed
+WHERE s.job_id = lapsed.job_id AND s.attempt = lapsed.attempt
+
 -- name: expired_lease_jobs
 -- The jobs the next sweep takes (those whose lease ran out longest ago), and their domains.
 SELECT j.id, j.domain FROM scraping.jobs j

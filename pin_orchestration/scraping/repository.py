@@ -800,14 +800,18 @@ def attempts_written(
 def sweep_expired_leases(engine: Engine, *, max_attempts: int, limit: int = 1000) -> list[Any]:
     """Return expired-lease jobs to the queue (SCR-5); rows of the jobs swept. Their
     fair-tag rows, then their domains' queue rows, are locked first, each in one order
-    (lock_fair_tag_rows, lock_domain_queues)."""
+    (lock_fair_tag_rows, lock_domain_queues). Redirect slots past their hold (a worker
+    killed mid-hop) are deleted too, in a transaction of their own."""
     with engine.begin() as conn:
         expired = conn.execute(_q("expired_lease_jobs"), {"limit": limit}).all()
         _lock_fair_tag_rows(conn, [r.id for r in expired])
         _lock_domain_queues(conn, sorted({r.domain for r in expired}))
-        return conn.execute(
+        swept = conn.execute(
             _q("sweep_expired_leases"), {"max_attempts": max_attempts, "limit": limit}
         ).all()
+    with engine.begin() as conn:
+        conn.execute(_q("delete_lapsed_redirect_slots"), {"limit": limit})
+    return swept
 
 
 def list_failed_jobs(engine: Engine, limit: int = 100) -> list[dict[str, Any]]:

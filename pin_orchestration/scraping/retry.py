@@ -21,7 +21,9 @@ and gets back a `Decision`. Nothing here touches the database or the network.
 A retry is due at `now + backoff_delay(attempt)` (exponential backoff with full jitter:
 uniform over `[0, min(cap, base * 2**(attempt-1))]`), and never earlier than the target's
 `Retry-After` (delay-seconds or an HTTP-date, RFC 9110 §10.2.3), itself capped at
-`max_pause_seconds` as a domain's pause is. `attempt` is the number of the attempt just
+`max_pause_seconds` as a domain's pause is. A `Retry-After` asking for no wait (`0`, a
+past date) is as if absent: the backoff stands, and a 429 still pauses its domain for
+`backoff_base_seconds` (`domain_pause_until`). `attempt` is the number of the attempt just
 made, counting from 1; once it reaches `max_attempts` a transient outcome fails the job
 too, saying the attempts are exhausted.
 
@@ -116,14 +118,20 @@ def domain_pause_until(
     """Until when every worker should leave the answering domain alone, or `None`.
 
     A non-success answer carrying `Retry-After` pauses the domain until then (as long as
-    the job's own retry waits: the target asked it of every request); a 429 without one
-    pauses it for `backoff_base_seconds`. A success never pauses."""
+    the job's own retry waits: the target asked it of every request); a 429 pauses it for
+    `backoff_base_seconds` at least. A success never pauses.
+
+    One rule for a `Retry-After` that asks for no wait (`0`, a date now or past), here and
+    in `decide`: it is as if absent. A 429 saying "retry now" still pauses its domain for
+    the floor, as a 429 without the header does (it lifted the floor: no pause at all),
+    and the job's retry still waits its backoff."""
     _require_aware(now)
     if classify_status(status_code) is None:
         return None
     until = parse_retry_after(retry_after, now)
-    if until is None and status_code == 429:
-        until = now + timedelta(seconds=policy.backoff_base_seconds)
+    if status_code == 429:
+        floor = now + timedelta(seconds=policy.backoff_base_seconds)
+        until = floor if until is None else max(until, floor)
     if until is None or until <= now:
         return None
     return min(until, now + timedelta(seconds=policy.max_pause_seconds))

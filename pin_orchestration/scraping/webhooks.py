@@ -28,10 +28,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
@@ -40,6 +39,7 @@ from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping import signing
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
+from pin_orchestration.scraping.headers import parse_retry_after
 from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
 
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
@@ -122,12 +122,22 @@ class DeliveryOptions:
     concurrency: int = option(8, "Deliveries in flight at once")
     per_tenant: int = option(
         4,
-        "Deliveries of one tenant in flight at once (at most `concurrency`): the other "
-        "slots stay free for the other tenants while one tenant's receiver hangs",
+        "Deliveries of one tenant in flight at once (at most `concurrency`, and one "
+        "slot short of it when there are more than one): the other slots stay free for "
+        "the other tenants while one tenant's receiver hangs",
     )
     max_run_duration_seconds: float = option(
         240.0, "Stop claiming after this long; the sensor launches the next run"
     )
+
+    @property
+    def tenant_share(self) -> int:
+        """The slots one tenant may hold: `per_tenant`, but one short of them all when
+        there are more than one, so a tenant whose receiver hangs never holds every slot
+        (per_tenant == concurrency let it: the other tenants waited for its timeouts)."""
+        if self.concurrency <= 1:
+            return self.per_tenant
+        return min(self.per_tenant, self.concurrency - 1)
 
     def validate(self) -> None:
         problems = [
@@ -215,6 +225,14 @@ class _Claimed:
     finished_at: datetime
     number: int
     secrets: tuple[str, ...]  # the current one first; the replaced one during an overlap
+    # The database's clock at the claim, and time.monotonic() beside it: a delivery is
+    # signed (and a receiver's Retry-After read) by the database's clock carried forward,
+    # never by this host's wall clock, whose skew would make every signature stale.
+    db_now: datetime
+    claimed_monotonic: float
+
+    def db_clock(self) -> datetime:
+        return self.db_now + timedelta(seconds=time.monotonic() - self.claimed_monotonic)
 
 
 @dataclass(frozen=True)
@@ -248,7 +266,6 @@ def run_deliveries(
     *,
     stop: threading.Event | None = None,
     rng: random.Random | None = None,
-    clock: Callable[[], float] = time.time,
 ) -> DeliveryReport:
     """Deliver what is due, batch after batch, until nothing is due, the run's time is up
     or `stop` is set. Deliveries whose retry falls due later are left to the next run."""
@@ -284,7 +301,7 @@ def run_deliveries(
                         engine,
                         min(free, options.batch_size),
                         policy.lease_seconds,
-                        options.per_tenant,
+                        options.tenant_share,
                         busy,
                         policy.secret_overlap_seconds,
                     )
@@ -299,7 +316,7 @@ def run_deliveries(
                 report.claimed += len(claimed)
                 lease_end = time.monotonic() + policy.lease_seconds
                 for job in claimed:
-                    future = pool.submit(_deliver, fetcher, policy, job, rng, clock)
+                    future = pool.submit(_deliver, fetcher, policy, job, rng)
                     in_flight[future] = job
                     lease_ends[job.id] = lease_end
             if not in_flight and not unrecorded:
@@ -355,6 +372,7 @@ def _claim(
     busy: Counter[uuid.UUID],
     secret_overlap_seconds: float,
 ) -> list[_Claimed]:
+    began = time.monotonic()  # now() is the claim transaction's start
     with engine.begin() as conn:
         rows = conn.execute(
             _q("claim_webhooks"),
@@ -376,6 +394,8 @@ def _claim(
             r.finished_at,
             r.webhook_attempts,
             tuple(s for s in (r.webhook_secret, r.webhook_secret_previous) if s is not None),
+            r.db_now,
+            began,
         )
         for r in rows
     ]
@@ -386,7 +406,6 @@ def _deliver(
     policy: WebhookPolicy,
     job: _Claimed,
     rng: random.Random,
-    clock: Callable[[], float],
 ) -> _Attempt:
     """One delivery and its outcome. Never raises: an answer no library expected (a
     `Content-Length: ²`) or a bug of ours is this delivery's failed attempt, retried
@@ -403,12 +422,15 @@ def _deliver(
     http_status: int | None = None
     error_class: str | None = None
     detail = None
+    retry_after: str | None = None
     try:
         body = webhook_body(job.id, job.status, job.finished_at)
         msg_id = signing.event_id(job.id, job.status, job.finished_at)
-        headers = signing.signed_headers(job.secrets, msg_id, body, now=clock())
+        signed_at = job.db_clock().timestamp()
+        headers = signing.signed_headers(job.secrets, msg_id, body, now=signed_at)
         with fetcher.post(job.callback_url, body, headers) as answer:
             http_status = answer.status_code
+            retry_after = answer.headers.get("Retry-After")
     except FetchError as exc:
         error_class, detail = exc.error_class, exc.detail
     except Exception as exc:
@@ -424,6 +446,14 @@ def _deliver(
     if error_class in _GIVE_UP_AT_ONCE or job.number >= policy.max_attempts:
         return _Attempt("gave_up", http_status, error_class, detail, duration_ms, None)
     delay = backoff_delay(job.number, policy.retry_policy(), rng)
+    # The same rule as a target's (retry.decide): never earlier than the backoff nor than
+    # the receiver's Retry-After, that capped (here by backoff_cap_seconds); one asking for
+    # no wait (0, a past date) is as if absent.
+    now = job.db_clock()
+    not_before = parse_retry_after(retry_after, now)
+    if not_before is not None:
+        asked = (not_before - now).total_seconds()
+        delay = max(delay, min(asked, policy.backoff_cap_seconds))
     return _Attempt("retry", http_status, error_class, detail, duration_ms, delay)
 
 

@@ -55,6 +55,7 @@ SET webhook_attempts = j.webhook_attempts + 1,
 FROM picked, scraping.tenants t
 WHERE j.id = picked.id AND t.id = j.tenant_id
 RETURNING j.id, j.tenant_id, j.callback_url, j.status, j.finished_at, j.webhook_attempts,
+          now() AS db_now,
           t.webhook_secret,
           CASE WHEN t.webhook_secret_rotated_at > now() - make_interval(secs => :secret_overlap_seconds)
                THEN t.webhook_secret_previous END AS webhook_secret_previous

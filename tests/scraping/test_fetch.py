@@ -235,6 +235,60 @@ def test_cancellation_is_seen_while_the_body_trickles(target: ScrapingTarget) ->
     assert elapsed < 2.0
 
 
+class SilentTarget:
+    """Accepts a connection, reads the request, and never answers until closed: a target
+    holding a fetch in its wait for the answer's headers. `asked` is set once a request
+    has arrived (a gate: what follows happens while the fetch is in that wait)."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self._done = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/silent"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        with conn:
+            conn.recv(65536)
+            self.asked.set()
+            self._done.wait(120)
+
+    def close(self) -> None:
+        self._done.set()
+        self._listener.close()
+
+
+def test_a_stop_interrupts_a_fetch_waiting_for_the_answers_headers() -> None:
+    """A target that takes the request and never answers held a stopping worker's slot
+    until the fetch timeout: `should_stop` was looked at between hops and body chunks,
+    never during the wait for headers. The watchdog now looks at it while the fetch waits
+    and shuts its socket, as it does at the deadline."""
+    silent = SilentTarget()
+    stop = threading.Event()
+    errors: list[FetchError] = []
+    try:
+        with make_fetcher(timeout_seconds=60.0) as fetcher:
+
+            def fetch() -> None:
+                try:
+                    fetcher.fetch(silent.url, should_stop=stop.is_set).close()
+                except FetchError as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=fetch)
+            thread.start()
+            assert silent.asked.wait(30)
+            stop.set()
+            thread.join(timeout=30)  # a bound on failure only: the timeout is 60 s
+            assert not thread.is_alive(), "the stop did not interrupt the wait for headers"
+    finally:
+        silent.close()
+    [error] = errors
+    assert error.error_class == "cancelled"
+
+
 # --- protocol errors --------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ Hypothesis, derandomized (a fixed seed per test run), a bounded number of exampl
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import uuid
 from urllib.parse import urlsplit
@@ -64,6 +65,15 @@ HOSTS = [
     "a\u200db.example",
     "عربي.example",
     "[::1]",
+    "[0:0:0:0:0:0:0:1]",
+    "[::0001]",
+    "[0000::1]",
+    "[::ffff:127.0.0.1]",
+    "[::FFFF:7F00:1]",
+    "[::ffff:0:7f00:1]",
+    "[1:0:0:1:0:0:0:1]",
+    "[1:0:0:0:1:0:0:1]",
+    "[0::]",
     "[::ABCD]",
     "[1:2:3:4:5:6:7:8]",
     "[1:2:3:4:5:6:7::]",
@@ -121,7 +131,65 @@ def fetcher_key(url: str) -> str | None:
     parts = urlsplit(prepared)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
+    if ":" in parts.hostname:
+        # The address connected to, whatever its spelling: RFC 5952's compressed form (as
+        # ipaddress writes it), an IPv4-mapped address as the IPv4 address it reaches.
+        address = ipaddress.IPv6Address(parts.hostname)
+        return str(address.ipv4_mapped or address)
     return parts.hostname.rstrip(".")
+
+
+# Spellings of one address, and the one key each must get at every door.
+IPV6_SPELLINGS = {
+    "::1": ["[::1]", "[0:0:0:0:0:0:0:1]", "[::0001]", "[0000::1]", "[0::0:1]"],
+    "::abcd": ["[::ABCD]", "[::abcd]", "[0::AbCd]"],
+    "127.0.0.1": ["[::ffff:7f00:1]", "[::FFFF:7F00:0001]", "[0:0:0:0:0:ffff:7f00:1]"],
+    "1:0:0:1::1": ["[1:0:0:1:0:0:0:1]", "[1:0:0:1::1]", "[1:0:0:1:0::1]"],
+    "1::1:0:0:1": ["[1:0:0:0:1:0:0:1]", "[1::1:0:0:1]"],
+    "::ffff:0:7f00:1": ["[::ffff:0:7f00:1]", "[0:0:0:0:ffff:0:7f00:1]"],
+}
+
+
+def test_every_ipv6_spelling_of_an_address_gets_one_key_at_every_door(
+    client: TestClient, db_engine: Engine, make_tenant
+) -> None:
+    """One address, one politeness key: `[::1]`, `[0:0:0:0:0:0:0:1]` and `[::0001]` were
+    three hosts, each with its own rate and pause. The key is the compressed form, an
+    IPv4-mapped address keyed as the IPv4 address it reaches; the same from POST /jobs,
+    scraping.submit_job, and the SQL that keys a worker's pause or redirect hop
+    (scraping.idna_host, which gets the host as requests sends it)."""
+    tenant, key = make_tenant("shop")
+    for expected, spellings in IPV6_SPELLINGS.items():
+        for spelling in spellings:
+            url = f"http://{spelling}:8080/x"
+            assert python_key(url) == expected, url
+            assert fetcher_key(url) == expected, url
+            answer = client.post("/jobs", json={"url": url}, headers=auth(key))
+            assert answer.status_code == 202, answer.text
+            assert stored_domain(db_engine, answer.json()["id"]) == expected, url
+            assert sql_door(db_engine, tenant.id, url, "url") == expected, url
+            with db_engine.connect() as conn:
+                for host in (spelling, spelling[1:-1]):
+                    in_sql = conn.execute(
+                        text("SELECT scraping.idna_host(:h)"), {"h": host}
+                    ).scalar_one()
+                    assert in_sql == expected, host
+    # What requests sends for a dotted spelling (intake refuses it: a redirect hop's).
+    with db_engine.connect() as conn:
+        for host, expected in [
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("::1.2.3.4", "::102:304"),
+            ("64:ff9b::1.2.3.4", "64:ff9b::102:304"),
+            ("::0.0.1.2", "::102"),
+        ]:
+            assert (
+                str(ipaddress.IPv6Address(host).ipv4_mapped or ipaddress.IPv6Address(host))
+                == expected
+            )
+            assert (
+                conn.execute(text("SELECT scraping.idna_host(:h)"), {"h": host}).scalar_one()
+                == expected
+            ), host
 
 
 def sql_door(engine: Engine, tenant_id: uuid.UUID, url: str, field: str) -> str | None:

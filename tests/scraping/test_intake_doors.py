@@ -108,6 +108,31 @@ def test_credentials_are_refused_by_sql_too(db_engine: Engine, make_tenant) -> N
         assert conn.execute(text("SELECT count(*) FROM scraping.jobs")).scalar_one() == 0
 
 
+def test_sql_refuses_a_non_ascii_host_naming_the_argument_and_the_xn_form(
+    db_engine: Engine, make_tenant
+) -> None:
+    """The documented contract of scraping.submit_job (docs/integration.md): a host with
+    non-ASCII characters is refused, the error naming the argument and the fix (its
+    xn-- form, which is accepted and keyed as POST /jobs keys the Unicode one)."""
+    tenant, _ = make_tenant("shop")
+    for url, callback, argument in [
+        ("http://bücher.example/a", None, "p_url"),
+        ("http://example.com/a", "http://bücher.example/hook", "p_callback_url"),
+    ]:
+        with pytest.raises(DBAPIError) as refused:
+            sql_submit(db_engine, tenant.id, url, callback_url=callback)
+        message = str(refused.value.orig)
+        assert refused.value.orig.sqlstate == "22023"  # type: ignore[union-attr]
+        assert message.startswith(f"{argument} has a host with non-ASCII characters"), message
+        assert "xn--" in message and "idna.encode" in message
+    job_id = sql_submit(db_engine, tenant.id, "http://xn--bcher-kva.example/a")
+    with db_engine.connect() as conn:
+        domain = conn.execute(
+            text("SELECT domain FROM scraping.jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    assert domain == "xn--bcher-kva.example"
+
+
 @pytest.mark.parametrize("host", ["İstanbul.example", "BÜCHER.example", "straße.example"])
 def test_the_domain_key_is_the_host_the_fetcher_resolves(
     client: TestClient, db_engine: Engine, make_tenant, host: str

@@ -13,6 +13,7 @@ from pin_orchestration.scraping.retry import (
     RetryPolicy,
     backoff_delay,
     decide,
+    domain_pause_until,
 )
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -179,3 +180,27 @@ def test_a_worker_error_is_transient_with_a_budget() -> None:
     assert first.next_attempt_at <= NOW + timedelta(seconds=POLICY.backoff_base_seconds)
     last = _decide(attempt=5, error_class="worker_error", error_detail="OSError: disk full")
     assert (last.outcome, last.error_class) == ("failed", "worker_error")
+
+
+@pytest.mark.parametrize(
+    "retry_after", ["0", "  0 ", "Sun, 06 Nov 1994 08:49:37 GMT", "soon", None]
+)
+def test_a_retry_after_asking_no_wait_is_as_if_absent(retry_after: str | None) -> None:
+    # One rule for a Retry-After at or before now (0 s, a past date): it asks for no wait,
+    # so it is treated as absent. The job's retry waits its backoff; a 429 pauses its
+    # domain for the floor (backoff_base_seconds), as a 429 without the header does. (A
+    # `Retry-After: 0` lifted the floor: the domain was not paused at all.)
+    absent = _decide(status_code=429)
+    assert _decide(status_code=429, retry_after=retry_after) == absent
+    floor = NOW + timedelta(seconds=POLICY.backoff_base_seconds)
+    assert domain_pause_until(429, retry_after, POLICY, NOW) == floor
+    # A 503 pauses nothing unless its Retry-After asks for a wait.
+    assert domain_pause_until(503, retry_after, POLICY, NOW) is None
+
+
+def test_a_429_pause_is_the_later_of_the_floor_and_its_retry_after() -> None:
+    policy = RetryPolicy(max_attempts=5, backoff_base_seconds=10.0, max_pause_seconds=300)
+    assert domain_pause_until(429, "3", policy, NOW) == NOW + timedelta(seconds=10)
+    assert domain_pause_until(429, "120", policy, NOW) == NOW + timedelta(seconds=120)
+    assert domain_pause_until(429, "99999", policy, NOW) == NOW + timedelta(seconds=300)
+    assert domain_pause_until(503, "3", policy, NOW) == NOW + timedelta(seconds=3)

@@ -33,10 +33,11 @@ from pin_orchestration.scraping.repository import (
     requeue_failed_jobs,
     submit_job,
 )
-from pin_orchestration.scraping.signing import secret_key
+from pin_orchestration.scraping.signing import secret_key, signed_headers
 from pin_orchestration.scraping.webhooks import (
     DeliveryOptions,
     DeliveryReport,
+    WebhookConfigError,
     WebhookPolicy,
     list_deliveries,
     run_deliveries,
@@ -44,6 +45,19 @@ from pin_orchestration.scraping.webhooks import (
 )
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
 from tests.scraping.webhook_checks import assert_every_delivery_verifies, refusals, verifies
+
+
+class _SkewedTime:
+    """The `time` module as a host whose wall clock is `skew` seconds off sees it."""
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+        self.monotonic = time.monotonic
+        self.sleep = time.sleep
+
+    def time(self) -> float:
+        return time.time() + self.skew
+
 
 # Tests make every retry due at once (webhook_next_attempt_at moved back) instead of
 # waiting out the backoff: a controllable clock on the rows.
@@ -69,7 +83,6 @@ def deliver(db_engine: Engine) -> Deliver:
         *,
         allowed: str = "127.0.0.1/32",
         policy: WebhookPolicy = POLICY,
-        clock: Callable[[], float] = time.time,
     ) -> DeliveryReport:
         settings = _with_allowed(TEST_SETTINGS, allowed)
         with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
@@ -79,7 +92,6 @@ def deliver(db_engine: Engine) -> Deliver:
                 policy,
                 DeliveryOptions(batch_size=10),
                 rng=random.Random(3),
-                clock=clock,
             )
 
     return run
@@ -202,22 +214,72 @@ def test_no_overlap_signs_with_the_new_secret_only(
 
 
 def test_a_delivery_signed_too_long_ago_is_refused_by_the_libraries(
-    db_engine: Engine,
-    make_tenant: Callable[[str], tuple[Tenant, str]],
-    deliver: Deliver,
+    db_engine: Engine, make_tenant: Callable[[str], tuple[Tenant, str]]
 ) -> None:
     """A delivery captured and replayed later: its signed timestamp is 10 minutes old."""
-    tenant, _ = make_tenant("acme")
-    late = Receiver()  # not the fixture's: this delivery must fail verification
-    try:
-        finished_job(db_engine, tenant, late.url())
-        deliver(clock=lambda: time.time() - 600)
-        [received] = late.received
-    finally:
-        late.close()
+    make_tenant("acme")
     secret = tenant_webhook_secret(db_engine, "acme")["webhook_secret"]
-    assert refusals(secret, received.body, received.headers) == ["standardwebhooks", "svix"]
-    assert int(received.headers["webhook-timestamp"]) <= time.time() - 600
+    body = b'{"id":"x","status":"succeeded","finished_at":"2026-01-01T00:00:00+00:00"}'
+    headers = signed_headers((secret,), "msg_x", body, now=time.time() - 600)
+    assert refusals(secret, body, headers) == ["standardwebhooks", "svix"]
+    fresh = signed_headers((secret,), "msg_x", body, now=time.time())
+    assert refusals(secret, body, fresh) == []
+
+
+def test_a_delivery_is_signed_by_the_database_clock_not_the_hosts(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The delivery loop's host clock 10 minutes behind (or ahead): its deliveries are
+    still signed with the time the database reads, the clock every other decision of the
+    service is made by, so the receiver's libraries accept them. (Signed with the host's
+    clock, every delivery from a skewed host was refused.)"""
+    from pin_orchestration.scraping import webhooks
+
+    tenant, _ = make_tenant("acme")
+    finished_job(db_engine, tenant, receiver.url())
+    monkeypatch.setattr(webhooks, "time", _SkewedTime(-600))
+    settings = _with_allowed(TEST_SETTINGS, "127.0.0.1/32")
+    with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+        report = run_deliveries(db_engine, fetcher, POLICY, DeliveryOptions(batch_size=10))
+    assert report.delivered == 1
+    [received] = receiver.received
+    with db_engine.connect() as conn:
+        db_now = conn.execute(text("SELECT extract(epoch FROM now())")).scalar_one()
+    assert abs(int(received.headers["webhook-timestamp"]) - float(db_now)) < 30
+    # (the fixture's teardown verifies it with both libraries)
+
+
+@pytest.mark.parametrize(
+    "retry_after,at_least",
+    [("45", 44), ("0", 0), ("Sun, 06 Nov 1994 08:49:37 GMT", 0), ("99999", 59)],
+)
+def test_a_receivers_retry_after_holds_its_retry_back_as_a_targets_does(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+    deliver: Deliver,
+    retry_after: str,
+    at_least: float,
+) -> None:
+    """One rule for Retry-After, the job's and the webhook's: a retry is never earlier
+    than its backoff nor than the Retry-After (capped, here by backoff_cap_seconds = 60);
+    one asking for no wait (0, a past date) is as if absent. The receiver's was ignored."""
+    tenant, _ = make_tenant("acme")
+    receiver.status, receiver.headers = 429, {"Retry-After": retry_after}
+    finished_job(db_engine, tenant, receiver.url())
+    report = deliver()
+    assert (report.claimed, report.retried) == (1, 1)
+    with db_engine.connect() as conn:
+        [delay] = conn.execute(
+            text(
+                "SELECT extract(epoch FROM next_attempt_at - now())"
+                " FROM scraping.webhook_deliveries"
+            )
+        ).scalars()
+    assert at_least <= float(delay) <= POLICY.backoff_cap_seconds
 
 
 def test_a_receiver_down_for_a_while_gets_every_event_once_back(
@@ -506,15 +568,20 @@ class HangingReceiver:
         self._server.server_close()
 
 
+@pytest.mark.parametrize("concurrency,per_tenant", [(4, 2), (2, 2), (4, 4)])
 def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
     receiver: Receiver,
+    concurrency: int,
+    per_tenant: int,
 ) -> None:
     """Ten deliveries of a tenant whose receiver hangs fall due first, then three of
     another tenant: those three arrive while the ten are still held (not after the hang
     ends), and no delivery is claimed before a slot can send it — so its lease, sized to
-    one call, cannot run out while it waits behind others."""
+    one call, cannot run out while it waits behind others. With per_tenant == concurrency
+    the hanging tenant took every slot (the other's first delivery went out, the rest
+    waited for the hanging calls' timeouts): a tenant's share is one slot short of all."""
     hanging = HangingReceiver()
     try:
         slow, _ = make_tenant("slow")
@@ -537,7 +604,9 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
                         db_engine,
                         fetcher,
                         policy,
-                        DeliveryOptions(batch_size=50, concurrency=4, per_tenant=2),
+                        DeliveryOptions(
+                            batch_size=50, concurrency=concurrency, per_tenant=per_tenant
+                        ),
                     )
                 )
 
@@ -556,13 +625,21 @@ def test_a_tenant_whose_receiver_hangs_holds_only_its_share_of_the_slots(
                         "AND webhook_attempts > 0"
                     )
                 ).scalar_one()
-            assert claimed <= 4  # claimed only as slots free up
+            assert claimed <= concurrency  # claimed only as slots free up
         finally:
             hanging.release.set()
             thread.join(timeout=60)
         assert reports[0].delivered == 13
     finally:
         hanging.close()
+
+
+def test_a_tenants_share_is_below_the_slots_unless_there_is_one() -> None:
+    assert DeliveryOptions(concurrency=8, per_tenant=4).tenant_share == 4
+    assert DeliveryOptions(concurrency=4, per_tenant=4).tenant_share == 3
+    assert DeliveryOptions(concurrency=1, per_tenant=1).tenant_share == 1
+    with pytest.raises(WebhookConfigError, match="per_tenant must be <= concurrency"):
+        DeliveryOptions(concurrency=4, per_tenant=5).validate()
 
 
 def deliveries_of(engine: Engine, job_id: uuid.UUID) -> list[tuple[str, str | None]]:

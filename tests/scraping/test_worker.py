@@ -91,6 +91,64 @@ def test_429_waits_for_retry_after(
     assert (attempt.outcome, attempt.http_status) == ("retry", 429)
 
 
+@pytest.mark.parametrize("retry_after", ["0", None])
+def test_a_429_with_retry_after_0_pauses_its_host_like_one_without(
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, retry_after: str | None
+) -> None:
+    # `Retry-After: 0` asks for no wait: it is as if absent, so the 429 still pauses its
+    # host for the floor (backoff_base_seconds) and the job waits behind it. It lifted the
+    # floor: the host was not paused at all and the job went back within its jitter.
+    import dataclasses
+
+    settings = dataclasses.replace(TEST_SETTINGS, backoff_base_seconds=30, backoff_cap_seconds=30)
+    params = {} if retry_after is None else {"retry_after": retry_after}
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/status/429", **params)
+    work(settings=settings, idle_exit_seconds=0.5)
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.attempts, row.last_error_class) == ("queued", 1, "http_429")
+    assert site.count("/status/429") == 1
+    with db_engine.connect() as conn:
+        paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM blocked_until - now()) FROM scraping.domains"
+                " WHERE domain = :domain"
+            ),
+            {"domain": row.domain},
+        ).scalar_one()
+    assert paused_for is not None and 20 <= paused_for <= 30
+
+
+def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
+    db_engine: Engine, tenant_id, work: Worker
+) -> None:
+    """A target that takes the request and never answers held a stopping worker until
+    the fetch timeout (60 s here). The stop now interrupts the wait for the headers: the
+    run ends and hands the job back to the queue."""
+    import dataclasses
+
+    from tests.scraping.test_fetch import SilentTarget
+
+    silent = SilentTarget()
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=60, robots="ignore")
+    job_id = enqueue(db_engine, tenant_id, silent.url)
+    stop = threading.Event()
+    reports: list[Any] = []
+    run = threading.Thread(
+        target=lambda: reports.append(work(settings=settings, stop=stop, idle_exit_seconds=30))
+    )
+    try:
+        run.start()
+        assert silent.asked.wait(30)
+        stop.set()
+        run.join(timeout=30)  # a bound on failure only: the fetch timeout is 60 s
+        assert not run.is_alive(), "the stopped worker waited for the target"
+    finally:
+        silent.close()
+        run.join()
+    row = job_row(db_engine, job_id)
+    assert (row.status, row.last_error_class) == ("queued", "worker_stopped")
+
+
 def test_503_twice_then_200_succeeds_on_the_third_attempt(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
 ) -> None:
@@ -205,6 +263,28 @@ def test_a_running_job_is_cancelled_at_the_workers_next_check(
     assert row.status == "cancelled" and row.finished_at is not None
     assert row.result_key is None and not list(local_store.root.rglob(str(job_id)))
     assert [a.outcome for a in attempts(db_engine, job_id)] == ["cancelled"]
+
+
+def test_the_sweeper_deletes_lapsed_redirect_slots_and_keeps_live_ones(
+    db_engine: Engine,
+) -> None:
+    """A worker killed during a hop leaves its redirect slot's row: it lapses (the claim
+    no longer counts it) but nothing deleted it, so the table only grew. The lease sweeper
+    deletes the lapsed rows; a hop still in its slot keeps it."""
+    lapsed, live = uuid.uuid4(), uuid.uuid4()
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.redirect_slots (job_id, attempt, domain, expires_at)"
+                " VALUES (:lapsed, 1, 'a.example', now() - interval '1 second'),"
+                "        (:live, 1, 'a.example', now() + interval '1 hour')"
+            ),
+            {"lapsed": lapsed, "live": live},
+        )
+    assert repository.sweep_expired_leases(db_engine, max_attempts=5) == []
+    with db_engine.connect() as conn:
+        left = conn.execute(text("SELECT job_id FROM scraping.redirect_slots")).scalars().all()
+    assert left == [live]
 
 
 def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(

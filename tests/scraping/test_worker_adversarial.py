@@ -17,6 +17,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -142,11 +143,13 @@ def test_a_clock_stepping_between_the_decision_and_its_write_does_not_cut_retry_
 
 
 class _DripTarget:
-    """Headers, then a byte every 50 ms of a long body; records when the client closed its
+    """Headers, then a byte every 50 ms of a long body (or, `answers=False`, nothing at
+    all: the request taken, never answered); records when the client closed its
     connection (seen as the end of the stream it sends), by wall clock, to compare with a
     lease's end in PostgreSQL (the same machine's clock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: bool = True) -> None:
+        self.answers = answers
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.reached = threading.Event()
@@ -161,11 +164,14 @@ class _DripTarget:
         with conn:
             conn.recv(65536)
             self.reached.set()
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            if self.answers:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
             while not self._stopping.is_set():
                 readable, _, _ = select.select([conn], [], [], 0.05)
                 if readable and conn.recv(1, socket.MSG_PEEK) == b"":
                     break
+                if not self.answers:
+                    continue
                 try:
                     conn.sendall(b"x")
                 except OSError:
@@ -179,14 +185,22 @@ class _DripTarget:
         self._thread.join(timeout=10)
 
 
+@pytest.mark.parametrize("waiting_for", ["body", "headers"])
 def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_ends(
-    db_url: str, db_engine: Engine, make_tenant: Any, local_store: LocalResultStore
+    db_url: str,
+    db_engine: Engine,
+    make_tenant: Any,
+    local_store: LocalResultStore,
+    waiting_for: str,
 ) -> None:
     """A worker cut off from PostgreSQL (its renewals fail) while its fetch still reads a
     slow body: the lease runs out, the sweeper requeues the job and another worker fetches
     it, while the first went on reading until its fetch deadline (20 s here): two requests
     of one job at the target at once, and the host's connection limit exceeded. It must
-    hang up before the lease it can no longer confirm ends, as it refuses to store then."""
+    hang up before the lease it can no longer confirm ends, as it refuses to store then —
+    also while it waits for the answer's headers (a target that never answers): only the
+    body's reads looked at the lease, so a fetch timeout longer than the lease let a
+    fetch outlive it."""
     settings = dataclasses.replace(
         _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
         lease_seconds=1.5,
@@ -194,7 +208,7 @@ def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_en
         max_result_bytes=1_000_000,
     )
     tenant = make_tenant("cutoff")[0]
-    target = _DripTarget()
+    target = _DripTarget(answers=waiting_for == "body")
     job_id = enqueue(db_engine, tenant.id, f"{target.url}/slow")
     stop = threading.Event()
     with proxy_in_front_of(db_url) as proxy:

@@ -18,11 +18,13 @@ class Received:
 
 
 class Receiver:
-    """A webhook receiver on loopback: records every POST, answers `status`."""
+    """A webhook receiver on loopback: records every POST, answers `status` (with `headers`)."""
 
     def __init__(self, port: int = 0) -> None:
         self.received: list[Received] = []
         self.status = 204
+        # Extra headers of every answer (a receiver's 429 with Retry-After).
+        self.headers: dict[str, str] = {}
         self._lock = threading.Lock()
         receiver = self
 
@@ -31,8 +33,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 with receiver._lock:
                     receiver.received.append(Received(dict(self.headers.items()), body))
-                    status = receiver.status
+                    status, headers = receiver.status, dict(receiver.headers)
                 self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -7,9 +7,75 @@
 -- characters is refused here (IDNA 2008 is the `idna` package's, not PostgreSQL's), its
 -- ASCII (xn--) form accepted with the key POST /jobs gives the Unicode one.
 
+-- One key per IPv6 address, whatever its spelling (hosts.ipv6_key, rule for rule): the
+-- compressed form of RFC 5952 as Python's ipaddress writes it (lowercase hex, no leading
+-- zeros, the first longest run of two or more zero groups as ::, no embedded dotted
+-- quad), an IPv4-mapped address as the IPv4 address it reaches. PostgreSQL's inet
+-- output is that but for its dotted tails (::ffff:127.0.0.1, ::1.2.3.4), rewritten here.
+-- 22P02 for what is not an IPv6 address.
+CREATE OR REPLACE FUNCTION scraping.ipv6_key(p_address text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT AS $fn$
+DECLARE
+    v_inet inet := CAST(p_address AS inet);
+    v text;
+    m text[];
+    g text[];
+    v_tail text[];
+    v_run integer := 0;
+    v_start integer := 0;
+    v_best integer := 0;
+    v_best_start integer := 0;
+BEGIN
+    IF family(v_inet) <> 6 OR masklen(v_inet) <> 128 THEN
+        RAISE EXCEPTION 'not an IPv6 address: %', quote_literal(left(p_address, 80))
+            USING ERRCODE = '22P02';
+    END IF;
+    v := host(v_inet);
+    m := regexp_match(v, '^::ffff:([0-9]+\.[0-9]+\.[0-9]+\.[0-9]+)$');
+    IF m IS NOT NULL THEN
+        RETURN m[1];
+    END IF;
+    m := regexp_match(v, '^(.*:)([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)$');
+    IF m IS NOT NULL THEN
+        v := m[1] || to_hex(m[2]::integer * 256 + m[3]::integer) || ':'
+            || to_hex(m[4]::integer * 256 + m[5]::integer);
+    END IF;
+    IF position('::' IN v) > 0 THEN
+        g := CASE WHEN split_part(v, '::', 1) = '' THEN '{}'::text[]
+                  ELSE string_to_array(split_part(v, '::', 1), ':') END;
+        v_tail := CASE WHEN split_part(v, '::', 2) = '' THEN '{}'::text[]
+                       ELSE string_to_array(split_part(v, '::', 2), ':') END;
+        g := g || array_fill('0'::text, ARRAY[8 - cardinality(g) - cardinality(v_tail)])
+            || v_tail;
+    ELSE
+        g := string_to_array(v, ':');
+    END IF;
+    FOR i IN 1..8 LOOP
+        g[i] := to_hex(('x' || lpad(g[i], 8, '0'))::bit(32)::integer);
+        IF g[i] = '0' THEN
+            IF v_run = 0 THEN
+                v_start := i;
+            END IF;
+            v_run := v_run + 1;
+            IF v_run > v_best THEN
+                v_best := v_run;
+                v_best_start := v_start;
+            END IF;
+        ELSE
+            v_run := 0;
+        END IF;
+    END LOOP;
+    IF v_best < 2 THEN
+        RETURN array_to_string(g, ':');
+    END IF;
+    RETURN array_to_string(g[1:v_best_start - 1], ':') || '::'
+        || array_to_string(g[v_best_start + v_best:8], ':');
+END
+$fn$;
+
 -- A host named by the worker (a pause, a redirect hop: ASCII, as requests sends it) as
--- the politeness limits key it: no trailing dot, no brackets around an IPv6 literal,
--- lowercased. (Its punycode of a non-ASCII name is not IDNA 2008's: intake no longer
+-- the politeness limits key it: no trailing dot, lowercased, an IPv6 literal without
+-- brackets in its one spelling (scraping.ipv6_key). (Its punycode of a non-ASCII name is not IDNA 2008's: intake no longer
 -- uses it.)
 CREATE OR REPLACE FUNCTION scraping.idna_host(p_host text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT AS $fn$
@@ -26,7 +92,14 @@ BEGIN
     IF v_host LIKE '[%]' THEN
         v_host := substr(v_host, 2, length(v_host) - 2);
     END IF;
-    IF v_host ~ '^[\x01-\x7f]*$' OR position(':' IN v_host) > 0 THEN
+    IF position(':' IN v_host) > 0 THEN
+        BEGIN
+            RETURN scraping.ipv6_key(v_host);
+        EXCEPTION WHEN invalid_text_representation THEN
+            RETURN v_host;
+        END;
+    END IF;
+    IF v_host ~ '^[\x01-\x7f]*$' THEN
         RETURN v_host;
     END IF;
     v_labels := string_to_array(normalize(v_host, NFKC), '.');
@@ -183,7 +256,7 @@ $fn$;
 -- check_url, rule for rule), and its host key: at most 2048 characters; no whitespace or
 -- control character; http(s)://, then an authority without userinfo or backslash: a name
 -- of letters, digits, '-', '_' and dots (lowercased, its trailing dot dropped) or an IPv6
--- literal in brackets (lowercased, as written); a port of 1 to 5 digits, 1 to 65535.
+-- literal in brackets (scraping.ipv6_key: one key per address); a port of 1 to 5 digits, 1 to 65535.
 -- SQLSTATE 22023 naming p_argument otherwise.
 CREATE OR REPLACE FUNCTION scraping.job_url_host(p_url text, p_argument text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $fn$
@@ -244,7 +317,7 @@ BEGIN
         v_host := substr(v_host, 2, length(v_host) - 2);
         BEGIN
             IF family(v_host::inet) = 6 THEN
-                RETURN lower(v_host COLLATE "C");
+                RETURN scraping.ipv6_key(v_host);
             END IF;
         EXCEPTION WHEN invalid_text_representation THEN
             NULL;
