@@ -28,19 +28,27 @@ STORE_THEN_MARK = """        stored = store.put(
             content_type=_storable_content_type(fetched.content_type),
         )
 """
-# The outcome (succeeded) goes to the main loop at once; the put happens behind it.
+# The outcome (succeeded) goes to the main loop at once; the put happens behind it, two
+# seconds later: a put to the local S3 takes milliseconds, and a kill had to land inside
+# that window, which a loaded machine's timing often missed (the suite then held, and this
+# test failed for the wrong reason). Two seconds is a window every kill of the scenario
+# after the first success lands in.
 MARK_THEN_STORE = """        from io import BytesIO
+        from time import sleep as sleep_before_the_put
 
         from pin_orchestration.scraping.store import StoredObject
 
         body = BytesIO(fetched.body.read())
         content_type = _storable_content_type(fetched.content_type)
         stored = StoredObject(key, fetched.size, fetched.sha256, content_type or "x/y")
-        threading.Thread(
-            target=store.put,
-            args=(key, body),
-            kwargs={"size": stored.size, "sha256": stored.sha256, "content_type": content_type},
-        ).start()
+
+        def put_later() -> None:
+            sleep_before_the_put(2)
+            store.put(
+                key, body, size=stored.size, sha256=stored.sha256, content_type=content_type
+            )
+
+        threading.Thread(target=put_later).start()
 """
 
 
