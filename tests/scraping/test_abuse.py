@@ -91,7 +91,9 @@ def test_intake_answers_carry_the_ratelimit_header_fields_beside_retry_after(
         assert int(remaining) == left, answer.headers["RateLimit"]
         # Whole again once 3 - r tokens are back, 100 s each (minus what refilled).
         assert (3 - left) * 100 - 5 <= int(full_in) <= (3 - left) * 100, answer.headers
-    assert answers[3].headers["Retry-After"] == "100"
+    # The next token in 100 s, less what refilled since the bucket ran dry (a loaded
+    # machine took over a second between the third and the fourth POST: 99).
+    assert 95 <= int(answers[3].headers["Retry-After"]) <= 100, answers[3].headers
 
 
 def test_zero_rps_switches_the_limit_off(
