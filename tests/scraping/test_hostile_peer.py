@@ -50,8 +50,10 @@ def test_every_malformed_answer_is_an_answer_or_a_fetch_error_within_the_deadlin
         answer.close()
     except FetchError:
         pass
-    # The deadline's watchdog shuts a late fetch's socket: allow it its own reaction time.
-    assert time.monotonic() - began < TIMEOUT_SECONDS + 1.0
+    # The deadline's watchdog shuts a late fetch's socket: allow it its own reaction time,
+    # which a loaded machine stretches (a gzip bomb's inflating ended 1.5 s late at load 9);
+    # what this rules out is a fetch the deadline does not end (an endless body, a drip).
+    assert time.monotonic() - began < TIMEOUT_SECONDS + 5.0
     assert any(r.name == f"{method}-{behaviour}" for r in peer.seen())
 
 
