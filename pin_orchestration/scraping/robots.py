@@ -231,7 +231,8 @@ class RobotsGuard:
     def outcome(self, job: ClaimedJob, refusal: RobotsRefusal, duration_ms: int) -> AttemptOutcome:
         """The attempt's end for a refusal: disallowed fails the job for good (nothing was
         sent to the URL); unreachable hands it back until the next try of the robots.txt
-        and pauses its host for every worker until then; pending hands it back soon."""
+        and pauses its host for every worker until then; pending hands it back soon. Neither
+        hand-back spends an attempt of the job's budget: nothing was sent to its URL."""
         if isinstance(refusal, RobotsDisallowed):
             return AttemptOutcome(
                 job_id=job.id,
@@ -254,6 +255,7 @@ class RobotsGuard:
                 next_attempt_at=refusal.until,
                 domain=job.domain,
                 domain_paused_until=refusal.until,
+                robots_wait=True,
             )
         return AttemptOutcome(
             job_id=job.id,
@@ -264,6 +266,7 @@ class RobotsGuard:
             error_detail=str(refusal),
             duration_ms=duration_ms,
             next_attempt_at=self._clock() + timedelta(seconds=1),
+            robots_wait=True,
         )
 
     # --- the rules ---------------------------------------------------------------------

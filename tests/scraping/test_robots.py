@@ -281,3 +281,24 @@ def test_an_origin_is_scheme_host_and_port() -> None:
     assert origin_of("http://Example.COM/a?b") == "http://example.com:80"
     assert origin_of("https://example.com:8443/") == "https://example.com:8443"
     assert origin_of("http://[::1]:81/x") == "http://[::1]:81"
+
+
+def test_waiting_on_robots_txt_spends_none_of_the_jobs_attempts(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A job handed back because its host's robots.txt did not answer (or was still being
+    fetched) sent nothing to its URL: that is no attempt of the job. Counted against its
+    budget, two robots.txt 503s and one real 500 failed a job allowed two attempts, its URL
+    asked once."""
+    site.robots = [(503, "busy", {}), (503, "busy", {}), (200, "User-agent: *\nAllow: /\n", {})]
+    tenant, _ = make_tenant("shop")
+    # 500 on its first request, 200 on its second
+    job_id = submit(db_engine, tenant.id, f"{site.url}/script/budget?steps=500,200")
+
+    work(settings=dataclasses.replace(TEST_SETTINGS, max_attempts=2), idle_exit_seconds=2.0)
+
+    assert site.count("/robots.txt") == 3
+    assert site.count("/script/budget") == 2
+    outcomes = [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)]
+    assert outcomes[:2] == [("retry", "robots_unreachable")] * 2
+    assert job(db_engine, job_id).status == "succeeded", outcomes
