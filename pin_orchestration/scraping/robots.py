@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -119,8 +120,18 @@ def ttl_seconds(headers: Any) -> float:
                 seconds = float(value.strip().strip('"'))
             except ValueError:
                 break
+            if math.isnan(seconds):  # a number to Python, no interval to PostgreSQL
+                break
             return min(max(seconds, MIN_TTL_SECONDS), MAX_TTL_SECONDS)
     return MAX_TTL_SECONDS
+
+
+def robots_text(raw: bytes) -> str:
+    """A robots.txt body as text to parse and store: UTF-8 (RFC 9309 section 2.3), a byte
+    order mark dropped (left in, it hid the first line, a User-agent, from the parser, and
+    its group's rules were not obeyed), NUL bytes dropped (PostgreSQL's text cannot hold
+    them: storing failed and every job of the host asked for robots.txt again)."""
+    return raw.decode("utf-8-sig", errors="replace").replace("\x00", "")
 
 
 def matched_rule(parser: Protego, url: str, token: str) -> str:
@@ -412,7 +423,7 @@ class RobotsGuard:
                     url, should_stop=should_stop, redirect_slots=_NoRelease(turns)
                 ) as answer:
                     status = answer.status_code
-                    body = answer.body.read().decode("utf-8", errors="replace")
+                    body = robots_text(answer.body.read())
                     headers = answer.headers
             except FetchError as exc:
                 if exc.error_class == "cancelled":
@@ -468,7 +479,7 @@ class RobotsGuard:
                     "body": body,
                     "crawl_delay": crawl_delay,
                     "ttl_seconds": ttl,
-                    "last_error": error[:512] if error else None,
+                    "last_error": error.replace("\x00", "")[:512] if error else None,
                 },
             ).one_or_none()
             if written is not None:

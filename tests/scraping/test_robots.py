@@ -275,6 +275,8 @@ def test_the_cache_lifetime_follows_max_age_within_a_day() -> None:
     assert ttl_seconds({"cache-control": "max-age=99999999"}) == MAX_TTL_SECONDS
     assert ttl_seconds({"cache-control": "max-age=0"}) == MIN_TTL_SECONDS
     assert ttl_seconds({"cache-control": "max-age=soon"}) == MAX_TTL_SECONDS
+    assert ttl_seconds({"cache-control": "max-age=nan"}) == MAX_TTL_SECONDS
+    assert ttl_seconds({"cache-control": "max-age=inf"}) == MAX_TTL_SECONDS
 
 
 def test_an_origin_is_scheme_host_and_port() -> None:
@@ -302,3 +304,39 @@ def test_waiting_on_robots_txt_spends_none_of_the_jobs_attempts(
     outcomes = [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)]
     assert outcomes[:2] == [("retry", "robots_unreachable")] * 2
     assert job(db_engine, job_id).status == "succeeded", outcomes
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        # PostgreSQL's text holds no NUL: storing the body failed, the job became a
+        # worker_error and every job of the host asked for robots.txt again
+        ("User-agent: *\nDisallow: /page/private\x00\n", {}),
+        # float("nan") is a number to Python and no interval to PostgreSQL: the same
+        ("User-agent: *\nDisallow: /page/private\n", {"Cache-Control": "max-age=nan"}),
+        # a UTF-8 byte order mark hid the first User-agent line from the parser: its
+        # group's Disallow was not obeyed
+        ("\ufeffUser-agent: *\nDisallow: /page/private\n", {}),
+    ],
+    ids=["nul-byte", "max-age-nan", "byte-order-mark"],
+)
+def test_a_hostile_robots_txt_is_stored_once_and_obeyed(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    work: Worker,
+    body: str,
+    headers: dict[str, str],
+) -> None:
+    site.robots = [(200, body, headers)]
+    tenant, _ = make_tenant("shop")
+    public = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(3)]
+    private = submit(db_engine, tenant.id, f"{site.url}/page/private-1")
+
+    work()
+
+    assert site.count("/robots.txt") == 1
+    assert site.count("/page/private-1") == 0
+    assert {job(db_engine, i).status for i in public} == {"succeeded"}
+    row = job(db_engine, private)
+    assert (row.status, row.last_error_class) == ("failed", "robots_disallowed")
