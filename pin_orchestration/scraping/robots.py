@@ -86,14 +86,16 @@ class RobotsDisallowed(RobotsRefusal):
 
 
 class RobotsUnreachable(RobotsRefusal):
-    """The origin's robots.txt did not answer usably: nothing goes to it before `until`."""
+    """The origin's robots.txt did not answer usably: nothing goes to it before `until`
+    (PostgreSQL's time), which is `retry_monotonic` on this process's monotonic clock."""
 
-    def __init__(self, origin: str, until: datetime) -> None:
+    def __init__(self, origin: str, until: datetime, retry_monotonic: float) -> None:
         super().__init__(
             f"{origin}/robots.txt is unreachable (5xx or no answer): the host is left alone "
             f"until {until.isoformat()}, when it is asked again"
         )
         self.until = until
+        self.retry_monotonic = retry_monotonic
 
 
 class RobotsPending(RobotsRefusal):
@@ -170,7 +172,9 @@ class _Stored:
     failures: int
     fresh: bool
     leased: bool
-    fresh_until: float  # epoch seconds
+    # When it stops being fresh, on this process's monotonic clock (read from PostgreSQL
+    # as seconds from its now(): a worker's wall clock off by an hour moves nothing).
+    fresh_until: float
 
 
 class RobotsGuard:
@@ -255,6 +259,14 @@ class RobotsGuard:
                 duration_ms=duration_ms,
             )
         if isinstance(refusal, RobotsUnreachable):
+            # `until` is PostgreSQL's time; the write turns moments into delays from the
+            # worker's clock reading beside its monotonic one, so the next try is given
+            # as that clock reads it (a worker clock an hour ahead unpaused the host and
+            # made the job due at once; an hour behind, the job waited an hour more).
+            decided_at, decided_monotonic = self._clock(), time.monotonic()
+            until = decided_at + timedelta(
+                seconds=max(refusal.retry_monotonic - decided_monotonic, 0.0)
+            )
             return AttemptOutcome(
                 job_id=job.id,
                 attempt=job.attempt,
@@ -263,10 +275,12 @@ class RobotsGuard:
                 error_class="robots_unreachable",
                 error_detail=str(refusal),
                 duration_ms=duration_ms,
-                next_attempt_at=refusal.until,
+                next_attempt_at=until,
                 domain=job.domain,
-                domain_paused_until=refusal.until,
+                domain_paused_until=until,
                 robots_wait=True,
+                decided_at=decided_at,
+                decided_monotonic=decided_monotonic,
             )
         return AttemptOutcome(
             job_id=job.id,
@@ -325,7 +339,7 @@ class RobotsGuard:
             return
         if stored.state == "unreachable":
             assert stored.expires_at is not None
-            raise RobotsUnreachable(origin, stored.expires_at)
+            raise RobotsUnreachable(origin, stored.expires_at, stored.fresh_until)
         assert stored.fetched_at is not None
         parser = self._parser(origin, stored.fetched_at, stored.body or "")
         if not parser.can_fetch(url, self.token):
@@ -364,11 +378,11 @@ class RobotsGuard:
             memo = self._memo.get(origin)
             if memo is not None and memo[1] > now:
                 stored = memo[0]
-                if stored.fresh_until > time.time() or self._ignored(stored):
+                if stored.fresh_until > time.monotonic() or self._ignored(stored):
                     return stored
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
-        stored = self._stored(row)
+        stored = self._stored(row, now)
         if stored.fresh or self._ignored(stored):
             with self._lock:
                 self._memo[origin] = (stored, now + MEMO_SECONDS)
@@ -380,7 +394,7 @@ class RobotsGuard:
         return (stored.host_mode or self.mode) == "ignore"
 
     @staticmethod
-    def _stored(row: Any) -> _Stored:
+    def _stored(row: Any, read_at: float) -> _Stored:
         return _Stored(
             host_mode=row.host_mode,
             state=row.state,
@@ -390,7 +404,7 @@ class RobotsGuard:
             failures=row.failures or 0,
             fresh=bool(row.fresh),
             leased=bool(row.leased),
-            fresh_until=row.expires_at.timestamp() if row.fresh else 0.0,
+            fresh_until=read_at + float(row.expires_in) if row.fresh else 0.0,
         )
 
     def _take_lease(self, origin: str, domain: str, job_id: uuid.UUID) -> int | None:

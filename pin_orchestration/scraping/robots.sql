@@ -8,6 +8,7 @@
 SELECT (SELECT d.robots_mode FROM scraping.domains d WHERE d.domain = :domain) AS host_mode,
        r.state, r.body, r.fetched_at, r.expires_at, r.failures,
        coalesce(r.expires_at > now(), false) AS fresh,
+       EXTRACT(EPOCH FROM r.expires_at - now()) AS expires_in,
        coalesce(r.lease_expires_at > now()
                 AND EXISTS (SELECT 1 FROM scraping.jobs j
                             WHERE j.id = r.lease_job AND j.status = 'running'

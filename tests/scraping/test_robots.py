@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from sqlalchemy import Engine, text
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.metrics import build_registry
+from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.fetch import Fetcher
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.robots import (
     MAX_TTL_SECONDS,
@@ -29,7 +32,9 @@ from pin_orchestration.scraping.robots import (
     origin_of,
     ttl_seconds,
 )
-from tests.scraping.conftest import TEST_SETTINGS, Worker
+from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
 
 RULES = (
@@ -340,3 +345,57 @@ def test_a_hostile_robots_txt_is_stored_once_and_obeyed(
     assert {job(db_engine, i).status for i in public} == {"succeeded"}
     row = job(db_engine, private)
     assert (row.status, row.last_error_class) == ("failed", "robots_disallowed")
+
+
+@pytest.mark.parametrize("skew_hours", [1, -1], ids=["ahead", "behind"])
+def test_a_worker_clock_off_by_an_hour_neither_cuts_nor_stretches_a_robots_pause(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    local_store: LocalResultStore,
+    skew_hours: int,
+) -> None:
+    """An unreachable robots.txt's next try is PostgreSQL's time (scraping.robots
+    expires_at); the hand-back turned it into a delay with the worker's own clock. An hour
+    ahead, the job was due and its host unpaused at once (claimed and handed back again
+    and again until the next try); an hour behind, the job waited an hour more."""
+    site.robots = [(503, "busy", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/a")
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), robots_retry_seconds=5.0
+    )
+    skew = timedelta(hours=skew_hours)
+    with Fetcher(fetch_policy_from(settings)) as fetcher:
+        run_worker(
+            db_engine,
+            local_store,
+            fetcher,
+            retry_policy_from(settings),
+            WorkerOptions(
+                slots=2,
+                lease_seconds=settings.lease_seconds,
+                idle_exit_seconds=0.5,
+                max_run_duration_seconds=3,
+                poll_seconds=0.05,
+                domain_rps=settings.domain_rps,
+                domain_concurrency=settings.domain_concurrency,
+                robots_retry_seconds=settings.robots_retry_seconds,
+            ),
+            clock=lambda: datetime.now(UTC) + skew,
+        )
+    with db_engine.connect() as conn:
+        retry_in, paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM j.next_attempt_at - now()),"
+                "       extract(epoch FROM d.blocked_until - now())"
+                " FROM scraping.jobs j LEFT JOIN scraping.domains d ON d.domain = j.domain"
+                " WHERE j.id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
+        ("retry", "robots_unreachable")
+    ]
+    assert 0 < float(retry_in) <= 5.0
+    assert paused_for is not None and 0 < float(paused_for) <= 5.0
