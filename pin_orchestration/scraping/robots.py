@@ -57,6 +57,9 @@ MAX_ROBOTS_BYTES = 500 * 1024
 # `max-age=0` from being asked before every job.
 MAX_TTL_SECONDS = 24 * 3600.0
 MIN_TTL_SECONDS = 60.0
+# A Crawl-delay's bounds (crawl_delay_of).
+MIN_CRAWL_DELAY_SECONDS = 0.001
+MAX_CRAWL_DELAY_SECONDS = 24 * 3600.0
 # How often a worker waiting for another's fetch looks at the row again.
 POLL_SECONDS = 0.05
 # How long a worker trusts the row it read (fresh ones only) before reading it again.
@@ -126,6 +129,18 @@ def ttl_seconds(headers: Any) -> float:
                 break
             return min(max(seconds, MIN_TTL_SECONDS), MAX_TTL_SECONDS)
     return MAX_TTL_SECONDS
+
+
+def crawl_delay_of(parser: Protego, token: str) -> float | None:
+    """The group's Crawl-delay in seconds, kept to what the host's rate can use: at most a
+    day (past ~91 s the rate's floor of 0.01 per second binds anyway); under a millisecond,
+    none. Unbounded, 1 / (delay x 1.1) overflowed PostgreSQL's double precision for 1.7e308
+    and for a denormal like 1e-320: the store failed, and every job of the host asked for
+    robots.txt again."""
+    delay = parser.crawl_delay(token)
+    if delay is None or not math.isfinite(delay) or delay < MIN_CRAWL_DELAY_SECONDS:
+        return None
+    return min(delay, MAX_CRAWL_DELAY_SECONDS)
 
 
 def robots_text(raw: bytes) -> str:
@@ -447,7 +462,7 @@ class RobotsGuard:
                 stored = True
                 return
             if 200 <= status < 300:
-                delay = Protego.parse(body).crawl_delay(self.token)
+                delay = crawl_delay_of(Protego.parse(body), self.token)
                 self._store(origin, domain, "rules", status, body, delay, failures, None, headers)
             elif 400 <= status < 500 and status != 429:
                 self._store(

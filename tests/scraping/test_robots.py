@@ -399,3 +399,38 @@ def test_a_worker_clock_off_by_an_hour_neither_cuts_nor_stretches_a_robots_pause
     ]
     assert 0 < float(retry_in) <= 5.0
     assert paused_for is not None and 0 < float(paused_for) <= 5.0
+
+
+@pytest.mark.parametrize(
+    ("delay", "stored", "rps"),
+    [("1.7e308", 86400.0, 0.01), ("1e-320", None, None), ("0", None, None)],
+    ids=["huge", "denormal", "zero"],
+)
+def test_an_absurd_crawl_delay_is_stored_once_within_bounds(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    work: Worker,
+    delay: str,
+    stored: float | None,
+    rps: float | None,
+) -> None:
+    """1 / (Crawl-delay x 1.1) overflowed PostgreSQL's double precision for 1.7e308 and for
+    a denormal 1e-320 ("value out of range"): the store failed, each job became a
+    worker_error and asked for robots.txt again. A delay is kept within a day; one too
+    small to be a delay caps nothing."""
+    site.robots = [(200, f"User-agent: *\nCrawl-delay: {delay}\n", {})]
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(2)]
+
+    work()
+
+    assert site.count("/robots.txt") == 1
+    classes = {a.error_class for i in ids for a in attempts(db_engine, i)}
+    assert "worker_error" not in classes, classes
+    hosts = [d for d in repository.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
+    assert (hosts[0]["crawl_delay"] if hosts else None) == stored
+    if rps is not None:
+        assert hosts[0]["rps"] == rps
+    else:
+        assert {job(db_engine, i).status for i in ids} == {"succeeded"}
