@@ -131,6 +131,31 @@ def ttl_seconds(headers: Any) -> float:
     return MAX_TTL_SECONDS
 
 
+class RobotsRules(Protego):
+    """protego's parser, its rules and matching, with RFC 9309's choice of group (section
+    2.2.1): the group whose user-agent is our product token, case-insensitively (a line's
+    own product token: `pin-scraper/2.0` is `pin-scraper`), else the `*` group, else none.
+    protego takes the group whose name begins any word of the name it is given (made for
+    whole User-Agent headers): `User-agent: pin` (another crawler) was ours, and let us into
+    what `*` disallows; `User-agent: pin-scraper/2.0` was not, and its Disallow went
+    unobeyed."""
+
+    def _get_matching_rule_set(self, user_agent: str) -> Any:
+        token = user_agent.strip().lower()
+        groups = self._user_agents
+        for name, group in groups.items():
+            if name != "*" and _leading_token(name) == token:
+                return group
+        return groups.get("*")
+
+
+def _leading_token(name: str) -> str:
+    try:
+        return product_token(name)
+    except ValueError:  # no product token: no crawler's group
+        return ""
+
+
 def crawl_delay_of(parser: Protego, token: str) -> float | None:
     """The group's Crawl-delay in seconds, kept to what the host's rate can use: at most a
     day (past ~91 s the rate's floor of 0.01 per second binds anyway); under a millisecond,
@@ -367,7 +392,7 @@ class RobotsGuard:
             if parser is not None:
                 self._parsed.move_to_end(key)
                 return parser
-        parser = Protego.parse(body)
+        parser = RobotsRules.parse(body)
         with self._lock:
             self._parsed[key] = parser
             while len(self._parsed) > _PARSED_KEPT:
@@ -462,7 +487,7 @@ class RobotsGuard:
                 stored = True
                 return
             if 200 <= status < 300:
-                delay = crawl_delay_of(Protego.parse(body), self.token)
+                delay = crawl_delay_of(RobotsRules.parse(body), self.token)
                 self._store(origin, domain, "rules", status, body, delay, failures, None, headers)
             elif 400 <= status < 500 and status != 429:
                 self._store(

@@ -434,3 +434,45 @@ def test_an_absurd_crawl_delay_is_stored_once_within_bounds(
         assert hosts[0]["rps"] == rps
     else:
         assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+
+
+@pytest.mark.parametrize(
+    "ours",
+    ["pin", "p", "pin-s"],
+)
+def test_a_group_of_another_crawler_whose_name_begins_ours_is_not_ours(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker, ours: str
+) -> None:
+    """RFC 9309 section 2.2.1: the group is the one whose user-agent is our product token
+    (case-insensitively), else `*`. protego takes any group whose name starts ours
+    (`pin` for `pin-scraper`, made for full User-Agent headers): another crawler's Allow
+    let us into what `*` disallows."""
+    site.robots = [
+        (200, f"User-agent: {ours}\nAllow: /\n\nUser-agent: *\nDisallow: /page/no\n", {})
+    ]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}/page/no-1")
+
+    work()
+
+    assert site.count("/page/no-1") == 0
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    [attempt] = attempts(db_engine, refused)
+    assert "(group User-agent: *)" in attempt.error_detail
+
+
+def test_our_group_is_found_by_its_product_token_in_any_case_or_with_a_version(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    site.robots = [
+        (200, "User-agent: *\nAllow: /\n\nUser-agent: PIN-Scraper/2.0\nDisallow: /page/no\n", {})
+    ]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}/page/no-1")
+    allowed = submit(db_engine, tenant.id, f"{site.url}/page/yes")
+
+    work()
+
+    assert site.count("/page/no-1") == 0
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    assert job(db_engine, allowed).status == "succeeded"
