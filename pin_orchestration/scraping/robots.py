@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from protego import Protego
 from sqlalchemy import Engine, text
@@ -166,6 +167,39 @@ def crawl_delay_of(parser: Protego, token: str) -> float | None:
     if delay is None or not math.isfinite(delay) or delay < MIN_CRAWL_DELAY_SECONDS:
         return None
     return min(delay, MAX_CRAWL_DELAY_SECONDS)
+
+
+# RFC 3986 section 2.3: unreserved characters, the same decoded or percent-encoded.
+_ENCODED_UNRESERVED = re.compile(r"%(?:[46][1-9A-Fa-f]|[57][0-9Aa]|3[0-9]|2[Dd]|2[Ee]|5[Ff]|7[Ee])")
+
+
+def readings(url: str) -> list[str]:
+    """`url` as sent, and as a server reads its path when that differs: unreserved
+    characters decoded (the fetcher sends `%2E` as `.`), dot segments resolved (RFC 3986
+    section 5.2.4) and runs of slashes merged (nginx's default). RFC 9309 compares the path
+    as written; a client could then write a disallowed path the check did not recognise
+    (`/x/%2e%2e/private`, `//private`) and the server served it. Each reading is judged;
+    any disallowed one refuses the URL."""
+    parts = urlsplit(url)
+    path = _ENCODED_UNRESERVED.sub(lambda m: chr(int(m.group(0)[1:], 16)), parts.path)
+    path = re.sub(r"/{2,}", "/", _remove_dot_segments(path)) or "/"
+    if path == parts.path:
+        return [url]
+    return [url, urlunsplit(parts._replace(path=path))]
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 section 5.2.4, for an absolute path."""
+    kept: list[str] = []
+    segments = path.split("/")
+    for segment in segments[1:]:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    ends_in_dir = segments[-1] in (".", "..")
+    return "/" + "/".join(kept) + ("/" if ends_in_dir and kept else "")
 
 
 def robots_text(raw: bytes) -> str:
@@ -382,8 +416,9 @@ class RobotsGuard:
             raise RobotsUnreachable(origin, stored.expires_at, stored.fresh_until)
         assert stored.fetched_at is not None
         parser = self._parser(origin, stored.fetched_at, stored.body or "")
-        if not parser.can_fetch(url, self.token):
-            raise RobotsDisallowed(url, origin, matched_rule(parser, url, self.token))
+        for read in readings(url):
+            if not parser.can_fetch(read, self.token):
+                raise RobotsDisallowed(url, origin, matched_rule(parser, read, self.token))
 
     def _parser(self, origin: str, fetched_at: datetime, body: str) -> Protego:
         key = (origin, fetched_at)

@@ -476,3 +476,35 @@ def test_our_group_is_found_by_its_product_token_in_any_case_or_with_a_version(
     assert site.count("/page/no-1") == 0
     assert job(db_engine, refused).last_error_class == "robots_disallowed"
     assert job(db_engine, allowed).status == "succeeded"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # %2E is '.', unreserved: the fetcher sends it decoded, and a server resolves the
+        # '..' it makes; the check saw a path outside /page/private
+        "/page/%2E%2E/page/private-1",
+        "/x/%2e%2e/page/private-2",
+        "/x/.%2e/page/private-3",
+        # most servers merge slashes (nginx by default)
+        "//page/private-4",
+        "/page//private-5",
+    ],
+)
+def test_a_path_a_server_resolves_into_a_disallowed_one_is_not_requested(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker, path: str
+) -> None:
+    """A client writes a disallowed path so that the check does not see it: the URL is
+    judged as the server will read it too (unreserved characters decoded, dot segments
+    resolved, slashes merged), and refused when either reading is disallowed."""
+    site.robots = [(200, "User-agent: *\nDisallow: /page/private\n", {})]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}{path}")
+    allowed = submit(db_engine, tenant.id, f"{site.url}/page/x/%2e%2e/public")
+
+    work()
+
+    assert site.all_requests[0] == "/robots.txt"
+    assert not any("private" in r for r in site.all_requests), site.all_requests
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    assert job(db_engine, allowed).status == "succeeded"
