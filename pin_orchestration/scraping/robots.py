@@ -349,7 +349,9 @@ class RobotsGuard:
                 error_class="robots_unreachable",
                 error_detail=str(refusal),
                 duration_ms=duration_ms,
-                next_attempt_at=until,
+                # Held by its host's pause, not by its own due time: an operator who
+                # exempts the host (or resumes it) lets it go at once.
+                next_attempt_at=decided_at,
                 domain=job.domain,
                 domain_paused_until=until,
                 robots_wait=True,
@@ -617,6 +619,9 @@ def set_robots_mode(
             _q("set_robots_mode"),
             {"domain": domain, "mode": mode, "reason": reason.strip(), "set_by": set_by},
         ).one()
+        if mode == "ignore":
+            # Its robots.txt no longer holds it: nor does the pause an unreachable one set.
+            conn.execute(_q("lift_robots_pause"), {"domain": domain})
     return dict(row._mapping)
 
 

@@ -87,6 +87,17 @@ SET robots_mode = EXCLUDED.robots_mode,
     updated_at = now()
 RETURNING domain, robots_mode, robots_reason, robots_set_by, robots_set_at
 
+-- name: lift_robots_pause
+-- An exempted host's pause is lifted when its unreachable robots.txt set it (the pause
+-- ends at the robots.txt's next try, within a second); a longer one is an operator's or
+-- the host's Retry-After, and stands.
+SELECT scraping.resume_domain(d.domain)
+FROM scraping.domains d
+WHERE d.domain = :domain AND d.blocked_until > now()
+  AND EXISTS (SELECT 1 FROM scraping.robots r
+              WHERE r.domain = d.domain AND r.state = 'unreachable'
+                AND r.expires_at >= d.blocked_until - interval '1 second')
+
 -- name: list_robots
 -- Every origin's robots.txt as stored, for operators (`pin scraping domain list`).
 SELECT origin, domain, state, http_status, crawl_delay, fetched_at, expires_at, failures,

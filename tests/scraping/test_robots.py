@@ -397,7 +397,8 @@ def test_a_worker_clock_off_by_an_hour_neither_cuts_nor_stretches_a_robots_pause
     assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
         ("retry", "robots_unreachable")
     ]
-    assert 0 < float(retry_in) <= 5.0
+    # held by its host's pause (an exemption lifts it), not by its own due time
+    assert float(retry_in) <= 0.5
     assert paused_for is not None and 0 < float(paused_for) <= 5.0
 
 
@@ -508,3 +509,29 @@ def test_a_path_a_server_resolves_into_a_disallowed_one_is_not_requested(
     assert not any("private" in r for r in site.all_requests), site.all_requests
     assert job(db_engine, refused).last_error_class == "robots_disallowed"
     assert job(db_engine, allowed).status == "succeeded"
+
+
+def test_exempting_a_host_whose_robots_txt_is_unreachable_lifts_the_pause_it_caused(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A partner's robots.txt answers 503: its host is paused until the next try. The
+    operator exempts the host so its jobs go on; they stayed held by the robots.txt's
+    pause (up to PIN_SCRAPING_MAX_PAUSE_SECONDS), and the wait still said robots_unreachable."""
+    site.robots = [(503, "down", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/partner")
+    settings = dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30)
+    work(settings=settings)
+    assert job(db_engine, job_id).status == "queued"
+
+    exempted = CliRunner().invoke(
+        cli,
+        ["scraping", "domain", "robots", "127.0.0.1", "--ignore", "--reason", "partner API"],
+        env={"PIN_DATABASE_URL": db_engine.url.render_as_string(hide_password=False)},
+    )
+    assert exempted.exit_code == 0, exempted.output
+    work(settings=settings)
+
+    assert job(db_engine, job_id).status == "succeeded"
+    assert site.count("/page/partner") == 1
+    assert site.count("/robots.txt") == 1
