@@ -447,9 +447,9 @@ class RobotsGuard:
     # --- the shared row ----------------------------------------------------------------
 
     def _read(self, origin: str, domain: str) -> _Stored:
-        """The origin's row; a fresh one (or one of an exempt host) is remembered for
-        MEMO_SECONDS (a job's check then costs no query; an operator's exemption reaches
-        this worker within that)."""
+        """The origin's row; a fresh one (not unreachable), or one of an exempt host, is
+        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's
+        exemption reaches this worker within that)."""
         now = time.monotonic()
         with self._lock:
             memo = self._memo.get(origin)
@@ -460,7 +460,10 @@ class RobotsGuard:
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
         stored = self._stored(row, now)
-        if stored.fresh or self._ignored(stored):
+        # An unreachable one is read each time: its jobs are claimed only when its host's
+        # pause was lifted (an operator's exemption or resume), and a remembered copy
+        # would pause the host again.
+        if (stored.fresh and stored.state != "unreachable") or self._ignored(stored):
             with self._lock:
                 self._memo[origin] = (stored, now + MEMO_SECONDS)
                 while len(self._memo) > _PARSED_KEPT:

@@ -535,3 +535,39 @@ def test_exempting_a_host_whose_robots_txt_is_unreachable_lifts_the_pause_it_cau
     assert job(db_engine, job_id).status == "succeeded"
     assert site.count("/page/partner") == 1
     assert site.count("/robots.txt") == 1
+
+
+def test_an_exemption_reaches_a_running_worker_that_saw_the_robots_txt_unreachable(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A worker trusts a row it read for 5 s. Having read the robots.txt unreachable, it
+    claimed the job the exemption let go, judged it by the row it remembered and paused the
+    host again until the next try: the exemption undone for up to PIN_SCRAPING_MAX_PAUSE."""
+    site.robots = [(503, "down", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/partner")
+    settings = dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30)
+    stop = threading.Event()
+    run = threading.Thread(
+        target=work, kwargs={"settings": settings, "stop": stop, "idle_exit_seconds": 30}
+    )
+    run.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not [a for a in attempts(db_engine, job_id) if a.outcome == "retry"]:
+            assert time.monotonic() < deadline, "the job was never handed back"
+            time.sleep(0.05)
+        exempted = CliRunner().invoke(
+            cli,
+            ["scraping", "domain", "robots", "127.0.0.1", "--ignore", "--reason", "partner"],
+            env={"PIN_DATABASE_URL": db_engine.url.render_as_string(hide_password=False)},
+        )
+        assert exempted.exit_code == 0, exempted.output
+        deadline = time.monotonic() + 15  # bounded for the failing case (30 s pause)
+        while job(db_engine, job_id).status != "succeeded":
+            assert time.monotonic() < deadline, attempts(db_engine, job_id)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        run.join()
+    assert site.count("/page/partner") == 1
