@@ -210,7 +210,7 @@ FROM totals
 -- short transaction, a batch of up to :limit jobs.
 SELECT id, tenant_id, url, domain, priority, params, attempts,
        attempts - attempts_before_requeue - robots_waits AS budget_used, created_at,
-       timeout_seconds
+       timeout_seconds, lease_expires_at - make_interval(secs => :lease_seconds) AS claimed_at
 FROM scraping.claim_jobs(
     :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 

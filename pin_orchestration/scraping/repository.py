@@ -530,6 +530,8 @@ class ClaimedJob:
     domain: str
     priority: str
     timeout_seconds: float | None = None  # its fetch's; None: the service's
+    # When the claim took it (PostgreSQL's time), and the host's turn with it.
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,7 @@ class RobotsGuard:
         of its host: the claim's was spent on the robots.txt request, or under the rate
         from before its Crawl-delay."""
         try:
-            if self._check(url, job.id, turns, should_stop, first_hop=True):
+            if self._check(url, job, turns, should_stop, first_hop=True):
                 until = time.monotonic() + self.timeout_seconds
                 self._wait_turn(job.domain, turns, should_stop, until)
         finally:
@@ -313,7 +313,7 @@ class RobotsGuard:
         """For Fetcher.fetch's `check_hop`: a redirect hop into a disallowed path raises."""
 
         def check(url: str) -> None:
-            self._check(url, job.id, turns, should_stop, first_hop=False)
+            self._check(url, job, turns, should_stop, first_hop=False)
 
         return check
 
@@ -375,7 +375,7 @@ class RobotsGuard:
     def _check(
         self,
         url: str,
-        job_id: uuid.UUID,
+        job: ClaimedJob,
         turns: Turns,
         should_stop: Callable[[], bool],
         *,
@@ -383,7 +383,9 @@ class RobotsGuard:
     ) -> bool:
         """Judge `url`; True when it was not known at once (this call fetched it, or waited
         for another worker's fetch): the turn the claim gave was spent on the robots.txt
-        request or under a rate its Crawl-delay may since have lowered."""
+        request or under a rate its Crawl-delay may since have lowered. So is a robots.txt
+        another worker stored after this job's claim: the claim's turn was taken at the
+        rate from before it (with a Crawl-delay, two starts came milliseconds apart)."""
         origin = origin_of(url)
         # A hop's URL was never through intake: its host is keyed as the fetcher reached it.
         domain = normalize_host(urlsplit(url).hostname or "")
@@ -395,9 +397,14 @@ class RobotsGuard:
                 return waited
             if stored.fresh:
                 self._judge(origin, url, stored)
-                return waited
+                return waited or (
+                    first_hop
+                    and job.claimed_at is not None
+                    and stored.fetched_at is not None
+                    and stored.fetched_at > job.claimed_at
+                )
             waited = True
-            if not stored.leased and self._take_lease(origin, domain, job_id) is not None:
+            if not stored.leased and self._take_lease(origin, domain, job.id) is not None:
                 if not first_hop:
                     self._wait_turn(domain, turns, should_stop, until)
                 self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)

@@ -33,7 +33,7 @@ from pin_orchestration.scraping.robots import (
     ttl_seconds,
 )
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
 
@@ -571,3 +571,71 @@ def test_an_exemption_reaches_a_running_worker_that_saw_the_robots_txt_unreachab
         stop.set()
         run.join()
     assert site.count("/page/partner") == 1
+
+
+def test_a_job_claimed_before_its_hosts_crawl_delay_was_known_waits_a_turn_under_it(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, local_store: LocalResultStore
+) -> None:
+    """Claimed (its turn taken at the old rate), then another worker stores the host's
+    robots.txt with Crawl-delay 2 and starts a request there; the job read that robots.txt
+    fresh, so it went at once on the turn its claim took: two starts milliseconds apart
+    (test_crawl_delay_spaces_the_starts_on_its_host_across_two_workers, under load)."""
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]  # never asked: stored below
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/late")
+    other_start: list[float] = []
+
+    def claim_then_robots_known(engine: Engine, **kwargs: Any) -> list[Any]:
+        jobs = claim_due_jobs(engine, **kwargs)
+        if jobs and not other_start:
+            with engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO scraping.robots (origin, domain, state, http_status, body,"
+                        " crawl_delay, fetched_at, expires_at) VALUES (:origin, '127.0.0.1',"
+                        " 'rules', 200, 'User-agent: *\nCrawl-delay: 2\n', 2, now(),"
+                        " now() + interval '1 day')"
+                    ),
+                    {"origin": origin_of(site.url)},
+                )
+                conn.execute(
+                    text(
+                        "UPDATE scraping.domains SET crawl_delay = 2, robots_default_rps = 10000"
+                        " WHERE domain = '127.0.0.1'"
+                    )
+                )
+                # the other worker's request takes the host's one token now
+                conn.execute(
+                    text(
+                        "UPDATE scraping.domains SET tokens = 0, tokens_at = clock_timestamp()"
+                        " WHERE domain = '127.0.0.1'"
+                    )
+                )
+            other_start.append(time.time())
+        return jobs
+
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), fetch_timeout_seconds=10
+    )
+    with Fetcher(fetch_policy_from(settings)) as fetcher:
+        run_worker(
+            db_engine,
+            local_store,
+            fetcher,
+            retry_policy_from(settings),
+            WorkerOptions(
+                slots=2,
+                lease_seconds=settings.lease_seconds,
+                idle_exit_seconds=0.5,
+                max_run_duration_seconds=30,
+                poll_seconds=0.05,
+                domain_rps=settings.domain_rps,
+                domain_concurrency=settings.domain_concurrency,
+            ),
+            claim=claim_then_robots_known,
+        )
+
+    assert job(db_engine, job_id).status == "succeeded"
+    assert site.count("/robots.txt") == 0
+    [start] = [s.arrived for s in site.served if s.path == "/page/late"]
+    assert start - other_start[0] >= 2.0, start - other_start[0]
