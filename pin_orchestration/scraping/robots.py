@@ -93,11 +93,12 @@ class RobotsUnreachable(RobotsRefusal):
     """The origin's robots.txt did not answer usably: nothing goes to it before `until`
     (PostgreSQL's time), which is `retry_monotonic` on this process's monotonic clock."""
 
-    def __init__(self, origin: str, until: datetime, retry_monotonic: float) -> None:
+    def __init__(self, origin: str, domain: str, until: datetime, retry_monotonic: float) -> None:
         super().__init__(
             f"{origin}/robots.txt is unreachable (5xx or no answer): the host is left alone "
             f"until {until.isoformat()}, when it is asked again"
         )
+        self.domain = domain  # the host paused: the job's, or a redirect hop's
         self.until = until
         self.retry_monotonic = retry_monotonic
 
@@ -325,6 +326,7 @@ class RobotsGuard:
         if isinstance(refusal, RobotsDisallowed):
             return AttemptOutcome(
                 job_id=job.id,
+                job_domain=job.domain,
                 attempt=job.attempt,
                 status="failed",
                 outcome="failed",
@@ -341,6 +343,9 @@ class RobotsGuard:
             until = decided_at + timedelta(
                 seconds=max(refusal.retry_monotonic - decided_monotonic, 0.0)
             )
+            # A redirect hop's host is paused, not the job's (every tenant's jobs there
+            # were held by another host's robots.txt); the job then waits itself.
+            own_host = refusal.domain == job.domain
             return AttemptOutcome(
                 job_id=job.id,
                 attempt=job.attempt,
@@ -351,8 +356,9 @@ class RobotsGuard:
                 duration_ms=duration_ms,
                 # Held by its host's pause, not by its own due time: an operator who
                 # exempts the host (or resumes it) lets it go at once.
-                next_attempt_at=decided_at,
-                domain=job.domain,
+                next_attempt_at=decided_at if own_host else until,
+                job_domain=job.domain,
+                domain=refusal.domain,
                 domain_paused_until=until,
                 robots_wait=True,
                 decided_at=decided_at,
@@ -360,6 +366,7 @@ class RobotsGuard:
             )
         return AttemptOutcome(
             job_id=job.id,
+            job_domain=job.domain,
             attempt=job.attempt,
             status="queued",
             outcome="retry",
@@ -396,7 +403,7 @@ class RobotsGuard:
             if self._ignored(stored):
                 return waited
             if stored.fresh:
-                self._judge(origin, url, stored)
+                self._judge(origin, domain, url, stored)
                 return waited or (
                     first_hop
                     and job.claimed_at is not None
@@ -417,12 +424,12 @@ class RobotsGuard:
                 )
             time.sleep(POLL_SECONDS)
 
-    def _judge(self, origin: str, url: str, stored: _Stored) -> None:
+    def _judge(self, origin: str, domain: str, url: str, stored: _Stored) -> None:
         if stored.state == "allow_all":
             return
         if stored.state == "unreachable":
             assert stored.expires_at is not None
-            raise RobotsUnreachable(origin, stored.expires_at, stored.fresh_until)
+            raise RobotsUnreachable(origin, domain, stored.expires_at, stored.fresh_until)
         assert stored.fetched_at is not None
         parser = self._parser(origin, stored.fetched_at, stored.body or "")
         for read in readings(url):

@@ -639,3 +639,41 @@ def test_a_job_claimed_before_its_hosts_crawl_delay_was_known_waits_a_turn_under
     assert site.count("/robots.txt") == 0
     [start] = [s.arrived for s in site.served if s.path == "/page/late"]
     assert start - other_start[0] >= 2.0, start - other_start[0]
+
+
+def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_pauses_that_host(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """The job's host redirects to another whose robots.txt answers 503: the pause was set
+    on the job's host (every tenant's jobs there held) and not on the host that failed."""
+    other = ScrapingTarget(host="127.0.0.2").start()
+    try:
+        other.robots = [(503, "down", {})]
+        tenant, _ = make_tenant("shop")
+        job_id = submit(db_engine, tenant.id, f"{site.url}/redirect?to={other.url}/page/x")
+        work(
+            settings=dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30),
+            allowed="127.0.0.1/32,127.0.0.2/32",
+        )
+        assert other.requests == []
+    finally:
+        other.stop()
+    with db_engine.connect() as conn:
+        paused = dict(
+            conn.execute(
+                text(
+                    "SELECT domain, blocked_until > now() FROM scraping.domains"
+                    " WHERE domain IN ('127.0.0.1', '127.0.0.2')"
+                )
+            ).all()
+        )
+        retry_in = conn.execute(
+            text("SELECT extract(epoch FROM next_attempt_at - now()) FROM scraping.jobs"),
+        ).scalar_one()
+    assert paused.get("127.0.0.2") is True
+    assert not paused.get("127.0.0.1")
+    # the job waits for that robots.txt's next try itself: its own host is not paused
+    assert float(retry_in) > 20
+    assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
+        ("retry", "robots_unreachable")
+    ]
