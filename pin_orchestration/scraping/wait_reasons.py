@@ -141,6 +141,15 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
             f"again at {_at(row.next_attempt_at)}.",
             row.next_attempt_at,
         )
+    if due_later and row.last_error_class == "robots_unreachable":
+        # handed back for a redirect hop's host (its own host would be the pause above)
+        return view(
+            "host_paused",
+            "A host it is redirected to has a robots.txt that does not answer; it is tried "
+            f"again at {_at(row.next_attempt_at)}.",
+            row.next_attempt_at,
+            "robots_unreachable",
+        )
     if due_later:
         return view(
             "retry_backoff",

@@ -33,6 +33,7 @@ from pin_orchestration.scraping.robots import (
     ttl_seconds,
 )
 from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.wait_reasons import explain
 from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
@@ -677,3 +678,10 @@ def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_pauses_that_host(
     assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
         ("retry", "robots_unreachable")
     ]
+    explained = explain(
+        db_engine, job_id, domain_defaults=repository.DomainDefaults(1.0, 1), robots_mode="obey"
+    )
+    assert explained is not None and explained[1] is not None
+    wait = explained[1]
+    assert (wait.reason, wait.cause) == ("host_paused", "robots_unreachable"), wait
+    assert "redirect" in wait.message
