@@ -593,11 +593,7 @@ class RobotsGuard:
             if written is not None:
                 conn.execute(
                     _q("robots_crawl_delay"),
-                    {
-                        "domain": domain,
-                        "crawl_delay": crawl_delay if crawl_delay else None,
-                        "default_rps": self._defaults.rps,
-                    },
+                    {"domain": domain, "default_rps": self._defaults.rps},
                 )
 
 

@@ -64,9 +64,14 @@ SET lease_owner = NULL, lease_job = NULL, lease_expires_at = NULL, updated_at = 
 WHERE origin = :origin AND lease_owner = :owner
 
 -- name: robots_crawl_delay
--- The host's Crawl-delay caps its rate for every worker (trigger domains_effective_rps).
+-- The host's Crawl-delay caps its rate for every worker (trigger domains_effective_rps):
+-- the longest of its origins' robots.txt still fresh (http and https, other ports share
+-- the host's rate; the last one stored wrote it, and one without a delay lifted the cap).
 INSERT INTO scraping.domains AS d (domain, crawl_delay, robots_default_rps)
-VALUES (:domain, :crawl_delay, :default_rps)
+SELECT :domain,
+       (SELECT max(r.crawl_delay) FROM scraping.robots r
+        WHERE r.domain = :domain AND r.state = 'rules' AND r.expires_at > now()),
+       :default_rps
 ON CONFLICT (domain) DO UPDATE
 SET crawl_delay = EXCLUDED.crawl_delay,
     robots_default_rps = EXCLUDED.robots_default_rps,

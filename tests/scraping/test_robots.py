@@ -685,3 +685,29 @@ def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_pauses_that_host(
     wait = explained[1]
     assert (wait.reason, wait.cause) == ("host_paused", "robots_unreachable"), wait
     assert "redirect" in wait.message
+
+
+def test_a_hosts_crawl_delay_is_the_longest_of_its_origins(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """Two origins of one host (two ports; http and https alike) share its rate. The last
+    robots.txt stored wrote the host's Crawl-delay: one without a delay, fetched after one
+    with `Crawl-delay: 2`, lifted the cap for every origin of the host for a day."""
+    other = ScrapingTarget().start()  # 127.0.0.1 too, another port: another origin
+    try:
+        site.robots = [(200, "User-agent: *\nCrawl-delay: 2\n", {})]
+        other.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+        tenant, _ = make_tenant("shop")
+        submit(db_engine, tenant.id, f"{site.url}/page/a")
+        work()
+        submit(db_engine, tenant.id, f"{other.url}/page/b")
+        work(idle_exit_seconds=4.0)  # the host's next turn is 2.2 s after the first
+        assert other.count("/robots.txt") == 1
+    finally:
+        other.stop()
+    with db_engine.connect() as conn:
+        host = conn.execute(
+            text("SELECT crawl_delay, rps FROM scraping.domains WHERE domain = '127.0.0.1'")
+        ).one()
+    assert host.crawl_delay == 2.0
+    assert abs(host.rps - 1 / 2.2) < 1e-9
