@@ -126,6 +126,8 @@ class JobCreate(BaseModel):
         default=None,
         gt=0,
         le=MAX_JOB_TIMEOUT_SECONDS,
+        # a JSON number only: "5" or true read as 5 and 1 s made a string or a flag a timeout
+        strict=True,
         description="Connect/read timeout and deadline of this job's fetch, seconds (at most "
         f"{MAX_JOB_TIMEOUT_SECONDS:g}); default the service's fetch timeout "
         "(PIN_SCRAPING_FETCH_TIMEOUT_SECONDS). Not part of an Idempotency-Key's body",

@@ -209,7 +209,8 @@ FROM totals
 -- scraping.claim_jobs (migration 0007, its plan explained there): one round trip, one
 -- short transaction, a batch of up to :limit jobs.
 SELECT id, tenant_id, url, domain, priority, params, attempts,
-       attempts - attempts_before_requeue AS budget_used, created_at, timeout_seconds
+       attempts - attempts_before_requeue - robots_waits AS budget_used, created_at,
+       timeout_seconds, lease_expires_at - make_interval(secs => :lease_seconds) AS claimed_at
 FROM scraping.claim_jobs(
     :worker, :limit, :lease_seconds, :default_rps, :default_concurrency)
 
@@ -249,6 +250,8 @@ WITH job AS (
             next_attempt_at),
         lease_owner = NULL,
         lease_expires_at = NULL,
+        -- an attempt that only waited on robots.txt (nothing sent) is not spent (0037)
+        robots_waits = robots_waits + CASE WHEN :robots_wait THEN 1 ELSE 0 END,
         last_error = CASE WHEN cancel_requested_at IS NOT NULL
                           THEN 'cancelled by the client while running'
                           ELSE :last_error END,
@@ -373,7 +376,7 @@ WITH expired AS (
     UPDATE scraping.jobs j
     SET status = CASE
             WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-            WHEN j.attempts - j.attempts_before_requeue >= :max_attempts THEN 'failed'
+            WHEN j.attempts - j.attempts_before_requeue - j.robots_waits >= :max_attempts THEN 'failed'
             ELSE 'queued' END,
         next_attempt_at = now(),
         lease_owner = NULL,
@@ -381,7 +384,7 @@ WITH expired AS (
         last_error = 'lease expired: the worker stopped renewing (killed or stalled)',
         last_error_class = 'lease_expired',
         finished_at = CASE
-            WHEN j.cancel_requested_at IS NOT NULL OR j.attempts - j.attempts_before_requeue >= :max_attempts THEN now()
+            WHEN j.cancel_requested_at IS NOT NULL OR j.attempts - j.attempts_before_requeue - j.robots_waits >= :max_attempts THEN now()
             ELSE NULL END,
         updated_at = now()
     FROM expired
@@ -454,8 +457,8 @@ LIMIT :limit
 -- name: requeue_failed_jobs
 -- Runbook: put failed jobs back with a fresh attempt budget.
 UPDATE scraping.jobs
-SET status = 'queued', attempts_before_requeue = attempts, next_attempt_at = now(),
-    finished_at = NULL,
+SET status = 'queued', attempts_before_requeue = attempts, robots_waits = 0,
+    next_attempt_at = now(), finished_at = NULL,
     -- Its next finish is announced again (from attempt 1).
     finish_published_at = NULL, webhook_attempts = 0, webhook_next_attempt_at = NULL,
     -- Its new attempts' objects are swept again once it ends.

@@ -525,11 +525,13 @@ class ClaimedJob:
     url: str
     params: dict[str, Any]
     attempt: int  # this attempt's number (attempts ever started)
-    budget_used: int  # attempts since the last requeue, this one included
+    budget_used: int  # attempts since the last requeue, this one included, robots waits not
     created_at: datetime
     domain: str
     priority: str
     timeout_seconds: float | None = None  # its fetch's; None: the service's
+    # When the claim took it (PostgreSQL's time), and the host's turn with it.
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -688,6 +690,9 @@ class AttemptOutcome:
     # the decision and the write moves nothing. Without them, the write's clock is used.
     decided_at: datetime | None = None
     decided_monotonic: float | None = None
+    # The attempt only waited on its host's robots.txt (robots_pending, robots_unreachable):
+    # nothing was sent to the job's URL, and its budget is not spent (scraping.jobs.robots_waits).
+    robots_wait: bool = False
 
 
 def finish_attempts(
@@ -773,6 +778,7 @@ def _finish_attempt(
             "last_error": detail,
             "duration_ms": o.duration_ms,
             "next_attempt_in": seconds_from_now(o, o.next_attempt_at),
+            "robots_wait": o.robots_wait,
             "result_key": o.result_key,
             "result_size": o.result_size,
             "result_sha256": o.result_sha256,

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
+import re
 import threading
 import time
 import uuid
@@ -32,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from protego import Protego
 from sqlalchemy import Engine, text
@@ -56,6 +58,9 @@ MAX_ROBOTS_BYTES = 500 * 1024
 # `max-age=0` from being asked before every job.
 MAX_TTL_SECONDS = 24 * 3600.0
 MIN_TTL_SECONDS = 60.0
+# A Crawl-delay's bounds (crawl_delay_of).
+MIN_CRAWL_DELAY_SECONDS = 0.001
+MAX_CRAWL_DELAY_SECONDS = 24 * 3600.0
 # How often a worker waiting for another's fetch looks at the row again.
 POLL_SECONDS = 0.05
 # How long a worker trusts the row it read (fresh ones only) before reading it again.
@@ -85,14 +90,17 @@ class RobotsDisallowed(RobotsRefusal):
 
 
 class RobotsUnreachable(RobotsRefusal):
-    """The origin's robots.txt did not answer usably: nothing goes to it before `until`."""
+    """The origin's robots.txt did not answer usably: nothing goes to it before `until`
+    (PostgreSQL's time), which is `retry_monotonic` on this process's monotonic clock."""
 
-    def __init__(self, origin: str, until: datetime) -> None:
+    def __init__(self, origin: str, domain: str, until: datetime, retry_monotonic: float) -> None:
         super().__init__(
             f"{origin}/robots.txt is unreachable (5xx or no answer): the host is left alone "
             f"until {until.isoformat()}, when it is asked again"
         )
+        self.domain = domain  # the host paused: the job's, or a redirect hop's
         self.until = until
+        self.retry_monotonic = retry_monotonic
 
 
 class RobotsPending(RobotsRefusal):
@@ -119,8 +127,88 @@ def ttl_seconds(headers: Any) -> float:
                 seconds = float(value.strip().strip('"'))
             except ValueError:
                 break
+            if math.isnan(seconds):  # a number to Python, no interval to PostgreSQL
+                break
             return min(max(seconds, MIN_TTL_SECONDS), MAX_TTL_SECONDS)
     return MAX_TTL_SECONDS
+
+
+class RobotsRules(Protego):
+    """protego's parser, its rules and matching, with RFC 9309's choice of group (section
+    2.2.1): the group whose user-agent is our product token, case-insensitively (a line's
+    own product token: `pin-scraper/2.0` is `pin-scraper`), else the `*` group, else none.
+    protego takes the group whose name begins any word of the name it is given (made for
+    whole User-Agent headers): `User-agent: pin` (another crawler) was ours, and let us into
+    what `*` disallows; `User-agent: pin-scraper/2.0` was not, and its Disallow went
+    unobeyed."""
+
+    def _get_matching_rule_set(self, user_agent: str) -> Any:
+        token = user_agent.strip().lower()
+        groups = self._user_agents
+        for name, group in groups.items():
+            if name != "*" and _leading_token(name) == token:
+                return group
+        return groups.get("*")
+
+
+def _leading_token(name: str) -> str:
+    try:
+        return product_token(name)
+    except ValueError:  # no product token: no crawler's group
+        return ""
+
+
+def crawl_delay_of(parser: Protego, token: str) -> float | None:
+    """The group's Crawl-delay in seconds, kept to what the host's rate can use: at most a
+    day (past ~91 s the rate's floor of 0.01 per second binds anyway); under a millisecond,
+    none. Unbounded, 1 / (delay x 1.1) overflowed PostgreSQL's double precision for 1.7e308
+    and for a denormal like 1e-320: the store failed, and every job of the host asked for
+    robots.txt again."""
+    delay = parser.crawl_delay(token)
+    if delay is None or not math.isfinite(delay) or delay < MIN_CRAWL_DELAY_SECONDS:
+        return None
+    return min(delay, MAX_CRAWL_DELAY_SECONDS)
+
+
+# RFC 3986 section 2.3: unreserved characters, the same decoded or percent-encoded.
+_ENCODED_UNRESERVED = re.compile(r"%(?:[46][1-9A-Fa-f]|[57][0-9Aa]|3[0-9]|2[Dd]|2[Ee]|5[Ff]|7[Ee])")
+
+
+def readings(url: str) -> list[str]:
+    """`url` as sent, and as a server reads its path when that differs: unreserved
+    characters decoded (the fetcher sends `%2E` as `.`), dot segments resolved (RFC 3986
+    section 5.2.4) and runs of slashes merged (nginx's default). RFC 9309 compares the path
+    as written; a client could then write a disallowed path the check did not recognise
+    (`/x/%2e%2e/private`, `//private`) and the server served it. Each reading is judged;
+    any disallowed one refuses the URL."""
+    parts = urlsplit(url)
+    path = _ENCODED_UNRESERVED.sub(lambda m: chr(int(m.group(0)[1:], 16)), parts.path)
+    path = re.sub(r"/{2,}", "/", _remove_dot_segments(path)) or "/"
+    if path == parts.path:
+        return [url]
+    return [url, urlunsplit(parts._replace(path=path))]
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 section 5.2.4, for an absolute path."""
+    kept: list[str] = []
+    segments = path.split("/")
+    for segment in segments[1:]:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    ends_in_dir = segments[-1] in (".", "..")
+    return "/" + "/".join(kept) + ("/" if ends_in_dir and kept else "")
+
+
+def robots_text(raw: bytes) -> str:
+    """A robots.txt body as text to parse and store: UTF-8 (RFC 9309 section 2.3), a byte
+    order mark dropped (left in, it hid the first line, a User-agent, from the parser, and
+    its group's rules were not obeyed), NUL bytes dropped (PostgreSQL's text cannot hold
+    them: storing failed and every job of the host asked for robots.txt again)."""
+    return raw.decode("utf-8-sig", errors="replace").replace("\x00", "")
 
 
 def matched_rule(parser: Protego, url: str, token: str) -> str:
@@ -159,7 +247,9 @@ class _Stored:
     failures: int
     fresh: bool
     leased: bool
-    fresh_until: float  # epoch seconds
+    # When it stops being fresh, on this process's monotonic clock (read from PostgreSQL
+    # as seconds from its now(): a worker's wall clock off by an hour moves nothing).
+    fresh_until: float
 
 
 class RobotsGuard:
@@ -209,7 +299,7 @@ class RobotsGuard:
         of its host: the claim's was spent on the robots.txt request, or under the rate
         from before its Crawl-delay."""
         try:
-            if self._check(url, job.id, turns, should_stop, first_hop=True):
+            if self._check(url, job, turns, should_stop, first_hop=True):
                 until = time.monotonic() + self.timeout_seconds
                 self._wait_turn(job.domain, turns, should_stop, until)
         finally:
@@ -224,17 +314,19 @@ class RobotsGuard:
         """For Fetcher.fetch's `check_hop`: a redirect hop into a disallowed path raises."""
 
         def check(url: str) -> None:
-            self._check(url, job.id, turns, should_stop, first_hop=False)
+            self._check(url, job, turns, should_stop, first_hop=False)
 
         return check
 
     def outcome(self, job: ClaimedJob, refusal: RobotsRefusal, duration_ms: int) -> AttemptOutcome:
         """The attempt's end for a refusal: disallowed fails the job for good (nothing was
         sent to the URL); unreachable hands it back until the next try of the robots.txt
-        and pauses its host for every worker until then; pending hands it back soon."""
+        and pauses its host for every worker until then; pending hands it back soon. Neither
+        hand-back spends an attempt of the job's budget: nothing was sent to its URL."""
         if isinstance(refusal, RobotsDisallowed):
             return AttemptOutcome(
                 job_id=job.id,
+                job_domain=job.domain,
                 attempt=job.attempt,
                 status="failed",
                 outcome="failed",
@@ -243,6 +335,17 @@ class RobotsGuard:
                 duration_ms=duration_ms,
             )
         if isinstance(refusal, RobotsUnreachable):
+            # `until` is PostgreSQL's time; the write turns moments into delays from the
+            # worker's clock reading beside its monotonic one, so the next try is given
+            # as that clock reads it (a worker clock an hour ahead unpaused the host and
+            # made the job due at once; an hour behind, the job waited an hour more).
+            decided_at, decided_monotonic = self._clock(), time.monotonic()
+            until = decided_at + timedelta(
+                seconds=max(refusal.retry_monotonic - decided_monotonic, 0.0)
+            )
+            # A redirect hop's host is paused, not the job's (every tenant's jobs there
+            # were held by another host's robots.txt); the job then waits itself.
+            own_host = refusal.domain == job.domain
             return AttemptOutcome(
                 job_id=job.id,
                 attempt=job.attempt,
@@ -251,12 +354,19 @@ class RobotsGuard:
                 error_class="robots_unreachable",
                 error_detail=str(refusal),
                 duration_ms=duration_ms,
-                next_attempt_at=refusal.until,
-                domain=job.domain,
-                domain_paused_until=refusal.until,
+                # Held by its host's pause, not by its own due time: an operator who
+                # exempts the host (or resumes it) lets it go at once.
+                next_attempt_at=decided_at if own_host else until,
+                job_domain=job.domain,
+                domain=refusal.domain,
+                domain_paused_until=until,
+                robots_wait=True,
+                decided_at=decided_at,
+                decided_monotonic=decided_monotonic,
             )
         return AttemptOutcome(
             job_id=job.id,
+            job_domain=job.domain,
             attempt=job.attempt,
             status="queued",
             outcome="retry",
@@ -264,6 +374,7 @@ class RobotsGuard:
             error_detail=str(refusal),
             duration_ms=duration_ms,
             next_attempt_at=self._clock() + timedelta(seconds=1),
+            robots_wait=True,
         )
 
     # --- the rules ---------------------------------------------------------------------
@@ -271,7 +382,7 @@ class RobotsGuard:
     def _check(
         self,
         url: str,
-        job_id: uuid.UUID,
+        job: ClaimedJob,
         turns: Turns,
         should_stop: Callable[[], bool],
         *,
@@ -279,7 +390,9 @@ class RobotsGuard:
     ) -> bool:
         """Judge `url`; True when it was not known at once (this call fetched it, or waited
         for another worker's fetch): the turn the claim gave was spent on the robots.txt
-        request or under a rate its Crawl-delay may since have lowered."""
+        request or under a rate its Crawl-delay may since have lowered. So is a robots.txt
+        another worker stored after this job's claim: the claim's turn was taken at the
+        rate from before it (with a Crawl-delay, two starts came milliseconds apart)."""
         origin = origin_of(url)
         # A hop's URL was never through intake: its host is keyed as the fetcher reached it.
         domain = normalize_host(urlsplit(url).hostname or "")
@@ -290,10 +403,15 @@ class RobotsGuard:
             if self._ignored(stored):
                 return waited
             if stored.fresh:
-                self._judge(origin, url, stored)
-                return waited
+                self._judge(origin, domain, url, stored)
+                return waited or (
+                    first_hop
+                    and job.claimed_at is not None
+                    and stored.fetched_at is not None
+                    and stored.fetched_at > job.claimed_at
+                )
             waited = True
-            if not stored.leased and self._take_lease(origin, domain, job_id) is not None:
+            if not stored.leased and self._take_lease(origin, domain, job.id) is not None:
                 if not first_hop:
                     self._wait_turn(domain, turns, should_stop, until)
                 self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)
@@ -306,16 +424,17 @@ class RobotsGuard:
                 )
             time.sleep(POLL_SECONDS)
 
-    def _judge(self, origin: str, url: str, stored: _Stored) -> None:
+    def _judge(self, origin: str, domain: str, url: str, stored: _Stored) -> None:
         if stored.state == "allow_all":
             return
         if stored.state == "unreachable":
             assert stored.expires_at is not None
-            raise RobotsUnreachable(origin, stored.expires_at)
+            raise RobotsUnreachable(origin, domain, stored.expires_at, stored.fresh_until)
         assert stored.fetched_at is not None
         parser = self._parser(origin, stored.fetched_at, stored.body or "")
-        if not parser.can_fetch(url, self.token):
-            raise RobotsDisallowed(url, origin, matched_rule(parser, url, self.token))
+        for read in readings(url):
+            if not parser.can_fetch(read, self.token):
+                raise RobotsDisallowed(url, origin, matched_rule(parser, read, self.token))
 
     def _parser(self, origin: str, fetched_at: datetime, body: str) -> Protego:
         key = (origin, fetched_at)
@@ -324,7 +443,7 @@ class RobotsGuard:
             if parser is not None:
                 self._parsed.move_to_end(key)
                 return parser
-        parser = Protego.parse(body)
+        parser = RobotsRules.parse(body)
         with self._lock:
             self._parsed[key] = parser
             while len(self._parsed) > _PARSED_KEPT:
@@ -342,20 +461,23 @@ class RobotsGuard:
     # --- the shared row ----------------------------------------------------------------
 
     def _read(self, origin: str, domain: str) -> _Stored:
-        """The origin's row; a fresh one (or one of an exempt host) is remembered for
-        MEMO_SECONDS (a job's check then costs no query; an operator's exemption reaches
-        this worker within that)."""
+        """The origin's row; a fresh one (not unreachable), or one of an exempt host, is
+        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's
+        exemption reaches this worker within that)."""
         now = time.monotonic()
         with self._lock:
             memo = self._memo.get(origin)
             if memo is not None and memo[1] > now:
                 stored = memo[0]
-                if stored.fresh_until > time.time() or self._ignored(stored):
+                if stored.fresh_until > time.monotonic() or self._ignored(stored):
                     return stored
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
-        stored = self._stored(row)
-        if stored.fresh or self._ignored(stored):
+        stored = self._stored(row, now)
+        # An unreachable one is read each time: its jobs are claimed only when its host's
+        # pause was lifted (an operator's exemption or resume), and a remembered copy
+        # would pause the host again.
+        if (stored.fresh and stored.state != "unreachable") or self._ignored(stored):
             with self._lock:
                 self._memo[origin] = (stored, now + MEMO_SECONDS)
                 while len(self._memo) > _PARSED_KEPT:
@@ -366,7 +488,7 @@ class RobotsGuard:
         return (stored.host_mode or self.mode) == "ignore"
 
     @staticmethod
-    def _stored(row: Any) -> _Stored:
+    def _stored(row: Any, read_at: float) -> _Stored:
         return _Stored(
             host_mode=row.host_mode,
             state=row.state,
@@ -376,7 +498,7 @@ class RobotsGuard:
             failures=row.failures or 0,
             fresh=bool(row.fresh),
             leased=bool(row.leased),
-            fresh_until=row.expires_at.timestamp() if row.fresh else 0.0,
+            fresh_until=read_at + float(row.expires_in) if row.fresh else 0.0,
         )
 
     def _take_lease(self, origin: str, domain: str, job_id: uuid.UUID) -> int | None:
@@ -409,7 +531,7 @@ class RobotsGuard:
                     url, should_stop=should_stop, redirect_slots=_NoRelease(turns)
                 ) as answer:
                     status = answer.status_code
-                    body = answer.body.read().decode("utf-8", errors="replace")
+                    body = robots_text(answer.body.read())
                     headers = answer.headers
             except FetchError as exc:
                 if exc.error_class == "cancelled":
@@ -419,7 +541,7 @@ class RobotsGuard:
                 stored = True
                 return
             if 200 <= status < 300:
-                delay = Protego.parse(body).crawl_delay(self.token)
+                delay = crawl_delay_of(RobotsRules.parse(body), self.token)
                 self._store(origin, domain, "rules", status, body, delay, failures, None, headers)
             elif 400 <= status < 500 and status != 429:
                 self._store(
@@ -465,17 +587,13 @@ class RobotsGuard:
                     "body": body,
                     "crawl_delay": crawl_delay,
                     "ttl_seconds": ttl,
-                    "last_error": error[:512] if error else None,
+                    "last_error": error.replace("\x00", "")[:512] if error else None,
                 },
             ).one_or_none()
             if written is not None:
                 conn.execute(
                     _q("robots_crawl_delay"),
-                    {
-                        "domain": domain,
-                        "crawl_delay": crawl_delay if crawl_delay else None,
-                        "default_rps": self._defaults.rps,
-                    },
+                    {"domain": domain, "default_rps": self._defaults.rps},
                 )
 
 
@@ -514,6 +632,9 @@ def set_robots_mode(
             _q("set_robots_mode"),
             {"domain": domain, "mode": mode, "reason": reason.strip(), "set_by": set_by},
         ).one()
+        if mode == "ignore":
+            # Its robots.txt no longer holds it: nor does the pause an unreachable one set.
+            conn.execute(_q("lift_robots_pause"), {"domain": domain})
     return dict(row._mapping)
 
 

@@ -8,6 +8,7 @@
 SELECT (SELECT d.robots_mode FROM scraping.domains d WHERE d.domain = :domain) AS host_mode,
        r.state, r.body, r.fetched_at, r.expires_at, r.failures,
        coalesce(r.expires_at > now(), false) AS fresh,
+       EXTRACT(EPOCH FROM r.expires_at - now()) AS expires_in,
        coalesce(r.lease_expires_at > now()
                 AND EXISTS (SELECT 1 FROM scraping.jobs j
                             WHERE j.id = r.lease_job AND j.status = 'running'
@@ -63,9 +64,14 @@ SET lease_owner = NULL, lease_job = NULL, lease_expires_at = NULL, updated_at = 
 WHERE origin = :origin AND lease_owner = :owner
 
 -- name: robots_crawl_delay
--- The host's Crawl-delay caps its rate for every worker (trigger domains_effective_rps).
+-- The host's Crawl-delay caps its rate for every worker (trigger domains_effective_rps):
+-- the longest of its origins' robots.txt still fresh (http and https, other ports share
+-- the host's rate; the last one stored wrote it, and one without a delay lifted the cap).
 INSERT INTO scraping.domains AS d (domain, crawl_delay, robots_default_rps)
-VALUES (:domain, :crawl_delay, :default_rps)
+SELECT :domain,
+       (SELECT max(r.crawl_delay) FROM scraping.robots r
+        WHERE r.domain = :domain AND r.state = 'rules' AND r.expires_at > now()),
+       :default_rps
 ON CONFLICT (domain) DO UPDATE
 SET crawl_delay = EXCLUDED.crawl_delay,
     robots_default_rps = EXCLUDED.robots_default_rps,
@@ -85,6 +91,17 @@ SET robots_mode = EXCLUDED.robots_mode,
     robots_set_at = EXCLUDED.robots_set_at,
     updated_at = now()
 RETURNING domain, robots_mode, robots_reason, robots_set_by, robots_set_at
+
+-- name: lift_robots_pause
+-- An exempted host's pause is lifted when its unreachable robots.txt set it (the pause
+-- ends at the robots.txt's next try, within a second); a longer one is an operator's or
+-- the host's Retry-After, and stands.
+SELECT scraping.resume_domain(d.domain)
+FROM scraping.domains d
+WHERE d.domain = :domain AND d.blocked_until > now()
+  AND EXISTS (SELECT 1 FROM scraping.robots r
+              WHERE r.domain = d.domain AND r.state = 'unreachable'
+                AND r.expires_at >= d.blocked_until - interval '1 second')
 
 -- name: list_robots
 -- Every origin's robots.txt as stored, for operators (`pin scraping domain list`).

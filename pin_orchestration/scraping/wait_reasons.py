@@ -3,7 +3,8 @@ explain ID` (docs/jobs/scraping.md, "Why is my job waiting").
 
 Computed when asked, from the state the claim keeps, with the claim's own predicates in
 the claim's order (scraping/sql/claim_jobs.sql: pause → due → token → connection → the
-host's fair order → the class's turn); nothing is written per claim for it. The reason is
+host's fair order → the class's turn), then what the worker checks after the claim (the
+host's robots.txt); nothing is written per claim for it. The reason is
 true at `as_of`; `until`, where known, is the earliest the reason lifts (the job may then
 wait for the next one).
 """
@@ -106,7 +107,13 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
     due_later = row.next_attempt_at is not None and row.next_attempt_at > now
     # The later of the two is what holds the job.
     if paused and not (due_later and row.next_attempt_at > row.blocked_until):
-        if row.robots_state == "unreachable":
+        # The robots.txt's pause ends at its next try; a pause past that is someone
+        # else's (an operator's, a Retry-After), set since, and what the job waits for.
+        if (
+            row.robots_state == "unreachable"
+            and row.robots_expires_at is not None
+            and row.robots_expires_at >= row.blocked_until - _SAME_PAUSE
+        ):
             return view(
                 "host_paused",
                 "Its host's robots.txt does not answer, so nothing is sent to the host until "
@@ -126,6 +133,22 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
             f"Its host asked to be left alone (429 / Retry-After) until {_at(row.blocked_until)}.",
             row.blocked_until,
             "retry_after",
+        )
+    if due_later and row.last_error_class == "robots_pending":
+        return view(
+            "robots_pending",
+            "Its host's robots.txt was being fetched by another worker; it is asked for "
+            f"again at {_at(row.next_attempt_at)}.",
+            row.next_attempt_at,
+        )
+    if due_later and row.last_error_class == "robots_unreachable":
+        # handed back for a redirect hop's host (its own host would be the pause above)
+        return view(
+            "host_paused",
+            "A host it is redirected to has a robots.txt that does not answer; it is tried "
+            f"again at {_at(row.next_attempt_at)}.",
+            row.next_attempt_at,
+            "robots_unreachable",
         )
     if due_later:
         return view(
@@ -147,12 +170,6 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
             f"All {row.concurrency} connections its host allows are in use; it waits for "
             "one to end.",
         )
-    obeyed = (row.robots_mode or robots_mode) == "obey"
-    if obeyed and (row.robots_leased or not row.robots_fresh):
-        return view(
-            "robots_pending",
-            "Its host's robots.txt is not known yet; a worker fetches it before the job's request.",
-        )
     if row.ahead:
         whose = (
             f"{row.others_ahead} of them other tenants' (the host is shared fairly)"
@@ -170,10 +187,22 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
             f"The {row.class_ahead} priority class has the next turns of the 6:3:1 share; "
             "its own class follows.",
         )
+    # robots.txt is read by the worker after the claim: it holds a job that is next.
+    obeyed = (row.robots_mode or robots_mode) == "obey"
+    if obeyed and (row.robots_leased or not row.robots_fresh):
+        return view(
+            "robots_pending",
+            "Its host's robots.txt is not known yet; a worker fetches it before the job's request.",
+        )
     return view(
         "no_free_worker",
         "It is next on its host, which has room: it starts when a worker has a free slot.",
     )
+
+
+# A robots.txt's pause and its next try are written from one reading, apart by the time
+# between the read and the write.
+_SAME_PAUSE = timedelta(seconds=1)
 
 
 def _at(moment: datetime) -> str:

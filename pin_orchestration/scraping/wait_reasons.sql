@@ -1,12 +1,14 @@
 -- Why a queued job waits (scraping/wait_reasons.py), read from the state the claim keeps
 -- (scraping/sql/claim_jobs.sql) with the claim's own predicates, in the claim's order:
 -- a host's pause, the job's due time, the host's token bucket, its connections, then
--- the order of picks (fair tags on the host, the classes' 6:3:1 sequence). Nothing is
+-- the order of picks (fair tags on the host, the classes' 6:3:1 sequence), then the
+-- host's robots.txt (the worker's, after the claim). Nothing is
 -- written per claim for it: one read, a few index probes, when a client asks.
 
 -- name: job_wait
 WITH j AS (
-    SELECT j.id, j.tenant_id, j.domain, j.priority, j.fair_tag, j.next_attempt_at
+    SELECT j.id, j.tenant_id, j.domain, j.priority, j.fair_tag, j.next_attempt_at,
+           j.last_error_class
     FROM scraping.jobs j
     WHERE j.id = :job_id AND j.status = 'queued'
 ), d AS (
@@ -22,9 +24,9 @@ WITH j AS (
     FROM scraping.pick_classes c
 )
 SELECT clock_timestamp() AS as_of,
-       j.next_attempt_at,
+       j.next_attempt_at, j.last_error_class,
        d.blocked_until, d.pause_cause, d.robots_mode, d.tokens, d.rps, d.concurrency,
-       r.state AS robots_state,
+       r.state AS robots_state, r.expires_at AS robots_expires_at,
        coalesce(r.expires_at > clock_timestamp(), false) AS robots_fresh,
        coalesce(r.lease_expires_at > clock_timestamp(), false) AS robots_leased,
        (SELECT count(*) FROM scraping.jobs x

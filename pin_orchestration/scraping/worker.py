@@ -99,6 +99,7 @@ def claim_due_jobs(
             domain=r.domain,
             priority=r.priority,
             timeout_seconds=r.timeout_seconds,
+            claimed_at=r.claimed_at,
         )
         for r in rows
     ]

@@ -522,8 +522,8 @@ class ScrapingModel(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             over = conn.execute(
                 text(
-                    "SELECT id, attempts, attempts_before_requeue FROM scraping.jobs"
-                    " WHERE attempts - attempts_before_requeue > :m"
+                    "SELECT id, attempts, attempts_before_requeue, robots_waits FROM scraping.jobs"
+                    " WHERE attempts - attempts_before_requeue - robots_waits > :m"
                 ),
                 {"m": MAX_ATTEMPTS},
             ).all()

@@ -63,3 +63,38 @@ def test_a_timeout_beyond_the_cap_is_refused_naming_the_field(
     assert batch.status_code == 202, batch.text
     job_id = batch.json()["items"][0]["receipt"]["id"]
     assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["timeout_seconds"] == 5
+
+
+def test_a_timeout_that_is_not_a_json_number_is_refused_at_every_door(
+    make_tenant, client: TestClient
+) -> None:
+    """A string "5" and true were read as 5 and 1 second (lax parsing): a client's string or flag
+    became a fetch timeout. A number is asked for; an integer is one."""
+    _, key = make_tenant("shop")
+    for bad in ("5", True, "abc", [], {}, 1e308, -0.0):
+        single = client.post(
+            "/jobs", json={"url": "http://127.0.0.2/a", "timeout_seconds": bad}, headers=auth(key)
+        )
+        assert single.status_code == 422, (bad, single.text)
+        assert "timeout_seconds" in single.json()["detail"], single.text
+        batch = client.post(
+            "/jobs/batch",
+            json={"jobs": [{"url": "http://127.0.0.2/a", "timeout_seconds": bad}]},
+            headers=auth(key),
+        )
+        [item] = batch.json()["items"]
+        assert item["status"] == 422, (bad, batch.text)
+        assert "/jobs/0/timeout_seconds" in item["problem"]["detail"], batch.text
+    for raw in (b"NaN", b"Infinity", b"1e999"):
+        answer = client.post(
+            "/jobs",
+            content=b'{"url": "http://127.0.0.2/a", "timeout_seconds": ' + raw + b"}",
+            headers={**auth(key), "Content-Type": "application/json"},
+        )
+        assert answer.status_code == 422, (raw, answer.text)
+        assert "timeout_seconds" in answer.json()["detail"], answer.text
+    for good in (5, 0.5, 600):
+        answer = client.post(
+            "/jobs", json={"url": "http://127.0.0.2/a", "timeout_seconds": good}, headers=auth(key)
+        )
+        assert answer.status_code == 202, (good, answer.text)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from sqlalchemy import Engine, text
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.metrics import build_registry
+from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping.fetch import Fetcher
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.robots import (
     MAX_TTL_SECONDS,
@@ -29,7 +32,10 @@ from pin_orchestration.scraping.robots import (
     origin_of,
     ttl_seconds,
 )
-from tests.scraping.conftest import TEST_SETTINGS, Worker
+from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.wait_reasons import explain
+from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
+from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
 
 RULES = (
@@ -275,9 +281,433 @@ def test_the_cache_lifetime_follows_max_age_within_a_day() -> None:
     assert ttl_seconds({"cache-control": "max-age=99999999"}) == MAX_TTL_SECONDS
     assert ttl_seconds({"cache-control": "max-age=0"}) == MIN_TTL_SECONDS
     assert ttl_seconds({"cache-control": "max-age=soon"}) == MAX_TTL_SECONDS
+    assert ttl_seconds({"cache-control": "max-age=nan"}) == MAX_TTL_SECONDS
+    assert ttl_seconds({"cache-control": "max-age=inf"}) == MAX_TTL_SECONDS
 
 
 def test_an_origin_is_scheme_host_and_port() -> None:
     assert origin_of("http://Example.COM/a?b") == "http://example.com:80"
     assert origin_of("https://example.com:8443/") == "https://example.com:8443"
     assert origin_of("http://[::1]:81/x") == "http://[::1]:81"
+
+
+def test_waiting_on_robots_txt_spends_none_of_the_jobs_attempts(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A job handed back because its host's robots.txt did not answer (or was still being
+    fetched) sent nothing to its URL: that is no attempt of the job. Counted against its
+    budget, two robots.txt 503s and one real 500 failed a job allowed two attempts, its URL
+    asked once."""
+    site.robots = [(503, "busy", {}), (503, "busy", {}), (200, "User-agent: *\nAllow: /\n", {})]
+    tenant, _ = make_tenant("shop")
+    # 500 on its first request, 200 on its second
+    job_id = submit(db_engine, tenant.id, f"{site.url}/script/budget?steps=500,200")
+
+    work(settings=dataclasses.replace(TEST_SETTINGS, max_attempts=2), idle_exit_seconds=2.0)
+
+    assert site.count("/robots.txt") == 3
+    assert site.count("/script/budget") == 2
+    outcomes = [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)]
+    assert outcomes[:2] == [("retry", "robots_unreachable")] * 2
+    assert job(db_engine, job_id).status == "succeeded", outcomes
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        # PostgreSQL's text holds no NUL: storing the body failed, the job became a
+        # worker_error and every job of the host asked for robots.txt again
+        ("User-agent: *\nDisallow: /page/private\x00\n", {}),
+        # float("nan") is a number to Python and no interval to PostgreSQL: the same
+        ("User-agent: *\nDisallow: /page/private\n", {"Cache-Control": "max-age=nan"}),
+        # a UTF-8 byte order mark hid the first User-agent line from the parser: its
+        # group's Disallow was not obeyed
+        ("\ufeffUser-agent: *\nDisallow: /page/private\n", {}),
+    ],
+    ids=["nul-byte", "max-age-nan", "byte-order-mark"],
+)
+def test_a_hostile_robots_txt_is_stored_once_and_obeyed(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    work: Worker,
+    body: str,
+    headers: dict[str, str],
+) -> None:
+    site.robots = [(200, body, headers)]
+    tenant, _ = make_tenant("shop")
+    public = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(3)]
+    private = submit(db_engine, tenant.id, f"{site.url}/page/private-1")
+
+    work()
+
+    assert site.count("/robots.txt") == 1
+    assert site.count("/page/private-1") == 0
+    assert {job(db_engine, i).status for i in public} == {"succeeded"}
+    row = job(db_engine, private)
+    assert (row.status, row.last_error_class) == ("failed", "robots_disallowed")
+
+
+@pytest.mark.parametrize("skew_hours", [1, -1], ids=["ahead", "behind"])
+def test_a_worker_clock_off_by_an_hour_neither_cuts_nor_stretches_a_robots_pause(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    local_store: LocalResultStore,
+    skew_hours: int,
+) -> None:
+    """An unreachable robots.txt's next try is PostgreSQL's time (scraping.robots
+    expires_at); the hand-back turned it into a delay with the worker's own clock. An hour
+    ahead, the job was due and its host unpaused at once (claimed and handed back again
+    and again until the next try); an hour behind, the job waited an hour more."""
+    site.robots = [(503, "busy", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/a")
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), robots_retry_seconds=5.0
+    )
+    skew = timedelta(hours=skew_hours)
+    with Fetcher(fetch_policy_from(settings)) as fetcher:
+        run_worker(
+            db_engine,
+            local_store,
+            fetcher,
+            retry_policy_from(settings),
+            WorkerOptions(
+                slots=2,
+                lease_seconds=settings.lease_seconds,
+                idle_exit_seconds=0.5,
+                max_run_duration_seconds=3,
+                poll_seconds=0.05,
+                domain_rps=settings.domain_rps,
+                domain_concurrency=settings.domain_concurrency,
+                robots_retry_seconds=settings.robots_retry_seconds,
+            ),
+            clock=lambda: datetime.now(UTC) + skew,
+        )
+    with db_engine.connect() as conn:
+        retry_in, paused_for = conn.execute(
+            text(
+                "SELECT extract(epoch FROM j.next_attempt_at - now()),"
+                "       extract(epoch FROM d.blocked_until - now())"
+                " FROM scraping.jobs j LEFT JOIN scraping.domains d ON d.domain = j.domain"
+                " WHERE j.id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
+        ("retry", "robots_unreachable")
+    ]
+    # held by its host's pause (an exemption lifts it), not by its own due time
+    assert float(retry_in) <= 0.5
+    assert paused_for is not None and 0 < float(paused_for) <= 5.0
+
+
+@pytest.mark.parametrize(
+    ("delay", "stored", "rps"),
+    [("1.7e308", 86400.0, 0.01), ("1e-320", None, None), ("0", None, None)],
+    ids=["huge", "denormal", "zero"],
+)
+def test_an_absurd_crawl_delay_is_stored_once_within_bounds(
+    db_engine: Engine,
+    make_tenant,
+    site: ScrapingTarget,
+    work: Worker,
+    delay: str,
+    stored: float | None,
+    rps: float | None,
+) -> None:
+    """1 / (Crawl-delay x 1.1) overflowed PostgreSQL's double precision for 1.7e308 and for
+    a denormal 1e-320 ("value out of range"): the store failed, each job became a
+    worker_error and asked for robots.txt again. A delay is kept within a day; one too
+    small to be a delay caps nothing."""
+    site.robots = [(200, f"User-agent: *\nCrawl-delay: {delay}\n", {})]
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(2)]
+
+    work()
+
+    assert site.count("/robots.txt") == 1
+    classes = {a.error_class for i in ids for a in attempts(db_engine, i)}
+    assert "worker_error" not in classes, classes
+    hosts = [d for d in repository.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
+    assert (hosts[0]["crawl_delay"] if hosts else None) == stored
+    if rps is not None:
+        assert hosts[0]["rps"] == rps
+    else:
+        assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+
+
+@pytest.mark.parametrize(
+    "ours",
+    ["pin", "p", "pin-s"],
+)
+def test_a_group_of_another_crawler_whose_name_begins_ours_is_not_ours(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker, ours: str
+) -> None:
+    """RFC 9309 section 2.2.1: the group is the one whose user-agent is our product token
+    (case-insensitively), else `*`. protego takes any group whose name starts ours
+    (`pin` for `pin-scraper`, made for full User-Agent headers): another crawler's Allow
+    let us into what `*` disallows."""
+    site.robots = [
+        (200, f"User-agent: {ours}\nAllow: /\n\nUser-agent: *\nDisallow: /page/no\n", {})
+    ]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}/page/no-1")
+
+    work()
+
+    assert site.count("/page/no-1") == 0
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    [attempt] = attempts(db_engine, refused)
+    assert "(group User-agent: *)" in attempt.error_detail
+
+
+def test_our_group_is_found_by_its_product_token_in_any_case_or_with_a_version(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    site.robots = [
+        (200, "User-agent: *\nAllow: /\n\nUser-agent: PIN-Scraper/2.0\nDisallow: /page/no\n", {})
+    ]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}/page/no-1")
+    allowed = submit(db_engine, tenant.id, f"{site.url}/page/yes")
+
+    work()
+
+    assert site.count("/page/no-1") == 0
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    assert job(db_engine, allowed).status == "succeeded"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # %2E is '.', unreserved: the fetcher sends it decoded, and a server resolves the
+        # '..' it makes; the check saw a path outside /page/private
+        "/page/%2E%2E/page/private-1",
+        "/x/%2e%2e/page/private-2",
+        "/x/.%2e/page/private-3",
+        # most servers merge slashes (nginx by default)
+        "//page/private-4",
+        "/page//private-5",
+    ],
+)
+def test_a_path_a_server_resolves_into_a_disallowed_one_is_not_requested(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker, path: str
+) -> None:
+    """A client writes a disallowed path so that the check does not see it: the URL is
+    judged as the server will read it too (unreserved characters decoded, dot segments
+    resolved, slashes merged), and refused when either reading is disallowed."""
+    site.robots = [(200, "User-agent: *\nDisallow: /page/private\n", {})]
+    tenant, _ = make_tenant("shop")
+    refused = submit(db_engine, tenant.id, f"{site.url}{path}")
+    allowed = submit(db_engine, tenant.id, f"{site.url}/page/x/%2e%2e/public")
+
+    work()
+
+    assert site.all_requests[0] == "/robots.txt"
+    assert not any("private" in r for r in site.all_requests), site.all_requests
+    assert job(db_engine, refused).last_error_class == "robots_disallowed"
+    assert job(db_engine, allowed).status == "succeeded"
+
+
+def test_exempting_a_host_whose_robots_txt_is_unreachable_lifts_the_pause_it_caused(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A partner's robots.txt answers 503: its host is paused until the next try. The
+    operator exempts the host so its jobs go on; they stayed held by the robots.txt's
+    pause (up to PIN_SCRAPING_MAX_PAUSE_SECONDS), and the wait still said robots_unreachable."""
+    site.robots = [(503, "down", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/partner")
+    settings = dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30)
+    work(settings=settings)
+    assert job(db_engine, job_id).status == "queued"
+
+    exempted = CliRunner().invoke(
+        cli,
+        ["scraping", "domain", "robots", "127.0.0.1", "--ignore", "--reason", "partner API"],
+        env={"PIN_DATABASE_URL": db_engine.url.render_as_string(hide_password=False)},
+    )
+    assert exempted.exit_code == 0, exempted.output
+    work(settings=settings)
+
+    assert job(db_engine, job_id).status == "succeeded"
+    assert site.count("/page/partner") == 1
+    assert site.count("/robots.txt") == 1
+
+
+def test_an_exemption_reaches_a_running_worker_that_saw_the_robots_txt_unreachable(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """A worker trusts a row it read for 5 s. Having read the robots.txt unreachable, it
+    claimed the job the exemption let go, judged it by the row it remembered and paused the
+    host again until the next try: the exemption undone for up to PIN_SCRAPING_MAX_PAUSE."""
+    site.robots = [(503, "down", {})]
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/partner")
+    settings = dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30)
+    stop = threading.Event()
+    run = threading.Thread(
+        target=work, kwargs={"settings": settings, "stop": stop, "idle_exit_seconds": 30}
+    )
+    run.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not [a for a in attempts(db_engine, job_id) if a.outcome == "retry"]:
+            assert time.monotonic() < deadline, "the job was never handed back"
+            time.sleep(0.05)
+        exempted = CliRunner().invoke(
+            cli,
+            ["scraping", "domain", "robots", "127.0.0.1", "--ignore", "--reason", "partner"],
+            env={"PIN_DATABASE_URL": db_engine.url.render_as_string(hide_password=False)},
+        )
+        assert exempted.exit_code == 0, exempted.output
+        deadline = time.monotonic() + 15  # bounded for the failing case (30 s pause)
+        while job(db_engine, job_id).status != "succeeded":
+            assert time.monotonic() < deadline, attempts(db_engine, job_id)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        run.join()
+    assert site.count("/page/partner") == 1
+
+
+def test_a_job_claimed_before_its_hosts_crawl_delay_was_known_waits_a_turn_under_it(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, local_store: LocalResultStore
+) -> None:
+    """Claimed (its turn taken at the old rate), then another worker stores the host's
+    robots.txt with Crawl-delay 2 and starts a request there; the job read that robots.txt
+    fresh, so it went at once on the turn its claim took: two starts milliseconds apart
+    (test_crawl_delay_spaces_the_starts_on_its_host_across_two_workers, under load)."""
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]  # never asked: stored below
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/late")
+    other_start: list[float] = []
+
+    def claim_then_robots_known(engine: Engine, **kwargs: Any) -> list[Any]:
+        jobs = claim_due_jobs(engine, **kwargs)
+        if jobs and not other_start:
+            with engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO scraping.robots (origin, domain, state, http_status, body,"
+                        " crawl_delay, fetched_at, expires_at) VALUES (:origin, '127.0.0.1',"
+                        " 'rules', 200, 'User-agent: *\nCrawl-delay: 2\n', 2, now(),"
+                        " now() + interval '1 day')"
+                    ),
+                    {"origin": origin_of(site.url)},
+                )
+                conn.execute(
+                    text(
+                        "UPDATE scraping.domains SET crawl_delay = 2, robots_default_rps = 10000"
+                        " WHERE domain = '127.0.0.1'"
+                    )
+                )
+                # the other worker's request takes the host's one token now
+                conn.execute(
+                    text(
+                        "UPDATE scraping.domains SET tokens = 0, tokens_at = clock_timestamp()"
+                        " WHERE domain = '127.0.0.1'"
+                    )
+                )
+            other_start.append(time.time())
+        return jobs
+
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), fetch_timeout_seconds=10
+    )
+    with Fetcher(fetch_policy_from(settings)) as fetcher:
+        run_worker(
+            db_engine,
+            local_store,
+            fetcher,
+            retry_policy_from(settings),
+            WorkerOptions(
+                slots=2,
+                lease_seconds=settings.lease_seconds,
+                idle_exit_seconds=0.5,
+                max_run_duration_seconds=30,
+                poll_seconds=0.05,
+                domain_rps=settings.domain_rps,
+                domain_concurrency=settings.domain_concurrency,
+            ),
+            claim=claim_then_robots_known,
+        )
+
+    assert job(db_engine, job_id).status == "succeeded"
+    assert site.count("/robots.txt") == 0
+    [start] = [s.arrived for s in site.served if s.path == "/page/late"]
+    assert start - other_start[0] >= 2.0, start - other_start[0]
+
+
+def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_pauses_that_host(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """The job's host redirects to another whose robots.txt answers 503: the pause was set
+    on the job's host (every tenant's jobs there held) and not on the host that failed."""
+    other = ScrapingTarget(host="127.0.0.2").start()
+    try:
+        other.robots = [(503, "down", {})]
+        tenant, _ = make_tenant("shop")
+        job_id = submit(db_engine, tenant.id, f"{site.url}/redirect?to={other.url}/page/x")
+        work(
+            settings=dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30),
+            allowed="127.0.0.1/32,127.0.0.2/32",
+        )
+        assert other.requests == []
+    finally:
+        other.stop()
+    with db_engine.connect() as conn:
+        paused = dict(
+            conn.execute(
+                text(
+                    "SELECT domain, blocked_until > now() FROM scraping.domains"
+                    " WHERE domain IN ('127.0.0.1', '127.0.0.2')"
+                )
+            ).all()
+        )
+        retry_in = conn.execute(
+            text("SELECT extract(epoch FROM next_attempt_at - now()) FROM scraping.jobs"),
+        ).scalar_one()
+    assert paused.get("127.0.0.2") is True
+    assert not paused.get("127.0.0.1")
+    # the job waits for that robots.txt's next try itself: its own host is not paused
+    assert float(retry_in) > 20
+    assert [(a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
+        ("retry", "robots_unreachable")
+    ]
+    explained = explain(
+        db_engine, job_id, domain_defaults=repository.DomainDefaults(1.0, 1), robots_mode="obey"
+    )
+    assert explained is not None and explained[1] is not None
+    wait = explained[1]
+    assert (wait.reason, wait.cause) == ("host_paused", "robots_unreachable"), wait
+    assert "redirect" in wait.message
+
+
+def test_a_hosts_crawl_delay_is_the_longest_of_its_origins(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """Two origins of one host (two ports; http and https alike) share its rate. The last
+    robots.txt stored wrote the host's Crawl-delay: one without a delay, fetched after one
+    with `Crawl-delay: 2`, lifted the cap for every origin of the host for a day."""
+    other = ScrapingTarget().start()  # 127.0.0.1 too, another port: another origin
+    try:
+        site.robots = [(200, "User-agent: *\nCrawl-delay: 2\n", {})]
+        other.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+        tenant, _ = make_tenant("shop")
+        submit(db_engine, tenant.id, f"{site.url}/page/a")
+        work()
+        submit(db_engine, tenant.id, f"{other.url}/page/b")
+        work(idle_exit_seconds=4.0)  # the host's next turn is 2.2 s after the first
+        assert other.count("/robots.txt") == 1
+    finally:
+        other.stop()
+    with db_engine.connect() as conn:
+        host = conn.execute(
+            text("SELECT crawl_delay, rps FROM scraping.domains WHERE domain = '127.0.0.1'")
+        ).one()
+    assert host.crawl_delay == 2.0
+    assert abs(host.rps - 1 / 2.2) < 1e-9

@@ -254,3 +254,67 @@ def test_a_job_that_is_not_queued_has_no_wait_and_explain_shows_the_same(
     [job] = claim(db_engine)
     answer = client.get(f"/jobs/{job.id}", headers=auth(key)).json()
     assert (answer["status"], answer["wait"]) == ("running", None)
+
+
+def test_a_job_behind_others_waits_its_turn_not_its_hosts_robots_txt(
+    db_engine: Engine, make_tenant, client: TestClient
+) -> None:
+    """The claim does not look at robots.txt: a worker reads it after the claim. A job
+    fourth in its host's line while the host's robots.txt was unknown was told
+    robots_pending, while the next claims took the four ahead of it."""
+    a, key_a = make_tenant("a")
+    b, _ = make_tenant("b")
+    url = "http://127.0.0.2/a"  # its robots.txt never fetched
+    a_jobs = [submit(db_engine, a.id, url) for _ in range(3)]
+    b_jobs = [submit(db_engine, b.id, url) for _ in range(3)]
+    last_of_a = a_jobs[-1]
+
+    assert wait_of(client, key_a, last_of_a)["reason"] == "tenant_turn"
+    taken = [job.id for _ in range(4) for job in claim(db_engine)]
+    assert set(taken) == {*a_jobs[:2], *b_jobs[:2]}
+    # next in line: the robots.txt is what it waits for once a worker takes it
+    assert wait_of(client, key_a, last_of_a)["reason"] == "robots_pending"
+    assert [job.id for job in claim(db_engine)] == [last_of_a]
+
+
+def test_a_job_handed_back_while_its_robots_txt_is_fetched_says_so(
+    db_engine: Engine, make_tenant, client: TestClient
+) -> None:
+    """Handed back because another worker was still fetching its host's robots.txt, a job
+    was told retry_backoff, "backoff after the last": no attempt of it had failed."""
+    tenant, key = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, "http://127.0.0.2/a")
+    [job] = claim(db_engine)
+    again_at = datetime.now(UTC) + timedelta(seconds=30)
+    finish(
+        db_engine,
+        job,
+        status="queued",
+        outcome="retry",
+        error_class="robots_pending",
+        next_attempt_at=again_at,
+        robots_wait=True,
+    )
+
+    wait = wait_of(client, key, job_id)
+    assert wait["reason"] == "robots_pending"
+    assert abs((moment(wait["until"]) - again_at).total_seconds()) < 2
+    assert claim(db_engine, limit=10) == []
+
+
+def test_an_operator_pause_past_an_unreachable_robots_txt_is_the_operators(
+    db_engine: Engine, make_tenant, client: TestClient, site: ScrapingTarget, work: Worker
+) -> None:
+    """robots.txt unreachable (next try in 30 s), then an operator pauses the host for ten
+    minutes: the job waits for the operator, and was told robots_unreachable."""
+    site.robots = [(503, "down", {})]
+    tenant, key = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, f"{site.url}/page/x")
+    work(settings=dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30))
+    assert wait_of(client, key, job_id)["cause"] == "robots_unreachable"
+
+    until = repository.pause_domain(db_engine, "127.0.0.1", seconds=600, max_pause_seconds=3600)
+
+    wait = wait_of(client, key, job_id)
+    assert (wait["reason"], wait["cause"]) == ("host_paused", "operator")
+    assert moment(wait["until"]) == until

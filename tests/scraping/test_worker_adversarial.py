@@ -26,10 +26,11 @@ from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
+from pin_orchestration.scraping import robots as robots_module
 from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
 from pin_orchestration.scraping.repository import JobRequest
 from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 
 
@@ -275,6 +276,142 @@ def test_a_target_flipping_between_two_hosts_leaves_no_connection_held(
     assert len(hops) == FetchPolicy().max_redirects + 1
     with db_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM scraping.redirect_slots")).scalar() == 0
+
+
+class _WarmDripTarget(_DripTarget):
+    """A _DripTarget that first answers its robots.txt (404: everything allowed) and a
+    quick /warm page, each on a connection of its own, then drips to the next request."""
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            request = conn.recv(65536)
+            if request.startswith((b"GET /robots.txt ", b"GET /warm ")):
+                status = (
+                    b"404 Not Found" if b"/robots.txt" in request.split(b"\r\n")[0] else b"200 OK"
+                )
+                with conn:
+                    conn.sendall(
+                        b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n"
+                        b"Connection: close\r\n\r\nok"
+                    )
+                continue
+            with conn:
+                self.reached.set()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not self._stopping.is_set():
+                    readable, _, _ = select.select([conn], [], [], 0.05)
+                    if readable and conn.recv(1, socket.MSG_PEEK) == b"":
+                        break
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        break
+                self.closed_at = time.time()
+                self.closed.set()
+            return
+
+
+def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_came(
+    db_url: str,
+    db_engine: Engine,
+    make_tenant: Any,
+    local_store: LocalResultStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lease runs from the claim's moment in PostgreSQL; the worker counted it from
+    when the claim's answer reached it. A claim answered late (a slow round trip, a stalled
+    process) and a database cut right after: the worker believed in a lease that had
+    already mostly run, and fetched on past its end (and beside the job's next owner).
+
+    The host's robots.txt is read by a first job, before the cut, and the worker trusts
+    what it read for the test's length: the job watched needs nothing of the database
+    before its fetch (a robots.txt unknown with the database cut ends the attempt before
+    any fetch, which is tests/scraping/test_robots.py's matter)."""
+    monkeypatch.setattr(robots_module, "MEMO_SECONDS", 600.0)
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
+        lease_seconds=2.0,
+        fetch_timeout_seconds=20,
+        max_result_bytes=1_000_000,
+    )
+    tenant = make_tenant("late-claim")[0]
+    target = _WarmDripTarget()
+    warm_id = enqueue(db_engine, tenant.id, f"{target.url}/warm")
+    job_id = enqueue(db_engine, tenant.id, f"{target.url}/slow")
+    stop = threading.Event()
+    answer_arrives = threading.Event()
+    claimed = threading.Event()
+
+    def late_claim(engine: Engine, **kwargs: Any) -> list[repository.ClaimedJob]:
+        jobs = claim_due_jobs(engine, **kwargs)
+        if any(j.id == job_id for j in jobs):
+            claimed.set()
+            answer_arrives.wait(30)  # the answer's way back: held by the test
+        return jobs
+
+    with proxy_in_front_of(db_url) as proxy:
+        engine = create_engine(database_url_via(db_url, proxy), poolclass=NullPool)
+        fetcher = Fetcher(fetch_policy_from(settings))
+        run = threading.Thread(
+            target=run_worker,
+            args=(engine, local_store, fetcher, retry_policy_from(settings)),
+            kwargs={
+                "options": WorkerOptions(
+                    slots=1,
+                    lease_seconds=settings.lease_seconds,
+                    idle_exit_seconds=60,
+                    max_run_duration_seconds=60,
+                    poll_seconds=0.05,
+                    domain_rps=settings.domain_rps,
+                    domain_concurrency=settings.domain_concurrency,
+                ),
+                "stop": stop,
+                "claim": late_claim,
+            },
+        )
+        run.start()
+        try:
+            assert claimed.wait(30), "the worker never claimed"
+            warm, _ = job_and_attempts(db_engine, warm_id)
+            assert warm.status == "succeeded"  # the robots.txt is known to the worker
+            with db_engine.connect() as conn:
+                lease_ends = float(
+                    conn.execute(
+                        text(
+                            "SELECT extract(epoch FROM lease_expires_at) FROM scraping.jobs"
+                            " WHERE id = :id"
+                        ),
+                        {"id": job_id},
+                    ).scalar_one()
+                )
+                # Half the lease gone before the answer arrives (PostgreSQL's clock).
+                conn.execute(
+                    text(
+                        "SELECT pg_sleep(greatest("
+                        "    :until - extract(epoch FROM clock_timestamp()), 0))"
+                    ),
+                    {"until": lease_ends - settings.lease_seconds / 2},
+                )
+            proxy.set_mode("down")  # and no renewal reaches PostgreSQL after it
+            answer_arrives.set()
+            target.closed.wait(settings.lease_seconds * 4)  # bounded for the failing case
+            assert target.reached.is_set(), "the job's fetch never reached the target"
+            assert target.closed_at is not None and target.closed_at < lease_ends, (
+                "the worker was still fetching when its lease ended"
+            )
+        finally:
+            answer_arrives.set()
+            stop.set()
+            proxy.set_mode("pass")
+            run.join(timeout=60)
+            fetcher.close()
+            engine.dispose()
+            target.stop()
+    assert not run.is_alive()
 
 
 class _GatedAnswer:
