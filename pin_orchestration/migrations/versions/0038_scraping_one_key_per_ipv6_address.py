@@ -15,7 +15,7 @@ Revises: 0035
 from pin_orchestration.migrations import run_frozen_sql
 
 revision = "0038"
-down_revision = "0035"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
