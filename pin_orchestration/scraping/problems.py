@@ -9,10 +9,12 @@ every error status is documented as such a problem.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Literal
 
+import sqlalchemy.exc
 from fastapi import FastAPI
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +31,8 @@ TYPE_BASE = "tag:pin-orchestration,2026:problems:"
 VALIDATION = TYPE_BASE + "validation-error"
 RATE_LIMITED = TYPE_BASE + "rate-limited"
 IDEMPOTENCY_KEY_REUSED = TYPE_BASE + "idempotency-key-reused"
+
+logger = logging.getLogger(__name__)
 
 
 class FieldError(BaseModel):
@@ -184,6 +188,26 @@ async def _raised_problem(request: Request, exc: ProblemError) -> Response:
     )
 
 
+# How long a client is asked to wait while the database does not answer: a restart or a
+# failover takes seconds; the pool's own wait for a connection has already passed.
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+async def _database_unavailable_problem(request: Request, exc: Exception) -> Response:
+    # Unreachable, restarting, out of connections (the pool's wait passed), a statement
+    # cancelled or a deadlock victim: the request did nothing wrong and may be sent again,
+    # which is what a 503 with Retry-After tells clients and SDKs (a 500 is not retried).
+    # The exception's text names the server: it goes to the log, never to the client.
+    logger.warning("database unavailable for %s %s: %s", request.method, request.url.path, exc)
+    return problem_response(
+        503,
+        "the database is not answering (restarting, unreachable or busy); send the request "
+        "again after Retry-After",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+        instance=request.url.path,
+    )
+
+
 async def _unexpected_problem(request: Request, exc: Exception) -> Response:
     # Starlette still logs the exception; the client learns nothing of its text.
     return problem_response(500, "an unexpected error; it was logged", instance=request.url.path)
@@ -195,6 +219,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_problem)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_problem)  # type: ignore[arg-type]
     app.add_exception_handler(ProblemError, _raised_problem)  # type: ignore[arg-type]
+    for unavailable in (sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError):
+        app.add_exception_handler(unavailable, _database_unavailable_problem)
     app.add_exception_handler(Exception, _unexpected_problem)
     build = app.openapi
 

@@ -70,3 +70,27 @@ def test_the_probes_in_docs_deploy_are_the_ones_the_api_answers(client: TestClie
     for probe in probes.values():
         assert probe["port"] == container["ports"][0]["containerPort"]
         assert client.get(probe["path"]).status_code == 200
+
+
+def test_an_unreachable_database_is_a_503_with_retry_after_not_a_500(
+    local_store: LocalResultStore,
+) -> None:
+    """While PostgreSQL cannot be reached (down, restarting, its connections exhausted) a
+    client is told to come back, as /readyz tells the load balancer: 503, a problem, a
+    Retry-After, nothing of the connection string. A 500 says the request itself broke
+    the service, and clients and SDKs do not retry it (seen at load 9-17: 500s from
+    GET /jobs/{id}, bench/scraping_api.py)."""
+    engine = create_engine(UNREACHABLE_DB, connect_args={"connect_timeout": 2})
+    app = create_app(lambda: engine, local_store, TEST_SETTINGS)
+    with TestClient(app, raise_server_exceptions=False) as cut_off:
+        key = {"Authorization": "Bearer pin_0123456789abcdef0123456789abcdef"}
+        answers = [
+            cut_off.get("/jobs/3f0c8a53-5f54-4a0e-9d65-0a4c1c5c2f11", headers=key),
+            cut_off.post("/jobs", json={"url": "https://e.com/a"}, headers=key),
+        ]
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["content-type"].startswith("application/problem+json")
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert "database" in answer.json()["detail"]
+        assert "secret" not in answer.text
