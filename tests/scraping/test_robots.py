@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from prometheus_client import generate_latest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
@@ -281,3 +281,52 @@ def test_an_origin_is_scheme_host_and_port() -> None:
     assert origin_of("http://Example.COM/a?b") == "http://example.com:80"
     assert origin_of("https://example.com:8443/") == "https://example.com:8443"
     assert origin_of("http://[::1]:81/x") == "http://[::1]:81"
+
+
+def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """While robots.txt is being fetched, the run's other slots of that origin wait for the
+    answer in the process, not each polling the database (556 slots read the row ~6,000
+    times in the 2 s a robots.txt took, bench/scraping_workers.py), and slots that want
+    the row at once take one read's answer."""
+    gate = threading.Event()
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+    site.robots_gate = gate
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(16)]
+    reads = 0
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        nonlocal reads
+        if "d.robots_mode FROM scraping.domains" in statement:
+            reads += 1
+
+    run = threading.Thread(
+        target=work, kwargs={"settings": dataclasses.replace(TEST_SETTINGS, slots=16)}
+    )
+    run.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # every job claimed, one slot holding the robots.txt request
+            with db_engine.connect() as conn:
+                running = conn.execute(
+                    text("SELECT count(*) FROM scraping.jobs WHERE status = 'running'")
+                ).scalar()
+            if running == 16 and site.count("/robots.txt") == 1:
+                break
+            assert time.monotonic() < deadline, "the jobs were never all claimed"
+            time.sleep(0.02)
+        before = reads
+        time.sleep(0.5)  # ten of the waiting slots' polls each, were they polling
+        during = reads - before
+    finally:
+        gate.set()
+        run.join()
+        event.remove(db_engine, "before_cursor_execute", count)
+    # The 16 slots started at once: one read of the row between them, not one each.
+    assert before <= 3, before
+    assert during <= 2, during
+    assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+    assert site.count("/robots.txt") == 1
