@@ -132,8 +132,9 @@ def pipeline(
     rate: float = 0.0,
     intake: str = "single",
     batch_size: int = 200,
+    database: str = "pin_bench_scraping",
 ) -> dict[str, float]:
-    db_url = fresh_bench_database("pin_bench_scraping")
+    db_url = fresh_bench_database(database)
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
     home = Path(tempfile.mkdtemp(prefix="pin-bench-scraping-"))
@@ -270,7 +271,7 @@ def pipeline(
         server = make_url(db_url)
         admin = create_db_engine(server.set(database="postgres").render_as_string(False))
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text('DROP DATABASE IF EXISTS "pin_bench_scraping" WITH (FORCE)'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -297,6 +298,9 @@ def main() -> None:
         "(all at once only), or one pipeline run of each, printed side by side",
     )
     parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument(
+        "--database", default="pin_bench_scraping", help="the scratch database (dropped after)"
+    )
     args = parser.parse_args()
     if args.api_port == 0:
         import socket
@@ -325,6 +329,7 @@ def main() -> None:
                 args.rate,
                 intake=intake,
                 batch_size=args.batch_size,
+                database=args.database,
             )
             for intake in intakes
         }
