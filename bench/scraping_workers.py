@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
-from bench.scraping import _serve_target, bare_loop  # noqa: E402
+from bench.scraping import _serve_target, bare_loop, robots_seconds  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
 
@@ -241,16 +241,26 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=556)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument(
+        "--robots-latency",
+        type=float,
+        default=None,
+        help="seconds the target takes to answer /robots.txt (default: --latency, as a page)",
+    )
     parser.add_argument("--database", default="pin_bench_scraping_workers")
     parser.add_argument("--statements", action="store_true", help="print calls per statement")
     args = parser.parse_args()
     ports: multiprocessing.Queue = multiprocessing.Queue()
-    server = multiprocessing.Process(target=_serve_target, args=(ports, args.latency), daemon=True)
+    server = multiprocessing.Process(
+        target=_serve_target, args=(ports, args.latency, args.robots_latency), daemon=True
+    )
     server.start()
     target = f"http://127.0.0.1:{ports.get(timeout=10)}"
     try:
         load = os.getloadavg()[0]
         bare, _ = bare_loop(target, args.jobs, args.slots)
+        robots_s = robots_seconds(target)
+        polite = args.jobs / (args.jobs / bare + robots_s)
         result = run(args, target)
     finally:
         server.terminate()
@@ -260,9 +270,11 @@ def main() -> None:
         f"{os.getloadavg()[0]:.2f}"
     )
     print(f"bare requests loop        {bare:8.1f} jobs/s")
+    print(f"  reading robots.txt first{polite:8.1f} jobs/s  (its answer took {robots_s:.2f} s)")
     print(
         f"workers (first → last)    {result['jobs_per_s']:8.1f} jobs/s  "
-        f"({result['jobs_per_s'] / bare:.2f}× the bare loop)"
+        f"({result['jobs_per_s'] / bare:.2f}× the bare loop, "
+        f"{result['jobs_per_s'] / polite:.2f}× reading robots.txt first)"
     )
     print(
         f"  from the 20th to the 80th percentile finish {result['steady_jobs_per_s']:8.1f} "
