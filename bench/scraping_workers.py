@@ -8,7 +8,8 @@ The jobs are queued first (scraping.submit_job, one statement), then `--runs` pr
 `pin scraping work --slots slots/runs` drain them from the same loopback target as
 bench/scraping.py (every GET answered after `--latency` s with 10 KB). Printed:
   - jobs/s, first attempt → last finish, and its ratio to the bare loop (and to the bare
-    loop reading robots.txt first); the first attempt to the first finish (robots.txt);
+    loop reading robots.txt first); the first attempt to the first finish and to the
+    `slots`-th (robots.txt, then the first wave: the turns its jobs take again after it);
   - worker CPU per job (the processes' own rusage) and PostgreSQL backend CPU per job
     (the database's backends' schedstat, polled), so a loaded machine still shows the cost;
   - transactions per job (pg_stat_database) and, by statement, calls and time per job as
@@ -201,10 +202,14 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
                     (SELECT xact_commit + xact_rollback FROM pg_stat_database
                       WHERE datname = :d) AS xacts,
                     (SELECT extract(epoch FROM min(j.finished_at) - min(f.started_at))
-                       FROM scraping.jobs j, first_attempt f) AS first_finish_s
+                       FROM scraping.jobs j, first_attempt f) AS first_finish_s,
+                    (SELECT extract(epoch FROM (
+                                SELECT finished_at FROM scraping.jobs
+                                ORDER BY finished_at OFFSET :slots - 1 LIMIT 1)
+                              - (SELECT min(started_at) FROM first_attempt))) AS first_wave_s
                 """
             ),
-            {"d": args.database},
+            {"d": args.database, "slots": min(args.slots, args.jobs)},
         ).one()
     engine.dispose()
     reports = [json.loads(Path(out).read_text()) for out in outs if Path(out).exists()]
@@ -225,6 +230,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
         "backend_cpu_ms_per_job": 1000 * sum(seen.values()) / args.jobs,
         "xacts_per_job": (figures.xacts - xact_before) / args.jobs,
         "first_finish_s": float(figures.first_finish_s),
+        "first_wave_s": float(figures.first_wave_s),
         "calls": calls,
         "seconds": seconds,
     }
@@ -271,7 +277,10 @@ def main() -> None:
         f"({result['jobs_per_s'] / bare:.2f}× the bare loop, "
         f"{result['jobs_per_s'] / polite:.2f}× reading robots.txt first)"
     )
-    print(f"first attempt → first finish {result['first_finish_s']:5.2f} s")
+    print(
+        f"first attempt → first finish {result['first_finish_s']:5.2f} s, → the "
+        f"{min(args.slots, args.jobs)}th {result['first_wave_s']:5.2f} s"
+    )
     print(f"succeeded / attempts      {result['succeeded']} / {result['attempts']}")
     print(f"worker CPU per job        {result['worker_cpu_ms_per_job']:8.2f} ms")
     print(f"backend CPU per job       {result['backend_cpu_ms_per_job']:8.2f} ms")
