@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
     for r in reports:
         calls.update(r["calls"])
         seconds.update(r["seconds"])
+    shutil.rmtree(home, ignore_errors=True)
     admin = create_db_engine(make_url(db_url).set(database="postgres").render_as_string(False))
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)'))
