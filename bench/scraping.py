@@ -6,7 +6,8 @@ loop at the same concurrency, in the same run.
         .venv/bin/python bench/scraping.py [--jobs 2000] [--slots 64] [--latency 2.0]
 
 A target on 127.0.0.1 (its own process, asyncio, keep-alive) answers every GET after
-`--latency` seconds with 10 KB. The bare loop is `--slots` threads with one pooled
+`--latency` seconds with 10 KB (/robots.txt after `--robots-latency`, default the same:
+everything allowed). The bare loop is `--slots` threads with one pooled
 `requests` session making `--jobs` GETs. The pipeline: `pin api` (uvicorn) and
 `dagster-daemon` in their own processes on a fresh database; `--jobs` POST /jobs from 16
 client threads (`--intake batch`: POST /jobs/batch of `--batch-size`; `both`, the
@@ -14,7 +15,9 @@ default: one pipeline run each, printed side by side); the daemon's sensor launc
 worker runs (PIN_SCRAPING_MAX_WORKER_RUNS=1 by default so the pipeline has the same
 `--slots` as the bare loop); the bench waits
 until every job is terminal and reads the figures from scraping.jobs/job_attempts:
-  - jobs/s: jobs / (last finish − first attempt start) — the fetch pipeline's rate;
+  - jobs/s: jobs / (last finish − first attempt start) — the fetch pipeline's rate, whose
+    first attempts wait for the host's robots.txt: beside the bare loop's, the same loop
+    had it read robots.txt first (one answer's time more);
   - end to end: jobs / (last finish − first accept), which adds the sensor tick and the
     run launch;
   - peak in flight: the most requests the target was answering at one instant;
@@ -51,9 +54,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BODY = b"x" * 10_240
 
 
-def _serve_target(port_queue: multiprocessing.Queue, latency: float) -> None:
+def _serve_target(
+    port_queue: multiprocessing.Queue, latency: float, robots_latency: float | None = None
+) -> None:
     """The target. It also counts the requests it is answering at once: GET /__peak returns
-    the most since the last GET /__peak (the honest 'jobs in flight': fetches really open)."""
+    the most since the last GET /__peak (the honest 'jobs in flight': fetches really open).
+    /robots.txt is answered like any page (10 KB of no rule: everything allowed), after
+    `robots_latency` s (default `latency`)."""
     in_flight = 0
     peak = 0
 
@@ -72,8 +79,11 @@ def _serve_target(port_queue: multiprocessing.Queue, latency: float) -> None:
                     continue
                 in_flight += 1
                 peak = max(peak, in_flight)
+                wait = latency
+                if robots_latency is not None and head.startswith(b"GET /robots.txt "):
+                    wait = robots_latency
                 try:
-                    await asyncio.sleep(latency)
+                    await asyncio.sleep(wait)
                 finally:
                     in_flight -= 1
                 writer.write(
@@ -111,6 +121,15 @@ def bare_loop(target: str, jobs: int, slots: int) -> tuple[float, float]:
     return rate, float(requests.get(f"{target}/__peak", timeout=5).text)
 
 
+def robots_seconds(target: str) -> float:
+    """How long the target takes to answer /robots.txt: what a loop obeying it waits before
+    its first page (the pipeline does, once per host: scraping/robots.py)."""
+    started = time.monotonic()
+    answer = requests.get(f"{target}/robots.txt", timeout=30)
+    assert answer.status_code == 200
+    return time.monotonic() - started
+
+
 def wait_for(url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -132,8 +151,9 @@ def pipeline(
     rate: float = 0.0,
     intake: str = "single",
     batch_size: int = 200,
+    database: str = "pin_bench_scraping",
 ) -> dict[str, float]:
-    db_url = fresh_bench_database("pin_bench_scraping")
+    db_url = fresh_bench_database(database)
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
     home = Path(tempfile.mkdtemp(prefix="pin-bench-scraping-"))
@@ -270,7 +290,7 @@ def pipeline(
         server = make_url(db_url)
         admin = create_db_engine(server.set(database="postgres").render_as_string(False))
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text('DROP DATABASE IF EXISTS "pin_bench_scraping" WITH (FORCE)'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -279,6 +299,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument(
+        "--robots-latency",
+        type=float,
+        default=None,
+        help="seconds the target takes to answer /robots.txt (default: --latency, as a page)",
+    )
     parser.add_argument("--api-port", type=int, default=0, help="default: a free port")
     parser.add_argument(
         "--runs", type=int, default=1, help="worker runs sharing the slots (one process each)"
@@ -297,6 +323,9 @@ def main() -> None:
         "(all at once only), or one pipeline run of each, printed side by side",
     )
     parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument(
+        "--database", default="pin_bench_scraping", help="the scratch database (dropped after)"
+    )
     args = parser.parse_args()
     if args.api_port == 0:
         import socket
@@ -306,12 +335,17 @@ def main() -> None:
             args.api_port = probe.getsockname()[1]
 
     ports: multiprocessing.Queue = multiprocessing.Queue()
-    server = multiprocessing.Process(target=_serve_target, args=(ports, args.latency), daemon=True)
+    server = multiprocessing.Process(
+        target=_serve_target, args=(ports, args.latency, args.robots_latency), daemon=True
+    )
     server.start()
     target = f"http://127.0.0.1:{ports.get(timeout=10)}"
     try:
         ceiling = args.slots / args.latency
         bare, bare_peak = bare_loop(target, args.jobs, args.slots)
+        robots_s = robots_seconds(target)
+        # The same loop obeying robots.txt: its pages wait for it, once.
+        polite = args.jobs / (args.jobs / bare + robots_s)
         intakes = ["single", "batch"] if args.intake == "both" else [args.intake]
         if args.rate:
             intakes = ["single"]  # an open loop posts job by job
@@ -325,6 +359,7 @@ def main() -> None:
                 args.rate,
                 intake=intake,
                 batch_size=args.batch_size,
+                database=args.database,
             )
             for intake in intakes
         }
@@ -339,12 +374,17 @@ def main() -> None:
     print(
         f"bare requests loop                 {bare:8.1f} jobs/s  (peak {bare_peak:.0f} in flight)"
     )
+    print(
+        f"  reading robots.txt first         {polite:8.1f} jobs/s  "
+        f"(its answer took {robots_s:.2f} s; the pipeline waits for it too)"
+    )
     for intake, piped in results.items():
         how = "POST /jobs" if intake == "single" else f"POST /jobs/batch of {args.batch_size}"
         print(f"-- intake by {how}")
         print(
             f"pipeline (first attempt → last)    {piped['jobs_per_s']:8.1f} jobs/s  "
-            f"({piped['jobs_per_s'] / bare:.2f}× the bare loop)"
+            f"({piped['jobs_per_s'] / bare:.2f}× the bare loop, "
+            f"{piped['jobs_per_s'] / polite:.2f}× reading robots.txt first)"
         )
         print(f"pipeline end to end (accept → last){piped['end_to_end_jobs_per_s']:8.1f} jobs/s")
         print(f"peak jobs in flight                {piped['peak_in_flight']:8.0f}")

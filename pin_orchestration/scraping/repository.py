@@ -7,6 +7,7 @@ when the function is a unit of work of its own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -15,7 +16,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -574,6 +575,14 @@ def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats
     )
 
 
+@contextlib.contextmanager
+def _autocommit(engine: Engine) -> Iterator[Connection]:
+    """A connection whose every statement is its own transaction, committed by the server
+    as the statement ends."""
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
 class RedirectSlots:
     """A claimed job's redirect hops against their own hosts' limits (fetch.RedirectSlots),
     through scraping.take_redirect_slot / release_redirect_slot: each call is one short
@@ -598,7 +607,10 @@ class RedirectSlots:
         # take, its domain's queue rows would be locked before the next hop's domain row,
         # in whatever order the hops come, not in domain order as everywhere else.
         self.release()
-        with self._engine.begin() as conn:
+        # One statement, its own transaction: committed as it ends, so the host's row lock
+        # it takes is not held over a COMMIT's round trip (answered late by a worker busy
+        # with its hundreds of slot threads, while every turn and claim of the host waits).
+        with _autocommit(self._engine) as conn:
             wait = conn.execute(
                 _q("take_redirect_slot"),
                 {
@@ -621,7 +633,7 @@ class RedirectSlots:
         if not self._holds:
             return
         try:
-            with self._engine.begin() as conn:
+            with _autocommit(self._engine) as conn:
                 conn.execute(
                     _q("release_redirect_slot"),
                     {"job_id": self._job.id, "attempt": self._job.attempt},

@@ -252,6 +252,14 @@ class _Stored:
     fresh_until: float
 
 
+class _Reading:
+    """A read of an origin's row under way: the slots that want it meanwhile wait for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.stored: _Stored | None = None
+
+
 class RobotsGuard:
     """One worker run's robots.txt: shared by its slots (thread-safe)."""
 
@@ -284,6 +292,10 @@ class RobotsGuard:
         )
         self._parsed: OrderedDict[tuple[str, datetime], Protego] = OrderedDict()
         self._memo: OrderedDict[str, tuple[_Stored, float]] = OrderedDict()
+        # origin → set when the slot reading (and maybe fetching) its robots.txt is done
+        self._pending: dict[str, threading.Event] = {}
+        # origin → the read of its row a slot has under way
+        self._reads: dict[str, _Reading] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -398,31 +410,66 @@ class RobotsGuard:
         domain = normalize_host(urlsplit(url).hostname or "")
         until = time.monotonic() + self.timeout_seconds
         waited = False
-        while True:
-            stored = self._read(origin, domain)
-            if self._ignored(stored):
-                return waited
-            if stored.fresh:
-                self._judge(origin, domain, url, stored)
-                return waited or (
-                    first_hop
-                    and job.claimed_at is not None
-                    and stored.fetched_at is not None
-                    and stored.fetched_at > job.claimed_at
-                )
-            waited = True
-            if not stored.leased and self._take_lease(origin, domain, job.id) is not None:
-                if not first_hop:
-                    self._wait_turn(domain, turns, should_stop, until)
-                self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)
-                continue
-            # Another worker is fetching it: its answer is everyone's.
-            if time.monotonic() >= until or should_stop():
-                raise RobotsPending(
-                    f"{origin}/robots.txt is being fetched by another worker; the job waits "
-                    "for its answer"
-                )
-            time.sleep(POLL_SECONDS)
+        gate: threading.Event | None = None  # set: this slot speaks for the run's others
+        try:
+            while True:
+                stored = self._read(origin, domain)
+                if self._ignored(stored):
+                    return waited
+                if stored.fresh:
+                    self._judge(origin, domain, url, stored)
+                    return waited or (
+                        first_hop
+                        and job.claimed_at is not None
+                        and stored.fetched_at is not None
+                        and stored.fetched_at > job.claimed_at
+                    )
+                waited = True
+                if gate is None:
+                    # One slot of the run takes the lease and fetches, or polls the row
+                    # while another worker fetches; the run's other slots of the origin
+                    # wait for it here (556 slots polling read the row ~6,000 times in
+                    # one robots.txt's 2 s), then read its answer from the memo.
+                    with self._lock:
+                        leader = self._pending.get(origin)
+                        if leader is None:
+                            gate = self._pending[origin] = threading.Event()
+                    if leader is not None:
+                        self._wait_for(leader, origin, until, should_stop)
+                        continue
+                if not stored.leased and self._take_lease(origin, domain, job.id) is not None:
+                    if not first_hop:
+                        self._wait_turn(domain, turns, should_stop, until)
+                    self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)
+                    continue
+                # Another worker is fetching it: its answer is everyone's.
+                self._give_up_if_late(origin, until, should_stop)
+                time.sleep(POLL_SECONDS)
+        finally:
+            if gate is not None:
+                with self._lock:
+                    del self._pending[origin]
+                gate.set()
+
+    def _wait_for(
+        self,
+        leader: threading.Event,
+        origin: str,
+        until: float,
+        should_stop: Callable[[], bool],
+    ) -> None:
+        """Until the run's slot that speaks for `origin` is done (its answer stored, or it
+        gave up: then another slot takes over), within this attempt's wait."""
+        while not leader.wait(POLL_SECONDS):
+            self._give_up_if_late(origin, until, should_stop)
+
+    @staticmethod
+    def _give_up_if_late(origin: str, until: float, should_stop: Callable[[], bool]) -> None:
+        if time.monotonic() >= until or should_stop():
+            raise RobotsPending(
+                f"{origin}/robots.txt is being fetched by another worker; the job waits "
+                "for its answer"
+            )
 
     def _judge(self, origin: str, domain: str, url: str, stored: _Stored) -> None:
         if stored.state == "allow_all":
@@ -462,26 +509,52 @@ class RobotsGuard:
 
     def _read(self, origin: str, domain: str) -> _Stored:
         """The origin's row; a fresh one (not unreachable), or one of an exempt host, is
-        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's
-        exemption reaches this worker within that)."""
-        now = time.monotonic()
+        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's exemption reaches
+        this worker within that). One slot at a time reads a row: the run's other slots
+        wanting it meanwhile take its answer (at a run's start, or a memo's end, 556 slots
+        read the same row at once: ~600 reads a run)."""
         with self._lock:
             memo = self._memo.get(origin)
-            if memo is not None and memo[1] > now:
+            if memo is not None:
                 stored = memo[0]
-                if stored.fresh_until > time.monotonic() or self._ignored(stored):
+                usable = stored.fresh_until > time.monotonic() or self._ignored(stored)
+                # Past its MEMO_SECONDS, what it said holds while a slot reads the row again.
+                if usable and (memo[1] > time.monotonic() or origin in self._reads):
                     return stored
+            reading = self._reads.get(origin)
+            if reading is None:
+                reading = self._reads[origin] = _Reading()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            reading.done.wait()
+            if reading.stored is not None:
+                return reading.stored
+            return self._read_row(origin, domain)  # its read failed: this slot's own
+        try:
+            reading.stored = self._read_row(origin, domain)
+            return reading.stored
+        finally:
+            with self._lock:
+                del self._reads[origin]
+            reading.done.set()
+
+    def _read_row(self, origin: str, domain: str) -> _Stored:
+        now = time.monotonic()
         with self._engine.connect() as conn:
             row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
         stored = self._stored(row, now)
-        # An unreachable one is read each time: its jobs are claimed only when its host's
-        # pause was lifted (an operator's exemption or resume), and a remembered copy
-        # would pause the host again.
-        if (stored.fresh and stored.state != "unreachable") or self._ignored(stored):
-            with self._lock:
+        with self._lock:
+            # An unreachable one is read each time: its jobs are claimed only when its
+            # host's pause was lifted (an operator's exemption or resume), and a
+            # remembered copy would pause the host again.
+            if (stored.fresh and stored.state != "unreachable") or self._ignored(stored):
                 self._memo[origin] = (stored, now + MEMO_SECONDS)
                 while len(self._memo) > _PARSED_KEPT:
                     self._memo.popitem(last=False)
+            else:
+                self._memo.pop(origin, None)
         return stored
 
     def _ignored(self, stored: _Stored) -> bool:
