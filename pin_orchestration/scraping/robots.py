@@ -509,10 +509,10 @@ class RobotsGuard:
 
     def _read(self, origin: str, domain: str) -> _Stored:
         """The origin's row; a fresh one (not unreachable), or one of an exempt host, is
-        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's exemption reaches
-        this worker within that). One slot at a time reads a row: the run's other slots
-        wanting it meanwhile take its answer (at a run's start, or a memo's end, 556 slots
-        read the same row at once: ~600 reads a run)."""
+        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's
+        exemption reaches this worker within that). One slot at a time reads a row: the
+        run's other slots wanting it meanwhile take its answer (at a run's start, or a
+        memo's end, 556 slots read the same row at once: ~600 reads a run)."""
         with self._lock:
             memo = self._memo.get(origin)
             if memo is not None:
