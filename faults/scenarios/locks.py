@@ -143,7 +143,11 @@ def database_hung(ctx: FaultContext) -> Outcome:
     url = ctx.postgres.create_database("locks")
     record = ctx.workdir / "steps.log"
     hangs = ctx.scale(2, 6)
-    seconds = 4 + hangs * (TTL_SECONDS * 2 + 2)
+    # The holders outlive the scenario's longest run (its first step's wait, then each
+    # hang's pause and takeover wait); the scenario stops them when it ends. Living
+    # 4 + 6 s a hang from their own start, the last holder that could take over had
+    # exited on a loaded machine, and the takeover never came.
+    seconds = 30 + hangs * (1.0 + TTL_SECONDS * 10) + 10
     proxies = [FaultProxy(*ctx.postgres.tcp_address) for _ in range(3)]
     try:
         holders = {}
