@@ -315,7 +315,8 @@ class Fetcher:
 
         def send(deadline: _Deadline, started: float) -> FetchResult:
             response = _sent_again_if_kept_connection_dropped(
-                lambda: self._session.post(
+                functools.partial(
+                    self._session.post,
                     target,
                     data=body,
                     headers=dict(headers or {}),
