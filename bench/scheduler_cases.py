@@ -18,6 +18,10 @@ claim as `bench_0007.claim_jobs` from migration 0007's own text; FIFO (the floor
 - deep: one tenant, its 300 oldest jobs on a paused domain, then N one-job domains, all but
   64 paused (in name order); claim of 64;
 - paused: every queued domain paused, N domains, one job each; the empty claim;
+- blocked: N tenants with jobs only on one domain at its connection limit, 100 tenants
+  with claimable jobs; claim of 64;
+- spread: one tenant with jobs on N domains, all but 64 at their connection limit;
+  claim of 64;
 - throughput: 2,000 tenants x 40 jobs on 20,000 domains, claims of 16 committed for
   --seconds, 1 claimer then 4 (threads, a connection each), --rounds times; each round's
   4 / 1 ratio and the medians.
@@ -257,6 +261,75 @@ def case_paused(engine: Engine, sizes: list[int], repeat: int) -> None:
             )
 
 
+def case_blocked(engine: Engine, sizes: list[int], repeat: int) -> None:
+    """N tenants whose jobs are all on one domain at its connection limit (4 running), then
+    100 tenants with 5 claimable jobs each on domains of their own; claim of 64, rolled
+    back: every claim is the first to meet the blocked tenants."""
+    for n in sizes:
+        clear(engine)
+        tenants(engine, n + 100)
+        jobs(
+            engine,
+            "SELECT g, 'full.example', g FROM generate_series(1, :n) AS g "
+            "UNION ALL SELECT :n + 1 + g % 100, 'd' || (g % 100) || '.example', :n + 1 + g "
+            "FROM generate_series(0, 499) AS g",
+            {"n": n},
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = 'running', attempts = 1, "
+                    "lease_owner = 'bench', lease_expires_at = now() + interval '1 hour' "
+                    "WHERE id IN (SELECT id FROM scraping.jobs WHERE domain = 'full.example' "
+                    "LIMIT 4)"
+                )
+            )
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
+            print(
+                f"{n:>6,} tenants on one full domain  {name}: claim of 64 {ms:8.1f} ms "
+                f"({got} jobs, cpu {cpu:.1f} ms)"
+            )
+
+
+def case_spread(engine: Engine, sizes: list[int], repeat: int) -> None:
+    """One tenant with one job on each of N domains, all but 64 at their connection limit
+    (a running job each, concurrency 1), in name order; claim of 64, rolled back."""
+    for n in sizes:
+        clear(engine)
+        tenants(engine, 1)
+        jobs(
+            engine,
+            "SELECT 1, 'd' || lpad((g % :n)::text, 6, '0') || '.example', g "
+            "FROM generate_series(0, 2 * :n - 1) AS g",
+            {"n": n},
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO scraping.domains (domain, concurrency) "
+                    "SELECT 'd' || lpad(g::text, 6, '0') || '.example', 1 "
+                    "FROM generate_series(0, :n - 65) AS g "
+                    "ON CONFLICT (domain) DO UPDATE SET concurrency = 1"
+                ),
+                {"n": n},
+            )
+            conn.execute(
+                text(
+                    "UPDATE scraping.jobs SET status = 'running', attempts = 1, "
+                    "lease_owner = 'bench', lease_expires_at = now() + interval '1 hour' "
+                    "WHERE id IN (SELECT DISTINCT ON (domain) id FROM scraping.jobs "
+                    "WHERE domain < 'd' || lpad((:n - 64)::text, 6, '0') "
+                    "ORDER BY domain, id)"
+                ),
+                {"n": n},
+            )
+        for name, (ms, got, cpu) in timed_claims(engine, 64, repeat).items():
+            print(
+                f"one tenant, {n:>6,} domains, all but 64 full  {name}: claim of 64 "
+                f"{ms:8.1f} ms ({got} jobs, cpu {cpu:.1f} ms)"
+            )
+
+
 def _claim_for(
     url: str, claim: str, i: int, counts: list[int], gate: threading.Barrier, seconds: float
 ) -> None:
@@ -335,6 +408,8 @@ def main() -> None:
     parser.add_argument("--tenants", default="100,1000,5000,20000")
     parser.add_argument("--deep", default="1000,10000,30000")
     parser.add_argument("--paused", default="1000,10000,50000")
+    parser.add_argument("--blocked", default="20000", help="tenants on one full domain")
+    parser.add_argument("--spread", default="1000", help="one tenant's domains, most full")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (default 3)")
     parser.add_argument("--repeat", type=int, default=7)
@@ -359,6 +434,8 @@ def main() -> None:
         "tenants": lambda: case_tenants(engine, sizes(args.tenants), args.repeat),
         "deep": lambda: case_deep(engine, sizes(args.deep), args.repeat),
         "paused": lambda: case_paused(engine, sizes(args.paused), args.repeat),
+        "blocked": lambda: case_blocked(engine, sizes(args.blocked), args.repeat),
+        "spread": lambda: case_spread(engine, sizes(args.spread), args.repeat),
         "throughput": lambda: case_throughput(engine, url, args.seconds, args.rounds),
     }
     for name in args.cases.split(","):

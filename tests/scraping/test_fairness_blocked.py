@@ -5,13 +5,10 @@ Claimable work alone decides a tenant's turn: A's paused jobs
 neither cost it a turn (a claim of 20 starts A's 5) nor bank one (when the host wakes,
 A's old jobs do not jump ahead of B's).
 
-The pick is start-time fair queuing by jobs started; its bound for two tenants of weight 1
-with claimable work throughout a run of picks is |started_A - started_B| <= 2.
-
-The claim at head (migration 0022's pick, fair tags spent at intake) fails the fairness
-tests: they are pinned as strict xfails, so the suite stays green while the defect is open
-and fails the day the claim is fixed (drop the marks then). bench/README.md, "fair by jobs
-started", says what was tried and why it is not merged."""
+The pick is start-time fair queuing by jobs started (migration 0039: a tenant's turn is
+spent when the claim starts its job; a tenant with nothing claimable is parked, its tag
+standing still); its bound for two tenants of weight 1 with claimable work throughout a
+run of picks is |started_A - started_B| <= 2."""
 
 from __future__ import annotations
 
@@ -32,11 +29,6 @@ from pin_orchestration.scraping.repository import (
 from pin_orchestration.scraping.worker import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 
-OPEN_DEFECT = pytest.mark.xfail(
-    strict=True,
-    reason="issue 30 item 7 is open: fair tags are spent at intake (bench/README.md, "
-    "'fair by jobs started')",
-)
 PAUSED = "paused.example"
 
 
@@ -92,7 +84,6 @@ def _blocked_and_claimable(
     _enqueue(engine, b, [f"http://b-{i % b_hosts}.example/b{i}" for i in range(50)])
 
 
-@OPEN_DEFECT
 @pytest.mark.parametrize("blocked_by", ["pause", "full"])
 @pytest.mark.parametrize("shared_hosts", [False, True], ids=["own-hosts", "shared-hosts"])
 def test_jobs_on_a_paused_or_full_host_do_not_cost_their_tenant_its_turn(
@@ -106,7 +97,6 @@ def test_jobs_on_a_paused_or_full_host_do_not_cost_their_tenant_its_turn(
     assert started == {a: 5, b: 15}, started
 
 
-@OPEN_DEFECT
 def test_a_host_waking_gives_its_tenant_no_banked_turns(db_engine: Engine, make_tenant) -> None:
     a, b = make_tenant("a")[0].id, make_tenant("b")[0].id
     _pause(db_engine)
@@ -172,7 +162,6 @@ def test_concurrent_claimers_start_every_claimable_job_once_and_none_blocked(
     assert Counter(j.tenant_id for j in claimed) == {a: 5, b: 50}
 
 
-@OPEN_DEFECT
 def test_concurrent_claimers_give_a_tenant_with_blocked_jobs_its_turns(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:

@@ -22,14 +22,13 @@ def _statement_timeout(dbapi_connection: object, _record: object) -> None:
     dbapi_connection.commit()  # type: ignore[attr-defined]
 
 
-def _run(db_url: str, db_engine: Engine, store: Path, *, check_fairness: bool) -> None:
+def _run(db_url: str, db_engine: Engine, store: Path) -> None:
     workers = {name: create_db_engine(db_url) for name in ("w1", "w2")}
     for engine in (db_engine, *workers.values()):
         # A claim that never ends (a loop in the pick) fails the step instead of the run.
         event.listen(engine, "connect", _statement_timeout)
     try:
         machine = machine_for(db_engine, workers, store)
-        machine.check_fairness = check_fairness
         run_state_machine_as_test(
             machine,
             settings=settings(
@@ -52,7 +51,5 @@ def _run(db_url: str, db_engine: Engine, store: Path, *, check_fairness: bool) -
 def test_the_scraping_model_keeps_every_promise(
     db_url: str, db_engine: Engine, tmp_path: Path
 ) -> None:
-    """Every invariant but fairness by jobs started: issue 30 item 7 is open, pinned by the
-    deterministic cases of tests/scraping/test_fairness_blocked.py (a search for it here
-    found it or not depending on timing). When the claim is fixed, check_fairness=True."""
-    _run(db_url, db_engine, tmp_path / "results", check_fairness=False)
+    """Every invariant, fairness by jobs started among them."""
+    _run(db_url, db_engine, tmp_path / "results")

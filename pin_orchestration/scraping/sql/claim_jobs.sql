@@ -1,58 +1,62 @@
--- scraping.claim_jobs: the pick (README "Scheduling"; the design in migration 0011, the
--- per-pick statements cut in migration 0017).
+-- scraping.claim_jobs: the pick (README "Scheduling", docs/jobs/scraping.md).
 --
 -- Claim up to p_limit due jobs for worker p_worker: each gets a lease (from
 -- clock_timestamp(), the moment it is claimed), its attempt counter and an attempt row.
--- Every pick goes priority class -> the (class, domain) queue with the smallest head tag
--- among domains with room -> that domain's due job with the smallest tag.
+-- Every pick goes priority class -> the tenant whose turn it is -> one of that tenant's
+-- flows (its jobs on one domain) whose domain has room -> that flow's due job with the
+-- smallest fair tag.
 --
 -- 1. Class: start-time fair queuing over the classes with shares 6:3:1, state in
---    scraping.pick_classes (as in 0007): with all three backlogged every window of ten picks
---    is exactly 6 high, 3 normal, 1 low; a class with nothing claimable is passed over and,
+--    scraping.pick_classes: with all three backlogged every window of ten picks is
+--    exactly 6 high, 3 normal, 1 low; a class with nothing claimable is passed over and,
 --    when it comes back, starts at the clock (no banked credit).
--- 2. Tenant: decided at write time. A job entering the queue takes its tenant's next start
---    tag in its class (trigger jobs_fair_tag: max(tenant's last finish, class clock), then
---    the tenant's finish grows by 1/weight). Picking the smallest tag is weighted fair
---    queuing by jobs started; an idle tenant comes back at the clock, i.e. first in line.
--- 3. Domain: scraping.domain_queues holds one row per (domain, class) with queued jobs,
---    its head tag, and whether the domain may have room (`ready`). A domain found without
---    room (paused, bucket empty, connections full) or without a due job is set aside with
---    the time to look again (`wake_at`), so it leaves the pick index until then: paused and
---    busy domains cost nothing per pick, however many there are.
+-- 2. Tenant: start-time fair queuing by jobs started. scraping.tenant_queues holds one row
+--    per (class, tenant) with queued jobs: its start tag and whether it is parked. The
+--    pick takes the unparked tenant with the smallest start tag (ix_tenant_queues_pick)
+--    and, when it starts one of its jobs, advances its tag by 1/weight; the class clock
+--    (pick_classes.start_clock) is the largest tag picked. A tenant none of whose flows can
+--    be claimed (every one on a domain without room, or not due) is parked: it leaves the
+--    pick, and its tag stands still, so jobs waiting on a paused or full domain neither
+--    cost nor bank a turn. It comes back when one of its flows wakes (here, at the next
+--    claim) or when a job of it can be claimed at intake, at the class clock or its own
+--    tag, whichever is later. Bound: two tenants of weights w_a and w_b with claimable
+--    work all through a run of picks by one claim start n_a and n_b jobs with
+--    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b.
+-- 3. Flow: scraping.tenant_flows holds one row per (domain, class, tenant) with queued
+--    jobs, its head (the smallest fair tag: a tenant's flows are taken oldest first) and
+--    whether it may be claimed (`ready`). A flow found without room (its domain paused,
+--    its bucket empty, its connections full) or without a due job is set aside with the
+--    time to look again (`wake_at`), so it leaves its tenant's pick until then. A pause
+--    sets the domain's flows aside at once (trigger domains_domain_queue), so a paused
+--    domain costs a claim nothing; a finishing job wakes the first flows waiting for a
+--    connection of its domain (wake_room_flows).
 --
--- Concurrency: no global lock. A claim locks the domain queue it picks from and the
--- domain's state row (scraping.domains: token bucket, pause) with FOR UPDATE SKIP LOCKED,
--- so claimers of different domains never wait for each other, and two claimers never both
--- spend a domain's last token or connection (connections are counted from the jobs
--- themselves under that row lock, so nothing can drift). It waits for a lock only while
--- it holds none (every domain with room is being claimed from: one busy site), so claims
--- never deadlock.
+-- Bounded work per claim: flows woken at its start (1000 at most), and flows set aside
+-- plus tenants parked during it (MAX_SET_ASIDE; past that the claim ends with what it has:
+-- what it set aside stays aside for the next claims, so a domain without room shared by
+-- many tenants costs each tenant one set-aside per wait, spread over claims).
 --
--- Statements per pick (0017, 0019; 0011 ran about eight): two, each with its generic plan.
--- (a) The probe: one statement finds the class's queue with the smallest head tag
---     (ix_domain_queues_pick), locks it, then its domain's row (both SKIP LOCKED: a queue
---     whose domain row another claim holds is left to that claim for the rest of this
---     call; since 0019 the queue first, so a queue passed over costs only its own row),
---     and counts the domain's connections (ix_jobs_running_domain, redirect slots). The same statement
---     writes the previous pick's queue change (its new head, set aside, or deleted) in a
---     data-modifying CTE; that queue is left out of the probe, and a ready one is compared
---     by its new head as a bound on the probe ((head_tag, domain) < bound), so the order
---     of picks is the one the separate writes gave.
---     The count is taken in the probe's snapshot, i.e. before the row lock: it is used
---     only when the domain row locked is the version that snapshot sees (ctid equal).
---     Every claim that makes a domain's jobs running writes that domain's row before it
---     commits (its token spend), so a claim that committed after the snapshot left a newer
---     row version, the lock lands on it, and the count is taken again after the lock.
--- (b) The head: the domain's due job with the smallest tag (locked, SKIP LOCKED) and, in
---     the same statement, the queue's next head tag (ix_jobs_domain_head).
+-- Concurrency: no global lock. A claim locks the tenant row it picks from (FOR NO KEY
+-- UPDATE SKIP LOCKED: another claim takes the next tenant; a tenant's claims run one after
+-- the other), the flow, and the domain's state row (scraping.domains: token bucket, pause)
+-- with FOR UPDATE SKIP LOCKED, so two claimers never both spend a domain's last token or
+-- connection (connections are counted from the jobs themselves under that row lock). It
+-- waits for a lock only when every tenant of a class with claimable work is being claimed
+-- from (few tenants, many claimers): for the first of them, in a subtransaction, without
+-- a limit while it holds no lock, at most half a second once it holds some; a wait ended
+-- by the deadlock detector or that limit only ends the class's picks in this call. The connection count is taken in the probe's
+-- snapshot, i.e. before the row lock: it is used only when the domain row locked is the
+-- version that snapshot sees (ctid equal); every claim that makes a domain's jobs running
+-- writes that domain's row before it commits (its token spend), so a claim that
+-- committed after the snapshot left a newer row version, and the count is taken again.
+--
 -- A domain picked from is kept in the call's local state (its bucket, its connections,
--- its lock): picked again in this call it costs no more lookups. Its token spends are
--- written once, for every domain at the end (one set-based UPDATE; the rows stay locked
--- by this transaction until it ends). A cached domain whose connections look full is
--- counted again before it is set aside (a job may have finished meanwhile). At the end one
--- UPDATE claims the batch (each job's lease stamped with its pick's clock_timestamp())
--- and one INSERT writes its attempt rows. Nothing here grows with tenants, domains, paused
--- domains or queue depth.
+-- its lock): picked again in this call it costs no more lookups. Its token spends, the
+-- tenants' start tags and the flows' heads are written once, at the end (set-based; the
+-- rows stay locked by this transaction until it ends). At the end one UPDATE claims the
+-- batch (each job's lease stamped with its pick's clock_timestamp()) and one INSERT
+-- writes its attempt rows. Nothing per pick grows with tenants, domains, paused domains or
+-- queue depth.
 -- A domain's token bucket at p_now: one second's worth (at least 1) when full, refilled at
 -- p_rps since it was last spent. Also what a redirect hop spends (redirect_slots.sql).
 CREATE OR REPLACE FUNCTION scraping.domain_tokens(
@@ -67,6 +71,21 @@ LANGUAGE sql IMMUTABLE AS $fn$
     END
 $fn$;
 
+-- A (domain, class) queue whose last flow the claim deleted goes too, unless a writer
+-- holds it (intake announcing jobs to it holds it KEY SHARE until it commits: then it
+-- stays, and the jobs with it).
+CREATE OR REPLACE FUNCTION scraping.drop_empty_domain_queue(p_domain text, p_priority text)
+RETURNS void
+LANGUAGE sql AS $fn$
+    DELETE FROM scraping.domain_queues q
+    WHERE q.ctid = (
+        SELECT q2.ctid FROM scraping.domain_queues q2
+        WHERE q2.domain = p_domain AND q2.priority = p_priority
+          AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                          WHERE f.domain = p_domain AND f.priority = p_priority)
+        FOR UPDATE SKIP LOCKED);
+$fn$;
+
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
     p_limit integer,
@@ -76,24 +95,29 @@ CREATE OR REPLACE FUNCTION scraping.claim_jobs(
 ) RETURNS SETOF scraping.jobs
 LANGUAGE plpgsql VOLATILE
 -- Every statement here is an index probe whose plan does not depend on its values; left to
--- choose, PL/pgSQL planned the probe afresh at every pick (with no change to write, its
--- CTEs fold away and the custom plan looks cheaper than the generic one): ~1/3 of a claim.
+-- choose, PL/pgSQL planned them afresh at every pick.
 SET plan_cache_mode = force_generic_plan
 AS $fn$
 DECLARE
+    -- flows set aside and tenants parked in one call, at most
+    MAX_SET_ASIDE CONSTANT integer := 256;
     c_name text[] := ARRAY['high', 'normal', 'low'];
     c_step bigint[];
     c_finish bigint[];
     c_start bigint[];
     c_tclock double precision[];
+    c_sclock double precision[];
     c_done boolean[] := ARRAY[false, false, false];
     v_clock bigint;
     ci integer;
     n_picked integer := 0;
+    n_set_aside integer := 0;
     v_now timestamptz;
+    v_tenant uuid;
+    v_tenant_tag double precision;
+    v_weight double precision;
     v_probe record;
-    v_qdomain text;
-    v_qhead double precision;
+    v_fdomain text;
     v_domain scraping.domains;
     v_rps double precision;
     v_concurrency integer;
@@ -105,6 +129,7 @@ DECLARE
     v_due timestamptz;
     n_locked integer;
     k integer;
+    kt integer;
     picked uuid[] := '{}';
     picked_at timestamptz[] := '{}';
     -- the domains this call holds locked, and their state as this call left it: tokens
@@ -118,58 +143,93 @@ DECLARE
     dc_blocked timestamptz[] := '{}';
     dc_running integer[] := '{}';
     dc_picks integer[] := '{}';
-    -- the queue change not yet written (written by the next probe, or at the end)
-    pq_domain text;
-    pq_priority text;
-    pq_delete boolean;
-    pq_head double precision;
-    pq_ready boolean;
-    pq_waiting_for text;
-    pq_wake_at timestamptz;
-    -- the probe's exclusion and bound for the queue of that change
-    v_excluded text;
-    v_bound_head double precision;
-    v_bound_domain text;
-    -- whether this call holds a row lock yet: until it does, it may wait for one without
-    -- any risk of a deadlock (a waiter holding nothing is in no cycle)
-    v_holds_locks boolean := false;
-    v_found boolean;
+    -- the tenants this call picked from (their rows locked): class, id, start tag after
+    -- this call's starts (written at the end)
+    tc_priority text[] := '{}';
+    tc_tenant uuid[] := '{}';
+    tc_tag double precision[] := '{}';
+    -- the flows whose head this call moved (written at the end)
+    fh_domain text[] := '{}';
+    fh_priority text[] := '{}';
+    fh_tenant uuid[] := '{}';
+    fh_head double precision[] := '{}';
+    -- (class, tenant) left for the rest of this call: its ready flows all held by other
+    -- claims, or parked by it
+    pp_priority text[] := '{}';
+    pp_tenant uuid[] := '{}';
+    -- of the class being picked: the tenants passed, and those this call picked from
+    v_passed uuid[];
+    v_mine uuid[];
     -- domains whose state row another claim holds: left to it for the rest of this call
     v_domains_taken text[] := '{}';
+    -- whether this call holds a row lock yet: until it does, it may wait for one without
+    -- any risk of a deadlock (a waiter holding nothing is in no cycle), so without a limit
+    v_holds_locks boolean := false;
     v_counted_now boolean;
+    -- waiting for a tenant: the one locked, and those found with nothing to claim
+    v_waited uuid;
+    v_waited_empty uuid[] := '{}';
+    v_lock_timeout text;
+    w_flow tid[];
+    w_priority text[];
+    w_tenant uuid[];
+    w_tenant_row tid[];
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
     END IF;
 
-    -- Domain queues whose wait is over come back into the pick (a bounded batch per call;
-    -- rows another claim is waking are skipped, not waited for). The clock is read into a
-    -- variable first: compared with clock_timestamp() itself (volatile) the wake time is
-    -- no index bound, and the scan of ix_domain_queues_wake read every queue set aside.
-    -- The rows are updated by their ctids (locked here, so they stay put): joined back by
-    -- key, the generic plan hashed a sequential scan of every queue.
-    v_now := clock_timestamp();
-    UPDATE scraping.domain_queues q
-    SET ready = true, wake_at = NULL, waiting_for = NULL
-    WHERE q.ctid = ANY (ARRAY(
-        SELECT w.ctid FROM scraping.domain_queues w
-        WHERE NOT w.ready AND w.wake_at <= v_now
-        ORDER BY w.wake_at
-        LIMIT 1000
-        FOR UPDATE SKIP LOCKED
-    ));
-    v_holds_locks := FOUND;
-
     SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
            array_agg(vtime ORDER BY array_position(c_name, priority)),
            array_agg(last_start ORDER BY array_position(c_name, priority)),
            array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
+           array_agg(start_clock ORDER BY array_position(c_name, priority)),
            max(last_start)
-    INTO c_step, c_finish, c_start, c_tclock, v_clock
+    INTO c_step, c_finish, c_start, c_tclock, c_sclock, v_clock
     FROM scraping.pick_classes;
 
+    -- Flows whose wait is over come back into their tenant's pick, and a parked tenant of
+    -- such a flow comes back at the class clock or its own tag, whichever is later (a
+    -- bounded batch per call; rows another transaction holds are skipped, not waited for,
+    -- and a flow whose tenant row is held stays for the next claim, so no tenant is left
+    -- parked with a flow ready). The clock is read into a variable first: compared with
+    -- clock_timestamp() itself (volatile) the wake time is no index bound.
+    v_now := clock_timestamp();
+    SELECT array_agg(w.ctid), array_agg(w.priority), array_agg(w.tenant_id)
+    INTO w_flow, w_priority, w_tenant
+    FROM (
+        SELECT f.ctid, f.priority, f.tenant_id FROM scraping.tenant_flows f
+        WHERE NOT f.ready AND f.wake_at <= v_now
+        ORDER BY f.wake_at
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ) w;
+    IF w_flow IS NOT NULL THEN
+        v_holds_locks := true;
+        SELECT array_agg(t.ctid) INTO w_tenant_row
+        FROM (
+            SELECT t.ctid FROM scraping.tenant_queues t
+            WHERE (t.priority, t.tenant_id) IN (
+                SELECT u.p, u.t FROM unnest(w_priority, w_tenant) AS u(p, t))
+            ORDER BY t.priority, t.tenant_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) t;
+        UPDATE scraping.tenant_flows f
+        SET ready = true, waiting_for = NULL, wake_at = NULL
+        FROM unnest(w_flow, w_priority, w_tenant) AS u(flow, p, t)
+        WHERE f.ctid = u.flow
+          -- (before the tenants are written: their rows are found by ctid)
+          AND EXISTS (SELECT 1 FROM scraping.tenant_queues t
+                      WHERE t.ctid = ANY (w_tenant_row)
+                        AND t.priority = u.p AND t.tenant_id = u.t);
+        UPDATE scraping.tenant_queues t
+        SET ready = true,
+            start_tag = greatest(t.start_tag, c_sclock[array_position(c_name, t.priority)])
+        WHERE t.ctid = ANY (w_tenant_row) AND NOT t.ready;
+    END IF;
+
     <<picks>>
-    WHILE n_picked < p_limit LOOP
+    WHILE n_picked < p_limit AND n_set_aside < MAX_SET_ASIDE LOOP
         -- 1. the class with the smallest start tag (ties: the higher class)
         ci := NULL;
         FOR k2 IN 1..3 LOOP
@@ -181,282 +241,316 @@ BEGIN
         END LOOP;
         EXIT picks WHEN ci IS NULL;
 
-        <<domains>>
+        <<tenants>>
         LOOP
-            -- 2. the class's domain queue with the smallest head tag. The queue of the
-            -- change not yet written is left out; when it is of this class and stays in
-            -- the pick, it is the pick unless the probe finds a queue before its new head.
-            v_excluded := '';
-            v_bound_head := 'Infinity';
-            v_bound_domain := '';
-            IF pq_priority = c_name[ci] THEN
-                v_excluded := pq_domain;
-                IF pq_ready THEN
-                    v_bound_head := pq_head;
-                    v_bound_domain := pq_domain;
-                END IF;
+            EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
+            -- 2. the class's unparked tenant with the smallest start tag. The tenants this
+            -- call picked from already are compared by their tags as this call left them.
+            v_passed := ARRAY(SELECT u.t FROM unnest(pp_priority, pp_tenant) AS u(p, t)
+                              WHERE u.p = c_name[ci]);
+            v_mine := ARRAY(SELECT u.t FROM unnest(tc_priority, tc_tenant) AS u(p, t)
+                            WHERE u.p = c_name[ci]);
+            SELECT t.tenant_id, t.start_tag, tn.weight INTO v_tenant, v_tenant_tag, v_weight
+            FROM scraping.tenant_queues t
+            JOIN scraping.tenants tn ON tn.id = t.tenant_id
+            WHERE t.priority = c_name[ci] AND t.ready
+              AND t.tenant_id <> ALL (v_passed)
+              AND t.tenant_id <> ALL (v_mine)
+            ORDER BY t.start_tag, t.tenant_id
+            LIMIT 1
+            FOR NO KEY UPDATE OF t SKIP LOCKED;
+            IF NOT FOUND THEN
+                v_tenant := NULL;
             END IF;
-            WITH write_change AS (
-                UPDATE scraping.domain_queues q
-                SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
-                    wake_at = pq_wake_at
-                WHERE q.domain = pq_domain AND q.priority = pq_priority AND NOT pq_delete
-            ), delete_queue AS (
-                DELETE FROM scraping.domain_queues q
-                WHERE q.domain = pq_domain AND q.priority = pq_priority AND pq_delete
-            )
-            -- The queue is locked first and its domain's row after it (LATERAL): a queue
-            -- another claimer holds is passed over at the cost of its own row, and the
-            -- connections are counted for the queue locked only. (Locked together in one
-            -- join, 0017, every queue passed over cost a domains lookup and a count too,
-            -- so each claimer more made every probe of the others dearer: 0019.) A queue
-            -- whose domain row another claim holds (its other class) is left to it for
-            -- the rest of this call.
-            SELECT q1.domain, q1.head_tag, dd.domain IS NOT NULL AS domain_locked,
-                   dd.tokens, dd.tokens_at, dd.blocked_until, dd.rps, dd.concurrency,
-                   CASE WHEN dd.domain IS NOT NULL AND q1.domain <> ALL (dc_domain) THEN
-                       (SELECT count(*) FROM scraping.jobs j
-                        WHERE j.status = 'running' AND j.domain = q1.domain)
-                       + (SELECT count(*) FROM scraping.redirect_slots s
-                          WHERE s.domain = q1.domain AND s.expires_at > clock_timestamp())
-                   END AS running,
-                   dd.locked_ctid = (SELECT d2.ctid FROM scraping.domains d2
-                                     WHERE d2.domain = q1.domain) AS counted_under_lock
-            INTO v_probe
-            FROM (
-                SELECT q.domain, q.head_tag
-                FROM scraping.domain_queues q
-                WHERE q.priority = c_name[ci] AND q.ready AND q.domain <> v_excluded
-                  AND q.domain <> ALL (v_domains_taken)
-                  AND (q.head_tag, q.domain) < (v_bound_head, v_bound_domain)
-                ORDER BY q.head_tag, q.domain
-                LIMIT 1
-                FOR UPDATE OF q SKIP LOCKED
-            ) q1
-            LEFT JOIN LATERAL (
-                SELECT d.domain, d.tokens, d.tokens_at, d.blocked_until, d.rps,
-                       d.concurrency, d.ctid AS locked_ctid
-                FROM scraping.domains d
-                WHERE d.domain = q1.domain
-                FOR UPDATE SKIP LOCKED
-            ) dd ON true;
-            v_found := FOUND;
-            -- the change is written
-            pq_domain := NULL;
-            pq_priority := NULL;
-            IF v_found AND NOT v_probe.domain_locked THEN
-                v_holds_locks := true;
-                v_domains_taken := v_domains_taken || v_probe.domain;
-                CONTINUE domains;
-            ELSIF v_found THEN
-                v_qdomain := v_probe.domain;
-                v_qhead := v_probe.head_tag;
-            ELSIF v_bound_domain <> '' THEN
-                -- the queue just picked from is still the first: its row and its domain's
-                -- are this call's already
-                v_qdomain := v_bound_domain;
-                v_qhead := v_bound_head;
-            ELSIF NOT v_holds_locks THEN
-                -- Every queue with room is being picked from by other claims (one busy
-                -- site): wait for the first of them rather than answer "nothing to do",
-                -- then probe again (its domain's row is still taken SKIP LOCKED).
-                PERFORM 1 FROM scraping.domain_queues q
-                WHERE q.priority = c_name[ci] AND q.ready
-                ORDER BY q.head_tag, q.domain
-                LIMIT 1
-                FOR UPDATE;
-                IF FOUND THEN
-                    v_holds_locks := true;
-                    CONTINUE domains;
+            kt := NULL;
+            FOR k2 IN 1..cardinality(tc_tenant) LOOP
+                CONTINUE WHEN tc_priority[k2] <> c_name[ci]
+                    OR tc_tenant[k2] = ANY (v_passed);
+                IF (kt IS NULL OR (tc_tag[k2], tc_tenant[k2]) < (tc_tag[kt], tc_tenant[kt]))
+                THEN
+                    kt := k2;
                 END IF;
-                -- nothing of this class to wait for: it is done, and this claim may still
-                -- wait for another class's queue
+            END LOOP;
+            IF kt IS NOT NULL AND (v_tenant IS NULL
+                    OR (tc_tag[kt], tc_tenant[kt]) < (v_tenant_tag, v_tenant))
+            THEN
+                v_tenant := tc_tenant[kt];
+                SELECT tn.weight INTO v_weight FROM scraping.tenants tn WHERE tn.id = v_tenant;
+            ELSIF v_tenant IS NULL THEN
+                -- Every tenant of the class with claimable work is being claimed from by
+                -- other claims: wait for the first of them rather than answer "nothing to
+                -- do", then probe again. Each wait is a subtransaction: when the claim
+                -- waited for left that tenant with nothing to claim, its lock is let go
+                -- again and the next one is waited for. A claim holding locks already
+                -- waits at most half a second, and a wait that closes a cycle with another
+                -- claim's (the deadlock detector, or the timeout, ends it) only ends this
+                -- class's picks: no claim fails or stalls for it.
+                v_waited_empty := '{}';
+                v_lock_timeout := current_setting('lock_timeout');
+                IF v_holds_locks THEN
+                    PERFORM set_config('lock_timeout', '500ms', true);
+                END IF;
+                FOR n_wait IN 1..100 LOOP
+                    v_waited := NULL;
+                    BEGIN
+                        SELECT t.tenant_id INTO v_waited FROM scraping.tenant_queues t
+                        WHERE t.priority = c_name[ci] AND t.ready
+                          AND t.tenant_id <> ALL (v_waited_empty)
+                          AND t.tenant_id <> ALL (v_passed)
+                          AND t.tenant_id <> ALL (v_mine)
+                        ORDER BY t.start_tag, t.tenant_id
+                        LIMIT 1
+                        FOR NO KEY UPDATE;
+                        IF v_waited IS NOT NULL
+                           AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                           WHERE f.priority = c_name[ci]
+                                             AND f.tenant_id = v_waited AND f.ready)
+                        THEN
+                            RAISE EXCEPTION 'nothing to claim';
+                        END IF;
+                    EXCEPTION
+                        WHEN raise_exception THEN
+                            v_waited_empty := v_waited_empty || v_waited;
+                            v_waited := NULL;
+                            CONTINUE;
+                        WHEN lock_not_available OR deadlock_detected THEN
+                            v_waited := NULL;
+                    END;
+                    EXIT;
+                END LOOP;
+                PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                IF v_waited IS NOT NULL THEN
+                    v_holds_locks := true;
+                    CONTINUE tenants;
+                END IF;
                 c_done[ci] := true;
                 CONTINUE picks;
             ELSE
-                c_done[ci] := true;
-                CONTINUE picks;
+                kt := NULL;
             END IF;
             v_holds_locks := true;
-            v_now := clock_timestamp();
+            IF kt IS NULL THEN
+                tc_priority := tc_priority || c_name[ci];
+                tc_tenant := tc_tenant || v_tenant;
+                tc_tag := tc_tag || v_tenant_tag;
+                kt := cardinality(tc_tenant);
+            END IF;
 
-            k := array_position(dc_domain, v_qdomain);
-            v_counted_now := k IS NULL;
-            IF k IS NULL THEN
-                IF v_probe.counted_under_lock IS NOT TRUE THEN
-                    -- another claim committed on this domain after the probe's snapshot
-                    SELECT (SELECT count(*) FROM scraping.jobs j
-                            WHERE j.status = 'running' AND j.domain = v_qdomain)
-                         + (SELECT count(*) FROM scraping.redirect_slots s
-                            WHERE s.domain = v_qdomain AND s.expires_at > v_now)
-                    INTO v_running;
-                ELSE
-                    v_running := v_probe.running;
+            <<flows>>
+            LOOP
+                -- 3. the tenant's ready flow with the smallest head, locked, then its
+                -- domain's row (both SKIP LOCKED), and the domain's connections counted
+                -- unless this call holds the domain already
+                SELECT f1.domain, dd.domain IS NOT NULL AS domain_locked,
+                       dd.tokens, dd.tokens_at, dd.blocked_until, dd.rps, dd.concurrency,
+                       CASE WHEN dd.domain IS NOT NULL AND f1.domain <> ALL (dc_domain) THEN
+                           (SELECT count(*) FROM scraping.jobs j
+                            WHERE j.status = 'running' AND j.domain = f1.domain)
+                           + (SELECT count(*) FROM scraping.redirect_slots s
+                              WHERE s.domain = f1.domain AND s.expires_at > clock_timestamp())
+                       END AS running,
+                       dd.locked_ctid = (SELECT d2.ctid FROM scraping.domains d2
+                                         WHERE d2.domain = f1.domain) AS counted_under_lock
+                INTO v_probe
+                FROM (
+                    SELECT f.domain
+                    FROM scraping.tenant_flows f
+                    WHERE f.priority = c_name[ci] AND f.tenant_id = v_tenant
+                      AND f.ready AND f.domain <> ALL (v_domains_taken)
+                    ORDER BY f.head_tag, f.domain
+                    LIMIT 1
+                    FOR UPDATE OF f SKIP LOCKED
+                ) f1
+                LEFT JOIN LATERAL (
+                    SELECT d.domain, d.tokens, d.tokens_at, d.blocked_until, d.rps,
+                           d.concurrency, d.ctid AS locked_ctid
+                    FROM scraping.domains d
+                    WHERE d.domain = f1.domain
+                    FOR UPDATE SKIP LOCKED
+                ) dd ON true;
+                IF NOT FOUND THEN
+                    IF EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                               WHERE f.priority = c_name[ci]
+                                 AND f.tenant_id = v_tenant AND f.ready) THEN
+                        -- its ready flows are other claims' (or on their domains) for now
+                        pp_priority := pp_priority || c_name[ci];
+                        pp_tenant := pp_tenant || v_tenant;
+                    ELSE
+                        -- Nothing of it can be claimed: parked, its tag standing still,
+                        -- until one of its flows wakes or intake brings a claimable job.
+                        UPDATE scraping.tenant_queues t
+                        SET ready = false, start_tag = tc_tag[kt]
+                        WHERE t.priority = c_name[ci] AND t.tenant_id = v_tenant;
+                        pp_priority := pp_priority || c_name[ci];
+                        pp_tenant := pp_tenant || v_tenant;
+                        n_set_aside := n_set_aside + 1;
+                    END IF;
+                    CONTINUE tenants;
                 END IF;
-                dc_domain := dc_domain || v_qdomain;
-                dc_tokens := dc_tokens || v_probe.tokens;
-                dc_tokens_at := dc_tokens_at || v_probe.tokens_at;
-                dc_rps := dc_rps || coalesce(v_probe.rps, p_default_rps);
-                dc_concurrency := dc_concurrency
-                    || coalesce(v_probe.concurrency, p_default_concurrency);
-                dc_blocked := dc_blocked || v_probe.blocked_until;
-                dc_running := dc_running || v_running;
-                dc_picks := dc_picks || 0;
-                k := cardinality(dc_domain);
-            END IF;
+                IF NOT v_probe.domain_locked THEN
+                    v_domains_taken := v_domains_taken || v_probe.domain;
+                    CONTINUE flows;
+                END IF;
+                v_fdomain := v_probe.domain;
+                v_now := clock_timestamp();
 
-            -- 3. room: no pause, a token in the bucket, a free connection
-            IF dc_blocked[k] > v_now THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_qhead;
-                pq_ready := false;
-                pq_waiting_for := 'room';
-                pq_wake_at := dc_blocked[k];
-                CONTINUE domains;
-            END IF;
-            v_rps := dc_rps[k];
-            v_concurrency := dc_concurrency[k];
-            v_domain.tokens := dc_tokens[k];
-            v_domain.tokens_at := dc_tokens_at[k];
-            v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
-            IF v_tokens < 1 THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_qhead;
-                pq_ready := false;
-                pq_waiting_for := 'room';
-                pq_wake_at := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
-                CONTINUE domains;
-            END IF;
-            -- connections: its running jobs, this call's picks, and redirect hops of
-            -- other domains' jobs to it (scraping.take_redirect_slot)
-            IF NOT v_counted_now AND dc_running[k] + dc_picks[k] >= v_concurrency THEN
-                -- counted when this call locked it: a job may have finished since
-                SELECT (SELECT count(*) FROM scraping.jobs j
-                        WHERE j.status = 'running' AND j.domain = v_qdomain)
-                     + (SELECT count(*) FROM scraping.redirect_slots s
-                        WHERE s.domain = v_qdomain AND s.expires_at > v_now)
-                INTO v_running;
-                dc_running[k] := v_running;
-            END IF;
-            v_running := dc_running[k] + dc_picks[k];
-            IF v_running >= v_concurrency THEN
-                -- A finishing job wakes it (trigger jobs_domain_queue); the second is a
-                -- safety net for a finish that committed while this claim was deciding.
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_qhead;
-                pq_ready := false;
-                pq_waiting_for := 'room';
-                pq_wake_at := v_now + interval '1 second';
-                CONTINUE domains;
-            END IF;
+                k := array_position(dc_domain, v_fdomain);
+                v_counted_now := k IS NULL;
+                IF k IS NULL THEN
+                    IF v_probe.counted_under_lock IS NOT TRUE THEN
+                        -- another claim committed on this domain after the probe's snapshot
+                        SELECT (SELECT count(*) FROM scraping.jobs j
+                                WHERE j.status = 'running' AND j.domain = v_fdomain)
+                             + (SELECT count(*) FROM scraping.redirect_slots s
+                                WHERE s.domain = v_fdomain AND s.expires_at > v_now)
+                        INTO v_running;
+                    ELSE
+                        v_running := v_probe.running;
+                    END IF;
+                    dc_domain := dc_domain || v_fdomain;
+                    dc_tokens := dc_tokens || v_probe.tokens;
+                    dc_tokens_at := dc_tokens_at || v_probe.tokens_at;
+                    dc_rps := dc_rps || coalesce(v_probe.rps, p_default_rps);
+                    dc_concurrency := dc_concurrency
+                        || coalesce(v_probe.concurrency, p_default_concurrency);
+                    dc_blocked := dc_blocked || v_probe.blocked_until;
+                    dc_running := dc_running || v_running;
+                    dc_picks := dc_picks || 0;
+                    k := cardinality(dc_domain);
+                END IF;
 
-            -- 4. the domain's due job with the smallest tag, never one asked to cancel, and
-            -- the tag the queue's head has once it is picked
-            SELECT h.id, h.fair_tag,
-                   (SELECT j.fair_tag FROM scraping.jobs j
-                    WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                      AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                -- 4. room: no pause, a token in the bucket, a free connection; without it
+                -- the flow is set aside until the pause ends, the next token, or (a
+                -- connection) a finishing job wakes it, with a second as a safety net for a
+                -- finish that committed while this claim was deciding
+                v_due := NULL;
+                v_rps := dc_rps[k];
+                v_concurrency := dc_concurrency[k];
+                IF dc_blocked[k] > v_now THEN
+                    v_due := dc_blocked[k];
+                ELSE
+                    v_domain.tokens := dc_tokens[k];
+                    v_domain.tokens_at := dc_tokens_at[k];
+                    v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
+                    IF v_tokens < 1 THEN
+                        v_due := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
+                    ELSE
+                        IF NOT v_counted_now AND dc_running[k] + dc_picks[k] >= v_concurrency
+                        THEN
+                            -- counted when this call locked it: a job may have finished since
+                            SELECT (SELECT count(*) FROM scraping.jobs j
+                                    WHERE j.status = 'running' AND j.domain = v_fdomain)
+                                 + (SELECT count(*) FROM scraping.redirect_slots s
+                                    WHERE s.domain = v_fdomain AND s.expires_at > v_now)
+                            INTO v_running;
+                            dc_running[k] := v_running;
+                        END IF;
+                        v_running := dc_running[k] + dc_picks[k];
+                        IF v_running >= v_concurrency THEN
+                            v_due := v_now + interval '1 second';
+                        END IF;
+                    END IF;
+                END IF;
+                IF v_due IS NOT NULL THEN
+                    UPDATE scraping.tenant_flows f
+                    SET ready = false, waiting_for = 'room', wake_at = v_due
+                    WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
+                      AND f.tenant_id = v_tenant;
+                    n_set_aside := n_set_aside + 1;
+                    EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
+                    CONTINUE flows;
+                END IF;
+
+                -- 5. the flow's due job with the smallest tag, never one asked to cancel,
+                -- and the tag the flow's head has once it is picked
+                SELECT h.id, h.fair_tag,
+                       (SELECT j.fair_tag FROM scraping.jobs j
+                        WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
+                          AND j.tenant_id = v_tenant
+                          AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                        ORDER BY j.fair_tag, j.id
+                        LIMIT 1)
+                INTO v_job_id, v_tag, v_next
+                FROM (
+                    SELECT j.id, j.fair_tag FROM scraping.jobs j
+                    WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
+                      AND j.tenant_id = v_tenant
+                      AND j.status = 'queued' AND j.next_attempt_at <= v_now
+                      AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
                     ORDER BY j.fair_tag, j.id
-                    LIMIT 1)
-            INTO v_job_id, v_tag, v_next
-            FROM (
-                SELECT j.id, j.fair_tag FROM scraping.jobs j
-                WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                  AND j.status = 'queued' AND j.next_attempt_at <= v_now
-                  AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
-                ORDER BY j.fair_tag, j.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED
-            ) h;
-            IF NOT FOUND THEN
-                SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
-                WHERE j.domain = v_qdomain AND j.priority = c_name[ci]
-                  AND j.status = 'queued' AND j.cancel_requested_at IS NULL
-                  AND j.id <> ALL (picked);
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                IF v_due IS NULL THEN
-                    pq_delete := true;
-                    pq_ready := false;
-                ELSE
-                    -- Not due yet, or its due jobs held by another transaction (a cancel).
-                    pq_delete := false;
-                    pq_head := v_qhead;
-                    pq_ready := false;
-                    pq_waiting_for := 'due';
-                    pq_wake_at := greatest(v_due, v_now + interval '1 second');
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                ) h;
+                IF NOT FOUND THEN
+                    SELECT min(j.next_attempt_at) INTO v_due FROM scraping.jobs j
+                    WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
+                      AND j.tenant_id = v_tenant
+                      AND j.status = 'queued' AND j.cancel_requested_at IS NULL
+                      AND j.id <> ALL (picked);
+                    IF v_due IS NULL THEN
+                        DELETE FROM scraping.tenant_flows f
+                        WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
+                          AND f.tenant_id = v_tenant;
+                        PERFORM scraping.drop_empty_domain_queue(v_fdomain, c_name[ci]);
+                    ELSE
+                        -- Not due yet (until it is), or its due jobs held by another
+                        -- transaction (a cancel: a second).
+                        UPDATE scraping.tenant_flows f
+                        SET ready = false, waiting_for = 'due',
+                            wake_at = CASE WHEN v_due > v_now THEN v_due
+                                           ELSE v_now + interval '1 second' END
+                        WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
+                          AND f.tenant_id = v_tenant;
+                        n_set_aside := n_set_aside + 1;
+                        EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
+                    END IF;
+                    CONTINUE flows;
                 END IF;
-                CONTINUE domains;
-            END IF;
 
-            -- The pick: spend the domain's token and connection (written at the end),
-            -- advance both clocks. The jobs are claimed together at the end, each stamped
-            -- with its pick's moment.
-            picked := picked || v_job_id;
-            picked_at := picked_at || v_now;
-            n_picked := n_picked + 1;
-            v_tokens := v_tokens - 1;
-            dc_tokens[k] := v_tokens;
-            dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
-            dc_picks[k] := dc_picks[k] + 1;
-
-            IF v_next IS NULL THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := true;
-                pq_ready := false;
-            ELSIF v_tokens < 1 THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_next;
-                pq_ready := false;
-                pq_waiting_for := 'room';
-                pq_wake_at := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
-            ELSIF v_running + 1 >= v_concurrency THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_next;
-                pq_ready := false;
-                pq_waiting_for := 'room';
-                pq_wake_at := v_now + interval '1 second';
-            ELSIF v_next <> v_qhead THEN
-                pq_domain := v_qdomain;
-                pq_priority := c_name[ci];
-                pq_delete := false;
-                pq_head := v_next;
-                pq_ready := true;
-                pq_waiting_for := NULL;
-                pq_wake_at := NULL;
-            END IF;
-
-            c_tclock[ci] := greatest(c_tclock[ci], v_tag);
-            v_clock := greatest(c_finish[ci], v_clock);
-            c_start[ci] := v_clock;
-            c_finish[ci] := v_clock + c_step[ci];
-            CONTINUE picks;
-        END LOOP domains;
+                -- The pick: spend the domain's token and connection, the tenant's turn
+                -- (written at the end), advance the clocks. The jobs are claimed together
+                -- at the end, each stamped with its pick's moment.
+                picked := picked || v_job_id;
+                picked_at := picked_at || v_now;
+                n_picked := n_picked + 1;
+                dc_tokens[k] := v_tokens - 1;
+                dc_tokens_at[k] := greatest(v_now, dc_tokens_at[k]);
+                dc_picks[k] := dc_picks[k] + 1;
+                IF v_next IS NULL THEN
+                    DELETE FROM scraping.tenant_flows f
+                    WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
+                      AND f.tenant_id = v_tenant;
+                    PERFORM scraping.drop_empty_domain_queue(v_fdomain, c_name[ci]);
+                ELSE
+                    fh_domain := fh_domain || v_fdomain;
+                    fh_priority := fh_priority || c_name[ci];
+                    fh_tenant := fh_tenant || v_tenant;
+                    fh_head := fh_head || v_next;
+                END IF;
+                c_sclock[ci] := greatest(c_sclock[ci], tc_tag[kt]);
+                tc_tag[kt] := tc_tag[kt] + 1.0 / v_weight;
+                c_tclock[ci] := greatest(c_tclock[ci], v_tag);
+                v_clock := greatest(c_finish[ci], v_clock);
+                c_start[ci] := v_clock;
+                c_finish[ci] := v_clock + c_step[ci];
+                CONTINUE picks;
+            END LOOP flows;
+        END LOOP tenants;
     END LOOP picks;
 
-    -- the last queue change, and the token spends of every domain picked from
-    IF pq_domain IS NOT NULL THEN
-        IF pq_delete THEN
-            DELETE FROM scraping.domain_queues q
-            WHERE q.domain = pq_domain AND q.priority = pq_priority;
-        ELSE
-            UPDATE scraping.domain_queues q
-            SET head_tag = pq_head, ready = pq_ready, waiting_for = pq_waiting_for,
-                wake_at = pq_wake_at
-            WHERE q.domain = pq_domain AND q.priority = pq_priority;
-        END IF;
-    END IF;
+    -- the tenants' start tags and the flows' heads as this call left them
+    UPDATE scraping.tenant_queues t
+    SET start_tag = u.tag
+    FROM unnest(tc_priority, tc_tenant, tc_tag) AS u(priority, tenant_id, tag)
+    WHERE t.priority = u.priority AND t.tenant_id = u.tenant_id
+      AND t.start_tag <> u.tag;
+    UPDATE scraping.tenant_flows f
+    SET head_tag = u.head
+    FROM (SELECT DISTINCT ON (x.domain, x.priority, x.tenant_id) x.*
+          FROM unnest(fh_domain, fh_priority, fh_tenant, fh_head) WITH ORDINALITY
+              AS x(domain, priority, tenant_id, head, o)
+          ORDER BY x.domain, x.priority, x.tenant_id, x.o DESC) u
+    WHERE f.domain = u.domain AND f.priority = u.priority AND f.tenant_id = u.tenant_id;
     IF n_picked = 0 THEN
         RETURN;
     END IF;
@@ -474,7 +568,8 @@ BEGIN
     IF n_locked = 3 THEN
         UPDATE scraping.pick_classes c
         SET vtime = c_finish[ck], last_start = c_start[ck],
-            tenant_clock = greatest(c.tenant_clock, c_tclock[ck])
+            tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
+            start_clock = greatest(c.start_clock, c_sclock[ck])
         FROM generate_subscripts(c_name, 1) AS ck
         WHERE c.priority = c_name[ck];
     END IF;

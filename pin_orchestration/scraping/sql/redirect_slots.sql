@@ -73,8 +73,8 @@ BEGIN
 END
 $fn$;
 
--- The hop's fetch ended: its connection is free, so the domain's queues set aside for
--- want of one look again at the next claim (as a job leaving `running` does).
+-- The hop's fetch ended: its connection is free, so the domain's flows set aside for want
+-- of one look again at the next claim (as a job leaving `running` does).
 CREATE OR REPLACE FUNCTION scraping.release_redirect_slot(p_job_id uuid, p_attempt integer)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -85,11 +85,7 @@ BEGIN
     WHERE s.job_id = p_job_id AND s.attempt = p_attempt
     RETURNING s.domain INTO v_domain_name;
     IF v_domain_name IS NOT NULL THEN
-        UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
-        WHERE q.domain = v_domain_name AND NOT q.ready AND q.waiting_for = 'room'
-          AND q.wake_at > clock_timestamp()
-          AND NOT EXISTS (SELECT 1 FROM scraping.domains d
-                          WHERE d.domain = v_domain_name AND d.blocked_until > clock_timestamp());
+        PERFORM scraping.wake_room_flows(v_domain_name);
     END IF;
 END
 $fn$;
