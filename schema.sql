@@ -344,7 +344,7 @@ CREATE FUNCTION scraping.claim_jobs(p_worker text, p_limit integer, p_lease_seco
     AS $$
 DECLARE
     -- flows set aside and tenants parked in one call, at most
-    MAX_SET_ASIDE CONSTANT integer := 256;
+    MAX_SET_ASIDE CONSTANT integer := 1024;
     c_name text[] := ARRAY['high', 'normal', 'low'];
     c_step bigint[];
     c_finish bigint[];
@@ -414,6 +414,9 @@ DECLARE
     v_waited uuid;
     v_waited_empty uuid[] := '{}';
     v_lock_timeout text;
+    v_bucket boolean;
+    -- the tenants of the flows set aside together
+    v_aside uuid[];
     w_flow tid[];
     w_priority text[];
     w_tenant uuid[];
@@ -665,9 +668,11 @@ BEGIN
 
                 -- 4. room: no pause, a token in the bucket, a free connection; without it
                 -- the flow is set aside until the pause ends, the next token, or (a
-                -- connection) a finishing job wakes it, with a second as a safety net for a
-                -- finish that committed while this claim was deciding
+                -- connection) a finishing job wakes it (wake_room_flows, which waits for a
+                -- claim holding the domain's row, so it sees what that claim set aside),
+                -- with a minute as a safety net (a redirect hop's slot that lapsed)
                 v_due := NULL;
+                v_bucket := false;
                 v_rps := dc_rps[k];
                 v_concurrency := dc_concurrency[k];
                 IF dc_blocked[k] > v_now THEN
@@ -678,6 +683,7 @@ BEGIN
                     v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
                     IF v_tokens < 1 THEN
                         v_due := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
+                        v_bucket := true;
                     ELSE
                         IF NOT v_counted_now AND dc_running[k] + dc_picks[k] >= v_concurrency
                         THEN
@@ -691,16 +697,33 @@ BEGIN
                         END IF;
                         v_running := dc_running[k] + dc_picks[k];
                         IF v_running >= v_concurrency THEN
-                            v_due := v_now + interval '1 second';
+                            v_due := v_now + interval '60 seconds';
                         END IF;
                     END IF;
                 END IF;
                 IF v_due IS NOT NULL THEN
-                    UPDATE scraping.tenant_flows f
-                    SET ready = false, waiting_for = 'room', wake_at = v_due
-                    WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
-                      AND f.tenant_id = v_tenant;
-                    n_set_aside := n_set_aside + 1;
+                    -- The domain's ready flows of the class go aside together (up to 1000,
+                    -- this one first, then by head): waiting for the bucket, one a token
+                    -- apart, so they come back one per token, not all at once; for a
+                    -- pause or a connection, until then. Their tenants left with nothing
+                    -- to claim are parked with them (rows other transactions hold are left
+                    -- to the claims that meet them).
+                    v_aside := ARRAY(
+                        SELECT DISTINCT w.tenant_id FROM scraping.set_domain_flows_aside(
+                            v_fdomain, c_name[ci], v_tenant, v_due,
+                            CASE WHEN v_bucket THEN 1 / v_rps ELSE 0 END) AS w);
+                    UPDATE scraping.tenant_queues t SET ready = false
+                    WHERE t.ctid = ANY (ARRAY(
+                        SELECT p.row_id FROM unnest(v_aside) AS u(tenant_id)
+                        CROSS JOIN LATERAL (
+                            SELECT t2.ctid AS row_id FROM scraping.tenant_queues t2
+                            WHERE t2.priority = c_name[ci] AND t2.tenant_id = u.tenant_id
+                              AND t2.ready
+                              AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                              WHERE f.priority = t2.priority
+                                                AND f.tenant_id = t2.tenant_id AND f.ready)
+                            FOR NO KEY UPDATE SKIP LOCKED) p));
+                    n_set_aside := n_set_aside + 1 + cardinality(v_aside) / 16;
                     EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
                     CONTINUE flows;
                 END IF;
@@ -1432,6 +1455,36 @@ END
 $$;
 
 --
+-- Name: set_domain_flows_aside(text, text, uuid, timestamp with time zone, double precision); Type: FUNCTION; Schema: scraping; Owner: -
+--
+
+CREATE FUNCTION scraping.set_domain_flows_aside(p_domain text, p_priority text, p_first uuid, p_until timestamp with time zone, p_apart double precision) RETURNS TABLE(tenant_id uuid)
+    LANGUAGE sql
+    AS $$
+    WITH locked AS (
+        SELECT f.ctid AS row_id, f.tenant_id
+        FROM scraping.tenant_flows f
+        WHERE f.domain = p_domain AND f.priority = p_priority AND f.ready
+          AND f.tenant_id <> p_first
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+        SELECT f.ctid AS row_id, 0 AS k
+        FROM scraping.tenant_flows f
+        WHERE f.domain = p_domain AND f.priority = p_priority AND f.tenant_id = p_first
+        UNION ALL
+        SELECT l.row_id, row_number() OVER (ORDER BY l.tenant_id) AS k
+        FROM locked l
+    )
+    UPDATE scraping.tenant_flows f
+    SET ready = false, waiting_for = 'room',
+        wake_at = p_until + make_interval(secs => r.k * p_apart)
+    FROM ranked r
+    WHERE f.ctid = r.row_id
+    RETURNING f.tenant_id;
+$$;
+
+--
 -- Name: set_domain_queue_aside(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: scraping; Owner: -
 --
 
@@ -1609,8 +1662,10 @@ CREATE FUNCTION scraping.wake_room_flows(p_domain text) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
 BEGIN
+    PERFORM 1 FROM scraping.domains d WHERE d.domain = p_domain FOR KEY SHARE;
+    v_now := clock_timestamp();
     IF EXISTS (SELECT 1 FROM scraping.domains d
                WHERE d.domain = p_domain AND d.blocked_until > v_now) THEN
         RETURN;
@@ -1620,7 +1675,7 @@ BEGIN
         SELECT w.ctid FROM scraping.tenant_flows w
         WHERE w.domain = p_domain AND w.waiting_for = 'room' AND w.wake_at > v_now
         ORDER BY w.wake_at
-        LIMIT 16
+        LIMIT 4
         FOR UPDATE SKIP LOCKED
     ));
 END
@@ -2616,6 +2671,12 @@ CREATE INDEX ix_redirect_slots_domain ON scraping.redirect_slots USING btree (do
 --
 
 CREATE INDEX ix_robots_domain ON scraping.robots USING btree (domain);
+
+--
+-- Name: ix_tenant_flows_domain_ready; Type: INDEX; Schema: scraping; Owner: -
+--
+
+CREATE INDEX ix_tenant_flows_domain_ready ON scraping.tenant_flows USING btree (domain, priority) WHERE ready;
 
 --
 -- Name: ix_tenant_flows_pick; Type: INDEX; Schema: scraping; Owner: -

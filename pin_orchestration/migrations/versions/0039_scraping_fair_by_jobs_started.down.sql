@@ -780,6 +780,7 @@ $fn$;
 DROP FUNCTION scraping.announce_queued_jobs(text, text, uuid, double precision, timestamptz);
 DROP FUNCTION scraping.wake_room_flows(text);
 DROP FUNCTION scraping.drop_empty_domain_queue(text, text);
+DROP FUNCTION scraping.set_domain_flows_aside(text, text, uuid, timestamptz, double precision);
 DROP INDEX scraping.ix_jobs_flow_head;
 DROP TABLE scraping.tenant_flows;
 DROP TABLE scraping.tenant_queues;

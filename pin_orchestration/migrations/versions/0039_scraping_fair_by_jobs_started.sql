@@ -30,6 +30,8 @@ CREATE TABLE scraping.tenant_flows (
 CREATE INDEX ix_tenant_flows_pick ON scraping.tenant_flows (priority, tenant_id, head_tag, domain)
     WHERE ready;
 CREATE INDEX ix_tenant_flows_wake ON scraping.tenant_flows (wake_at) WHERE NOT ready;
+CREATE INDEX ix_tenant_flows_domain_ready ON scraping.tenant_flows (domain, priority)
+    WHERE ready;
 CREATE INDEX ix_tenant_flows_room ON scraping.tenant_flows (domain, wake_at)
     WHERE waiting_for = 'room';
 
@@ -224,15 +226,19 @@ BEGIN
 END
 $fn$;
 
--- A connection of the domain freed (a job left `running`, a redirect hop ended): its
--- flows set aside for want of room look again at the next claim, the first few of them
--- (the others at their own wake time: a busy site shared by many tenants costs a few rows
--- per finish, not one per tenant).
+-- A connection of the domain freed (a job left `running`, a redirect hop ended): the
+-- first few of its flows set aside for want of room look again at the next claim (the
+-- others at the next finish or their own wake time: a busy site shared by many tenants
+-- costs a few rows per finish, not one per tenant). The domain's row is read under a KEY
+-- SHARE lock: a claim holding it may be setting flows aside for want of a connection
+-- this finish frees, so this waits for that claim and wakes what it set aside.
 CREATE OR REPLACE FUNCTION scraping.wake_room_flows(p_domain text) RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
 BEGIN
+    PERFORM 1 FROM scraping.domains d WHERE d.domain = p_domain FOR KEY SHARE;
+    v_now := clock_timestamp();
     IF EXISTS (SELECT 1 FROM scraping.domains d
                WHERE d.domain = p_domain AND d.blocked_until > v_now) THEN
         RETURN;
@@ -242,7 +248,7 @@ BEGIN
         SELECT w.ctid FROM scraping.tenant_flows w
         WHERE w.domain = p_domain AND w.waiting_for = 'room' AND w.wake_at > v_now
         ORDER BY w.wake_at
-        LIMIT 16
+        LIMIT 4
         FOR UPDATE SKIP LOCKED
     ));
 END
@@ -365,17 +371,22 @@ $fn$;
 --    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b.
 -- 3. Flow: scraping.tenant_flows holds one row per (domain, class, tenant) with queued
 --    jobs, its head (the smallest fair tag: a tenant's flows are taken oldest first) and
---    whether it may be claimed (`ready`). A flow found without room (its domain paused,
---    its bucket empty, its connections full) or without a due job is set aside with the
---    time to look again (`wake_at`), so it leaves its tenant's pick until then. A pause
---    sets the domain's flows aside at once (trigger domains_domain_queue), so a paused
---    domain costs a claim nothing; a finishing job wakes the first flows waiting for a
---    connection of its domain (wake_room_flows).
+--    whether it may be claimed (`ready`). A flow without a due job is set aside until its
+--    first job is due. A flow whose domain has no room (paused, bucket empty, connections
+--    full) is set aside with every other ready flow of its domain and class, in one
+--    statement (set_domain_flows_aside, up to 1000), and their tenants left with nothing
+--    to claim are parked with them: until the pause ends; one token apart from the next
+--    token on (so they come back one per token, not all at once); or until a finishing
+--    job wakes the first four waiting for a connection (wake_room_flows), a minute at
+--    most. A pause sets its domain's flows aside, and parks their tenants, when it starts
+--    (trigger domains_domain_queue), so a paused domain costs a claim nothing.
 --
--- Bounded work per claim: flows woken at its start (1000 at most), and flows set aside
--- plus tenants parked during it (MAX_SET_ASIDE; past that the claim ends with what it has:
--- what it set aside stays aside for the next claims, so a domain without room shared by
--- many tenants costs each tenant one set-aside per wait, spread over claims).
+-- Bounded work per claim: flows woken at its start (1000 at most), and set-asides during
+-- it (MAX_SET_ASIDE: a flow set aside alone or a tenant parked counts one, a domain's
+-- flows set aside together one per 16 of them; past that the claim ends with what it has).
+-- What it set aside stays aside for the next claims, so a domain without room shared by
+-- 20,000 tenants costs them one set-aside each per wait, spread over a few claims, not
+-- 20,000 rows a claim.
 --
 -- Concurrency: no global lock. A claim locks the tenant row it picks from (FOR NO KEY
 -- UPDATE SKIP LOCKED: another claim takes the next tenant; a tenant's claims run one after
@@ -427,6 +438,37 @@ LANGUAGE sql AS $fn$
         FOR UPDATE SKIP LOCKED);
 $fn$;
 
+-- A domain's ready flows of a class set aside for room (the claim holds the domain's row):
+-- p_first's, then up to 1000 others (rows other transactions hold left as they are); the
+-- k-th (from 0) until p_until + k * p_apart seconds. Returns their tenants.
+CREATE OR REPLACE FUNCTION scraping.set_domain_flows_aside(
+    p_domain text, p_priority text, p_first uuid, p_until timestamptz,
+    p_apart double precision
+) RETURNS TABLE (tenant_id uuid)
+LANGUAGE sql AS $fn$
+    WITH locked AS (
+        SELECT f.ctid AS row_id, f.tenant_id
+        FROM scraping.tenant_flows f
+        WHERE f.domain = p_domain AND f.priority = p_priority AND f.ready
+          AND f.tenant_id <> p_first
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED
+    ), ranked AS (
+        SELECT f.ctid AS row_id, 0 AS k
+        FROM scraping.tenant_flows f
+        WHERE f.domain = p_domain AND f.priority = p_priority AND f.tenant_id = p_first
+        UNION ALL
+        SELECT l.row_id, row_number() OVER (ORDER BY l.tenant_id) AS k
+        FROM locked l
+    )
+    UPDATE scraping.tenant_flows f
+    SET ready = false, waiting_for = 'room',
+        wake_at = p_until + make_interval(secs => r.k * p_apart)
+    FROM ranked r
+    WHERE f.ctid = r.row_id
+    RETURNING f.tenant_id;
+$fn$;
+
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
     p_limit integer,
@@ -441,7 +483,7 @@ SET plan_cache_mode = force_generic_plan
 AS $fn$
 DECLARE
     -- flows set aside and tenants parked in one call, at most
-    MAX_SET_ASIDE CONSTANT integer := 256;
+    MAX_SET_ASIDE CONSTANT integer := 1024;
     c_name text[] := ARRAY['high', 'normal', 'low'];
     c_step bigint[];
     c_finish bigint[];
@@ -511,6 +553,9 @@ DECLARE
     v_waited uuid;
     v_waited_empty uuid[] := '{}';
     v_lock_timeout text;
+    v_bucket boolean;
+    -- the tenants of the flows set aside together
+    v_aside uuid[];
     w_flow tid[];
     w_priority text[];
     w_tenant uuid[];
@@ -762,9 +807,11 @@ BEGIN
 
                 -- 4. room: no pause, a token in the bucket, a free connection; without it
                 -- the flow is set aside until the pause ends, the next token, or (a
-                -- connection) a finishing job wakes it, with a second as a safety net for a
-                -- finish that committed while this claim was deciding
+                -- connection) a finishing job wakes it (wake_room_flows, which waits for a
+                -- claim holding the domain's row, so it sees what that claim set aside),
+                -- with a minute as a safety net (a redirect hop's slot that lapsed)
                 v_due := NULL;
+                v_bucket := false;
                 v_rps := dc_rps[k];
                 v_concurrency := dc_concurrency[k];
                 IF dc_blocked[k] > v_now THEN
@@ -775,6 +822,7 @@ BEGIN
                     v_tokens := scraping.domain_tokens(v_domain, v_rps, v_now);
                     IF v_tokens < 1 THEN
                         v_due := v_now + make_interval(secs => (1 - v_tokens) / v_rps);
+                        v_bucket := true;
                     ELSE
                         IF NOT v_counted_now AND dc_running[k] + dc_picks[k] >= v_concurrency
                         THEN
@@ -788,16 +836,33 @@ BEGIN
                         END IF;
                         v_running := dc_running[k] + dc_picks[k];
                         IF v_running >= v_concurrency THEN
-                            v_due := v_now + interval '1 second';
+                            v_due := v_now + interval '60 seconds';
                         END IF;
                     END IF;
                 END IF;
                 IF v_due IS NOT NULL THEN
-                    UPDATE scraping.tenant_flows f
-                    SET ready = false, waiting_for = 'room', wake_at = v_due
-                    WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
-                      AND f.tenant_id = v_tenant;
-                    n_set_aside := n_set_aside + 1;
+                    -- The domain's ready flows of the class go aside together (up to 1000,
+                    -- this one first, then by head): waiting for the bucket, one a token
+                    -- apart, so they come back one per token, not all at once; for a
+                    -- pause or a connection, until then. Their tenants left with nothing
+                    -- to claim are parked with them (rows other transactions hold are left
+                    -- to the claims that meet them).
+                    v_aside := ARRAY(
+                        SELECT DISTINCT w.tenant_id FROM scraping.set_domain_flows_aside(
+                            v_fdomain, c_name[ci], v_tenant, v_due,
+                            CASE WHEN v_bucket THEN 1 / v_rps ELSE 0 END) AS w);
+                    UPDATE scraping.tenant_queues t SET ready = false
+                    WHERE t.ctid = ANY (ARRAY(
+                        SELECT p.row_id FROM unnest(v_aside) AS u(tenant_id)
+                        CROSS JOIN LATERAL (
+                            SELECT t2.ctid AS row_id FROM scraping.tenant_queues t2
+                            WHERE t2.priority = c_name[ci] AND t2.tenant_id = u.tenant_id
+                              AND t2.ready
+                              AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                              WHERE f.priority = t2.priority
+                                                AND f.tenant_id = t2.tenant_id AND f.ready)
+                            FOR NO KEY UPDATE SKIP LOCKED) p));
+                    n_set_aside := n_set_aside + 1 + cardinality(v_aside) / 16;
                     EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
                     CONTINUE flows;
                 END IF;

@@ -167,15 +167,19 @@ BEGIN
 END
 $fn$;
 
--- A connection of the domain freed (a job left `running`, a redirect hop ended): its
--- flows set aside for want of room look again at the next claim, the first few of them
--- (the others at their own wake time: a busy site shared by many tenants costs a few rows
--- per finish, not one per tenant).
+-- A connection of the domain freed (a job left `running`, a redirect hop ended): the
+-- first few of its flows set aside for want of room look again at the next claim (the
+-- others at the next finish or their own wake time: a busy site shared by many tenants
+-- costs a few rows per finish, not one per tenant). The domain's row is read under a KEY
+-- SHARE lock: a claim holding it may be setting flows aside for want of a connection
+-- this finish frees, so this waits for that claim and wakes what it set aside.
 CREATE OR REPLACE FUNCTION scraping.wake_room_flows(p_domain text) RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
 BEGIN
+    PERFORM 1 FROM scraping.domains d WHERE d.domain = p_domain FOR KEY SHARE;
+    v_now := clock_timestamp();
     IF EXISTS (SELECT 1 FROM scraping.domains d
                WHERE d.domain = p_domain AND d.blocked_until > v_now) THEN
         RETURN;
@@ -185,7 +189,7 @@ BEGIN
         SELECT w.ctid FROM scraping.tenant_flows w
         WHERE w.domain = p_domain AND w.waiting_for = 'room' AND w.wake_at > v_now
         ORDER BY w.wake_at
-        LIMIT 16
+        LIMIT 4
         FOR UPDATE SKIP LOCKED
     ));
 END
