@@ -7,7 +7,7 @@ taken at intake now order a tenant's own jobs only.
 
 The SQL is frozen in 0039_scraping_fair_by_jobs_started.sql / .down.sql beside this file;
 the live definitions are pin_orchestration/scraping/sql/{domain_queues,claim_jobs,
-redirect_slots}.sql.
+redirect_slots,submit_job}.sql.
 
 Revision ID: 0039
 Revises: 0038

@@ -186,9 +186,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $fn$
 -- Validates as POST /jobs does (SQLSTATE 22023, the message naming the argument), keys
 -- the domain as the fetcher resolves the host (scraping.job_url_host), inserts the job
--- (its fair tag and domain queue come from the triggers of migration 0011). Same key and
--- same body: the first job's id; same key, other body: SQLSTATE 23505 naming the key. A
--- key is remembered 24 hours (the API's documented TTL).
+-- (its fair tag, queue, flow and tenant row come from the triggers of domain_queues.sql).
+-- Same key and same body: the first job's id; same key, other body: SQLSTATE 23505 naming
+-- the key. A key is remembered 24 hours (the API's documented TTL).
 DECLARE
     v_domain text;
     v_digest text;
