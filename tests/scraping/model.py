@@ -14,9 +14,8 @@ paused and resumed; tenant weights changed; the clock moved. After every step:
   throughout it start jobs within one job of their weights' shares
   (|n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b, the start-time fair queuing bound);
 - exactly one result object per succeeded job, none for any other;
-- the scheduler's own structure: every queued job is in its domain queue and its tenant's
-  flow there, a queue's head at or below its flows' keys, a flow's key at or below its
-  tenant's start tag.
+- the scheduler's own structure: every queued job has its domain queue, its tenant's flow
+  there and its tenant's row in its class, and no tenant is parked with a flow ready.
 And once the world is quiet (pauses lifted, time moved past every wait, workers
 finishing what they hold), every job reaches a terminal state.
 
