@@ -26,7 +26,8 @@ RUN_STATUS_SENSOR_PROCESS_LIMIT = 50
 # the analysts' automation) run as Dagster's implicit asset job: the asset tells whose run
 # it was. An asset job's asset is the job's (its identity names it); any other asset's runs
 # are known by the asset's step name (`chessboard__project_aggregates`), which its area's
-# no_failed_runs check counts (definitions.py).
+# no_failed_runs check counts (definitions.py). Every asset job tagged with its code is here:
+# tests/test_run_failures.py reads them off the code location.
 ASSET_JOBS = (RECONCILE_JOB,)
 
 
