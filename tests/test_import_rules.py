@@ -1,9 +1,11 @@
-"""The Dagster wiring depends one way: definitions → jobs (with their sensors and schedules)
-→ assets → resources → the domain modules. An asset module never imports a job, sensor or
+"""The Dagster wiring depends one way: definitions → sensors and schedules → jobs → assets
+→ resources → the domain modules. A sensor imports the job it launches, a schedule its job
+(the asset jobs schedules launch sit with them), neither the other; a job module never
+imports a sensor or schedule module, an asset module never imports a job, sensor or
 schedule module, and a resource module never imports an asset module — not even inside a
-function to dodge a cycle: a name both sides need lives on the lower side (a job's name
-beside the asset that reports on it, an asset key the IO manager reads spelled in its
-table).
+function to dodge a cycle: a name both sides need lives on the lower side (a job's
+identity beside the code it runs, an asset key the IO manager reads spelled in its table).
+No wiring module imports devstack/, the local stack.
 
 Checked on the source (every import statement, at any depth), so a violation fails here
 rather than as an import cycle at load time.
@@ -22,11 +24,28 @@ PACKAGE = Path(__file__).parent.parent / "pin_orchestration"
 
 # What each folder of wiring may not import (module prefixes).
 FORBIDDEN = {
+    "sensors": (
+        "pin_orchestration.schedules",
+        "pin_orchestration.definitions",
+        "pin_orchestration.devstack",
+    ),
+    "schedules": (
+        "pin_orchestration.sensors",
+        "pin_orchestration.definitions",
+        "pin_orchestration.devstack",
+    ),
+    "jobs": (
+        "pin_orchestration.sensors",
+        "pin_orchestration.schedules",
+        "pin_orchestration.definitions",
+        "pin_orchestration.devstack",
+    ),
     "assets": (
         "pin_orchestration.jobs",
         "pin_orchestration.sensors",
         "pin_orchestration.schedules",
         "pin_orchestration.definitions",
+        "pin_orchestration.devstack",
     ),
     "resources": (
         "pin_orchestration.assets",
@@ -34,6 +53,7 @@ FORBIDDEN = {
         "pin_orchestration.sensors",
         "pin_orchestration.schedules",
         "pin_orchestration.definitions",
+        "pin_orchestration.devstack",
     ),
 }
 

@@ -101,7 +101,9 @@ def chessboard_recalc_backlog(
             "due_backlog": stats.due,
             "oldest_due_age_seconds": round(age, 1),
             "max_oldest_due_seconds": config.max_oldest_due_seconds,
-            f"last_successful_{DRAIN_JOB}_run": last_successful_run(context.instance, DRAIN_JOB),
+            f"last_successful_{DRAIN_JOB.name}_run": last_successful_run(
+                context.instance, DRAIN_JOB.name
+            ),
         },
     )
 

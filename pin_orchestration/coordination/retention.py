@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.coordination.jobruns import (
     RUN_DURATION_BUCKETS_MS,
     RunStatus,
@@ -33,8 +34,7 @@ from pin_orchestration.platform.sql import load_queries
 if TYPE_CHECKING:
     from pin_orchestration.scraping.store import ResultStore
 
-JOB_CODE = "pin-retention"
-LOCK_KEY = "Pin:lock:job:scheduled:pin-retention"
+RETENTION_JOB = JobIdentity("pin_retention")
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +200,11 @@ def run_retention(
     started = time.monotonic()
     now = now or started_at
     result = RetentionResult()
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, RETENTION_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
-            logger.info("%s skipped, lock held (key=%s)", JOB_CODE, LOCK_KEY)
+            logger.info(
+                "%s skipped, lock held (key=%s)", RETENTION_JOB.code, RETENTION_JOB.lock_key
+            )
             result.status = RunStatus.SKIPPED
         else:
             try:
@@ -213,14 +215,14 @@ def run_retention(
                 result.status = RunStatus.FAILED
                 result.error = f"{type(exc).__name__}: {exc}"[:512]
                 result.backlog_remaining = True
-                logger.exception("%s failed; the batches before stay deleted", JOB_CODE)
+                logger.exception("%s failed; the batches before stay deleted", RETENTION_JOB.code)
             if lease.lost.is_set():
                 result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
+                result.error = f"lost the lock {RETENTION_JOB.lock_key}; stopped"
         result.duration_ms = int((time.monotonic() - started) * 1000)
         record_job_run(
             engine,
-            job_code=JOB_CODE,
+            job_code=RETENTION_JOB.code,
             run_id=run_id,
             status=result.status.value,
             started_at=started_at,
@@ -228,7 +230,7 @@ def run_retention(
         )
     logger.info(
         "%s %s: deleted=%s batches=%d backlogRemaining=%s",
-        JOB_CODE,
+        RETENTION_JOB.code,
         result.status.value,
         result.deleted,
         result.batches,

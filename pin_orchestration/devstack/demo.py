@@ -14,14 +14,12 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.news.snapshot_detach.monitoring import DEMO_ERROR_PREFIX
 from pin_orchestration.platform.ids import uuid7
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.repository import JobRequest, Tenant
 
 DEMO_POSTS = 200
-# What the demo's deliberate failures say about themselves (check descriptions, pin up's log).
-DEMO_QUARANTINE_NOTE = "demo: quarantined on purpose; `pin detach requeue …` clears it"
-_DEMO_ERROR_PREFIX = "DEMO: "
 _DEMO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -111,7 +109,7 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
                 "status": "Quarantined" if quarantined else "Pending",
                 "attempts": 12 if quarantined else 0,
                 "last_error": (
-                    f"{_DEMO_ERROR_PREFIX}quarantined on purpose to show the "
+                    f"{DEMO_ERROR_PREFIX}quarantined on purpose to show the "
                     "no_quarantined_entries alert (was transient:http_503); "
                     "`pin detach requeue ENTRY_ID` clears it"
                     if quarantined
@@ -132,21 +130,6 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
             rows,
         ).rowcount
     return {"snapshot_detach_outbox": inserted}
-
-
-def demo_quarantined_ids(engine: Engine) -> list[uuid.UUID]:
-    """The Quarantined detach entries the demo made on purpose (still Quarantined)."""
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                text(
-                    "SELECT id FROM news.snapshot_detach_outbox "
-                    "WHERE status = 'Quarantined' AND starts_with(last_error, :prefix) "
-                    "ORDER BY id"
-                ),
-                {"prefix": _DEMO_ERROR_PREFIX},
-            ).scalars()
-        )
 
 
 def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:

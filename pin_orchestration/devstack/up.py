@@ -24,11 +24,7 @@ import psutil
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
-from pin_orchestration.devstack.demo import (
-    DEMO_QUARANTINE_NOTE,
-    demo_quarantined_ids,
-    seed_demo_data,
-)
+from pin_orchestration.devstack.demo import seed_demo_data
 from pin_orchestration.devstack.stack_recovery import (
     STACK_VARIABLE,
     clear_previous_stack,
@@ -40,6 +36,10 @@ from pin_orchestration.devstack.stack_recovery import (
     stack_processes,
 )
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.news.snapshot_detach.monitoring import (
+    DEMO_QUARANTINE_NOTE,
+    demo_quarantined_ids,
+)
 from pin_orchestration.platform.dagster_warnings import pythonwarnings_value
 from pin_orchestration.platform.db import (
     create_db_engine,

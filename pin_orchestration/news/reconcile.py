@@ -32,14 +32,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
+from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
 from pin_orchestration.coordination.locks import LockLease, list_locks, renewed_lock
 from pin_orchestration.platform import tracing
 from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
 
-JOB_CODE = "news-comment-reconcile"
-LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"
+# Its runs of the asset from the asset page (backfills) are the job's runs too.
+RECONCILE_JOB = JobIdentity("news_comment_reconcile", asset=("news", "post_comment_counts"))
 # The keyset cursor before the first post.
 START_CURSOR = uuid.UUID(int=0)
 # The keyset bound after the last post.
@@ -226,7 +227,7 @@ class _Slice:
 
 
 def checkpoint_key(scope: Scope) -> str:
-    return f"{JOB_CODE}:{scope.value}"
+    return f"{RECONCILE_JOB.code}:{scope.value}"
 
 
 # The mark a FullSweep skipped on the held lock leaves: a whole pass owed, which the next
@@ -332,7 +333,7 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
 
 
 @tracing.traced(
-    f"{JOB_CODE}.batches",
+    f"{RECONCILE_JOB.code}.batches",
     lambda a: {"cursor": str(a["cursor"]), "batchSize": a["batch_size"]},
     lambda piece: {
         "batches": piece.batches,
@@ -415,7 +416,7 @@ def plan_pass(
 
 
 @tracing.traced(
-    JOB_CODE,
+    RECONCILE_JOB.code,
     lambda a: {
         "jobRunId": a["run_id"],
         "scope": str(a["options"].scope),
@@ -458,15 +459,15 @@ def run_reconcile(
         end = window_anchor or started_at
         own_window = Window(end - timedelta(hours=options.window_lookback_hours), end)
 
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, RECONCILE_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
             result.status = RunStatus.SKIPPED
-            result.lock_holder = _holder_of(engine, LOCK_KEY)
+            result.lock_holder = _holder_of(engine, RECONCILE_JOB.lock_key)
             run_ref = _owe_skipped_run(engine, result, run_id, own_window, started_at)
             logger.info(
                 "%s skipped, lock held (key=%s, holder=%s, run=%s); owed to the next run",
-                JOB_CODE,
-                LOCK_KEY,
+                RECONCILE_JOB.code,
+                RECONCILE_JOB.lock_key,
                 result.lock_holder,
                 run_id,
             )
@@ -485,7 +486,7 @@ def run_reconcile(
             legs = [OWED_LEG, *legs]
         logger.info(
             "%s started: jobRunId=%s scope=%s cursor=%s window=%s legs=%d batch_size=%d",
-            JOB_CODE,
+            RECONCILE_JOB.code,
             run_id,
             scope.value,
             result.start_after_post_id,
@@ -513,7 +514,7 @@ def run_reconcile(
         logger.info(
             "%s completed: status=%s postsReconciled=%d driftCorrected=%d batches=%d "
             "postsSkipped=%d owedPosts=%d backlogRemaining=%s durationMs=%d",
-            JOB_CODE,
+            RECONCILE_JOB.code,
             result.status.value,
             result.posts_reconciled,
             result.drift_corrected,
@@ -648,12 +649,14 @@ def _sweep(
             if lease.lost.is_set():
                 # Another runner may hold the lock now: not one more batch.
                 result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
-                logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
+                result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
+                logger.error("%s lost its lock; stopped, committed work kept", RECONCILE_JOB.code)
                 return
             if stop_requested is not None and stop_requested.is_set():
                 result.status = RunStatus.CANCELLED
-                logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
+                logger.warning(
+                    "%s cancelled between batches; committed work kept", RECONCILE_JOB.code
+                )
                 return
             remaining = options.max_run_duration_seconds - (time.monotonic() - started)
             piece = reconcile_slice(
@@ -678,7 +681,7 @@ def _sweep(
             if piece.batches:
                 logger.info(
                     "%s batches processed: batches=%d rows=%d corrected=%d skipped_locked=%d",
-                    JOB_CODE,
+                    RECONCILE_JOB.code,
                     piece.batches,
                     piece.candidates,
                     piece.corrections_count,
@@ -687,15 +690,17 @@ def _sweep(
             if piece.lock_lost:
                 lease.mark_lost("a batch found the lock expired or taken over")
                 result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
-                logger.error("%s lost its lock; the batch changed nothing, stopped", JOB_CODE)
+                result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
+                logger.error(
+                    "%s lost its lock; the batch changed nothing, stopped", RECONCILE_JOB.code
+                )
                 return
             if piece.error is not None:
                 result.status = RunStatus.FAILED
                 result.error = piece.error[:512]
                 logger.error(
                     "%s batch after %s failed (%s); earlier batches stay committed",
-                    JOB_CODE,
+                    RECONCILE_JOB.code,
                     piece.cursor,
                     piece.error,
                 )
@@ -708,7 +713,7 @@ def _sweep(
             if time.monotonic() - started >= options.max_run_duration_seconds:
                 logger.warning(
                     "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
-                    JOB_CODE,
+                    RECONCILE_JOB.code,
                     options.max_run_duration_seconds,
                     cursor,
                 )
@@ -740,7 +745,7 @@ def _finish(
         )
     record_job_run(
         engine,
-        job_code=JOB_CODE,
+        job_code=RECONCILE_JOB.code,
         run_id=run_id,
         status=result.status.value,
         started_at=started_at,

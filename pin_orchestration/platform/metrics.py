@@ -21,8 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
 from pin_orchestration.coordination.jobruns import RUN_DURATION_BUCKETS_MS
-from pin_orchestration.news.reconcile import JOB_CODE as RECONCILE_JOB_CODE
-from pin_orchestration.news.reconcile import read_backlog
+from pin_orchestration.news.reconcile import RECONCILE_JOB, read_backlog
 from pin_orchestration.news.snapshot_detach.monitoring import SnapshotDetachCollector
 
 # Counters and histograms over pin.job_runs add what runs deleted by pin-retention had
@@ -107,7 +106,7 @@ class ReconcileCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.engine.connect() as conn:
-            totals = conn.execute(_RECONCILE_TOTALS, {"job_code": RECONCILE_JOB_CODE}).one()
+            totals = conn.execute(_RECONCILE_TOTALS, {"job_code": RECONCILE_JOB.code}).one()
             work = conn.execute(_RECONCILE_WORK).one()
         backlog = read_backlog(self.engine)
         yield CounterMetricFamily(
@@ -139,7 +138,7 @@ class ReconcileCollector(Collector):
             self.engine,
             "news_comment_reconcile_run_duration_ms",
             "Duration of reconcile runs in milliseconds",
-            RECONCILE_JOB_CODE,
+            RECONCILE_JOB.code,
         )
 
 

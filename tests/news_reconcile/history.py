@@ -42,7 +42,7 @@ from pin_orchestration.coordination.locks import force_release_lock, try_acquire
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileOptions,
     Scope,
     read_backlog,
@@ -207,7 +207,7 @@ class World:
             self.run_in_dagster(step.day, step.full_sweep, 1, terminate_after_a_batch=True)
         elif isinstance(step, SkippedOnLock):
             self.attempting(step.day, step.full_sweep, skipped=True)
-            assert try_acquire_lock(self.engine, LOCK_KEY, 600, "other-pod")
+            assert try_acquire_lock(self.engine, RECONCILE_JOB.lock_key, 600, "other-pod")
             try:
                 outcome = self.run_in_dagster(step.day, step.full_sweep, 500)
                 (check,) = outcome.get_asset_check_evaluations()
@@ -215,7 +215,7 @@ class World:
                     check.description or ""
                 ), check
             finally:
-                force_release_lock(self.engine, LOCK_KEY)
+                force_release_lock(self.engine, RECONCILE_JOB.lock_key)
         elif isinstance(step, Crash):
             self.attempting(step.day, False)
             self.crash(step.day)
@@ -294,7 +294,7 @@ class World:
         finally:
             reconcile_module.reconcile_slice = real  # type: ignore[assignment]
             reconcile_module.SLICE_SECONDS = saved_slice
-        force_release_lock(self.engine, LOCK_KEY)
+        force_release_lock(self.engine, RECONCILE_JOB.lock_key)
 
     def settle(self) -> None:
         """The owed work: plain runs of the last day (a FullSweep while one is pending)

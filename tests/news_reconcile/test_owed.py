@@ -20,7 +20,7 @@ from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileOptions,
     RunStatus,
     Scope,
@@ -90,7 +90,7 @@ def test_a_day_skipped_on_a_held_lock_fails_its_check_and_is_owed(
 ) -> None:
     post = add_post(db_engine, comments_count=5)
     add_comments(db_engine, post, 2, at=datetime(2026, 11, 20, 12, tzinfo=UTC))
-    assert try_acquire_lock(db_engine, LOCK_KEY, 600, "other-pod")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 600, "other-pod")
     skipped = run_asset(db_url, "2026-11-20", {"scope": "DailyWindow"})
     assert skipped.success  # the seed: a held lock is no failure of the run
     assert skipped.asset_materializations_for_node(OP) == []

@@ -26,9 +26,8 @@ from pin_orchestration.news.snapshot_detach.outbox import (
     release_claims,
 )
 from pin_orchestration.news.snapshot_detach.policy import (
-    JOB_CODE,
+    DETACH_JOB,
     LAST_ERROR_MAX,
-    LOCK_KEY,
     ClaimedEntry,
     DetachOptions,
     Outcome,
@@ -144,7 +143,7 @@ def drain(
         if should_stop():
             return None
         attributes = {"snapshotId": str(entry.snapshot_id), "attempts": entry.attempts}
-        with tracing.span(f"{JOB_CODE}.attempt", attributes, parent=run_trace) as current:
+        with tracing.span(f"{DETACH_JOB.code}.attempt", attributes, parent=run_trace) as current:
             call = caller.detach(entry.snapshot_id, entry.reason)
             current.set_attribute("outcome", call.code)
         return call, time.monotonic()
@@ -196,7 +195,7 @@ def drain(
                         result.backlog_remaining = True
                         logger.warning(
                             "%s reached max_run_duration_seconds=%s; the next tick takes the rest",
-                            JOB_CODE,
+                            DETACH_JOB.code,
                             options.max_run_duration_seconds,
                         )
                     else:
@@ -217,7 +216,7 @@ def drain(
                         if claimed:
                             result.batches += 1
                             result.claimed += len(claimed)
-                            log.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
+                            log.info("%s batch claimed: rows=%d", DETACH_JOB.code, len(claimed))
                         for entry in claimed:
                             future = pool.submit(attempt, entry)
                             inflight[future] = entry
@@ -245,7 +244,7 @@ def drain(
                     collect(None)
                 settle()
             except Exception:  # noqa: BLE001 — the original error is the one to report
-                logger.exception("%s could not record outcomes while stopping", JOB_CODE)
+                logger.exception("%s could not record outcomes while stopping", DETACH_JOB.code)
             raise
         finally:
             result.duration_ms = int((time.monotonic() - started) * 1000)
@@ -273,7 +272,7 @@ def _release(db: Connection, entries: Sequence[ClaimedEntry], result: DrainResul
     result.backlog_remaining = True
     log.warning(
         "%s stop requested: %d claimed rows not called, %d given back their attempt",
-        JOB_CODE,
+        DETACH_JOB.code,
         len(entries),
         released,
     )
@@ -290,7 +289,7 @@ def _apply_outcomes(
         log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
             "their backoff",
-            JOB_CODE,
+            DETACH_JOB.code,
             len(outcomes),
         )
         return
@@ -339,7 +338,7 @@ def _apply_outcomes(
 
 
 @tracing.traced(
-    JOB_CODE,
+    DETACH_JOB.code,
     lambda a: {"jobRunId": a["run_id"]},
     lambda result: {
         "status": result.status.value,
@@ -359,7 +358,7 @@ def run_detach_retry(
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> DrainResult:
-    """One run of the job under `LOCK_KEY`, renewed while it works; a held lock skips the
+    """One run of the job under `DETACH_JOB.lock_key`, renewed while it works; a held lock skips the
     run without waiting, and a lost one stops it (FAILED) before its next claim.
 
     The run is recorded in pin.job_runs (its counts feed the metrics and the
@@ -368,13 +367,18 @@ def run_detach_retry(
     options.validate()
     with engine.connect() as conn:
         started_at = conn.execute(text("SELECT now()")).scalar_one()
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, DETACH_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
-            logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
+            logger.info(
+                "%s skipped, lock held (key=%s, run=%s)",
+                DETACH_JOB.code,
+                DETACH_JOB.lock_key,
+                run_id,
+            )
             result = DrainResult(status=RunStatus.SKIPPED)
             _record(engine, result, run_id, started_at)
             return result
-        logger.info("%s started: jobRunId=%s", JOB_CODE, run_id)
+        logger.info("%s started: jobRunId=%s", DETACH_JOB.code, run_id)
 
         def should_stop() -> bool:
             # A lost lock stops the run like a stop request: no new claim or call; calls
@@ -399,12 +403,12 @@ def run_detach_retry(
             raise
         if lease.lost.is_set():
             result.status = RunStatus.FAILED
-            result.error = f"lost the lock {LOCK_KEY}; stopped"
+            result.error = f"lost the lock {DETACH_JOB.lock_key}; stopped"
             result.backlog_remaining = True
         _record(engine, result, run_id, started_at)
         logger.info(
             "%s completed: status=%s succeeded=%d retried=%d quarantined=%d durationMs=%d",
-            JOB_CODE,
+            DETACH_JOB.code,
             result.status.value,
             result.succeeded,
             result.retried,
@@ -417,7 +421,7 @@ def run_detach_retry(
 def _record(engine: Engine, result: DrainResult, run_id: str, started_at: datetime) -> None:
     record_job_run(
         engine,
-        job_code=JOB_CODE,
+        job_code=DETACH_JOB.code,
         run_id=run_id,
         status=result.status.value,
         started_at=started_at,

@@ -1,8 +1,10 @@
-"""Jobs of news-comment-reconcile (REC-1) with the schedules that launch them: the asset job
-`news_comment_reconcile` (daily window at 03:00 Moscow, full sweep on
-PIN_NEWS_FULL_SWEEP_CRON) and its hourly alert checks. The job materializes
-`news/post_comment_counts` (assets/news_reconcile.py), whose body calls
-`news.reconcile.run_reconcile` with the named queries of `news/reconcile.sql`."""
+"""Schedules of news-comment-reconcile (REC-1) and the asset jobs they launch: the daily
+window at 03:00 Moscow and the full sweep on PIN_NEWS_FULL_SWEEP_CRON launch
+`news_comment_reconcile`, the hourly alert checks `news_comment_reconcile_health`.
+
+An asset job has no op of its own: it selects the asset, so it sits here with what
+launches it. It materializes `news/post_comment_counts` (assets/news_reconcile.py), whose
+body calls `news.reconcile.run_reconcile` with the named queries of `news/reconcile.sql`."""
 
 from __future__ import annotations
 
@@ -21,13 +23,13 @@ from dagster import (
 )
 
 from pin_orchestration.assets.news_reconcile import POST_COMMENT_COUNTS, RECONCILE_HEALTH
-from pin_orchestration.news.reconcile import Scope
+from pin_orchestration.news.reconcile import RECONCILE_JOB, Scope
 
 news_comment_reconcile_job = define_asset_job(
-    "news_comment_reconcile",
+    RECONCILE_JOB.name,
     selection=AssetSelection.assets(POST_COMMENT_COUNTS),
     executor_def=in_process_executor,
-    tags={"pin/job": "news-comment-reconcile"},
+    tags=RECONCILE_JOB.tags,
     description="Reconcile news.posts.comments_count (seed 000). Config: scope, batch_size, "
     "max_run_duration_seconds, window_lookback_hours, lock_ttl_seconds, drift_alert_threshold",
 )

@@ -1,5 +1,6 @@
-"""What the sensors that size drain runs share (jobs/chessboard.py, jobs/scraping.py): how
-many of a job's runs hold or wait for a slot, and the run requests a tick returns."""
+"""What the sensors that size drain runs share (sensors/chessboard.py,
+sensors/scraping.py): how many of a job's runs hold or wait for a slot, and the run
+requests a tick returns."""
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
