@@ -36,7 +36,7 @@ from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
 from pin_orchestration.coordination.locks import LockLease, list_locks, renewed_lock
 from pin_orchestration.platform import tracing
 from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 JOB_CODE = "news-comment-reconcile"
 LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"
@@ -234,8 +234,7 @@ def checkpoint_key(scope: Scope) -> str:
 OWED_FULL_SWEEP_KEY = f"{checkpoint_key(Scope.FULL_SWEEP)}:owed"
 
 
-def _queries() -> dict[str, str]:
-    return load_queries("pin_orchestration.news", "reconcile.sql")
+_statement = NamedQueries("pin_orchestration.news", "reconcile.sql")
 
 
 # A sweep procedure per kind of leg: its name and its candidate and Visible-count fragments.
@@ -252,23 +251,18 @@ def _procedure_name(kind: str) -> str:
 
 @functools.cache
 def _procedure_source(kind: str) -> str:
-    queries = _queries()
     _, candidates, visible = _SWEEPS[kind]
     # Only SQL fragments are composed here; every value is a parameter of the procedure.
-    return queries["sweep_procedure"].format(
+    return _statement.sql("sweep_procedure").format(
         procedure=_procedure_name(kind),
-        candidates=queries[candidates],
-        visible_filter=queries[visible],
+        candidates=_statement.sql(candidates),
+        visible_filter=_statement.sql(visible),
     )
 
 
 @functools.cache
 def _call_statement(kind: str) -> TextClause:
-    return text(_queries()["call_sweep_procedure"].format(procedure=_procedure_name(kind)))
-
-
-def _statement(name: str) -> TextClause:
-    return text(_queries()[name])
+    return text(_statement.sql("call_sweep_procedure").format(procedure=_procedure_name(kind)))
 
 
 def read_backlog(engine: Engine) -> Backlog:
@@ -285,7 +279,7 @@ def read_backlog(engine: Engine) -> Backlog:
 def read_checkpoint_state(engine: Engine, scope: Scope) -> Checkpoint | None:
     with engine.connect() as conn:
         row = conn.execute(
-            text(_queries()["read_checkpoint"]), {"checkpoint_key": checkpoint_key(scope)}
+            _statement("read_checkpoint"), {"checkpoint_key": checkpoint_key(scope)}
         ).first()
     if row is None or row.last_id is None:
         return None
