@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.defaults import API_PORT, LOOPBACK
 from pin_orchestration.platform.options import click_options
 from pin_orchestration.platform.settings import Settings, SettingsError
 from pin_orchestration.scraping.webhooks import DeliveryOptions
@@ -31,8 +32,8 @@ WORKER_HEALTHCHECK_SECONDS = 60
 
 
 @click.command("api")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default=LOOPBACK, show_default=True)
+@click.option("--port", default=API_PORT, show_default=True, type=int)
 @click.option(
     "--workers",
     default=1,
