@@ -143,8 +143,10 @@ def drain(
         autocommit(engine.connect()) as db,
         ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool,
     ):
-        run = _Drain(db, pool, caller, options, rand, should_stop, logger, result, run_trace)
-        run.deadline = started + options.max_run_duration_seconds
+        deadline = started + options.max_run_duration_seconds
+        run = _Drain(
+            db, pool, caller, options, rand, should_stop, logger, result, run_trace, deadline
+        )
         try:
             run.until_done()
         except BaseException as exc:
@@ -170,7 +172,7 @@ class _Drain:
     logger: logging.Logger | logging.LoggerAdapter[Any]
     result: DrainResult
     run_trace: Any
-    deadline: float = 0.0
+    deadline: float
     inflight: dict[Future[_Attempt | None], ClaimedEntry] = field(default_factory=dict)
     finished: dict[Future[_Attempt | None], ClaimedEntry] = field(default_factory=dict)
     more_due: bool = True
