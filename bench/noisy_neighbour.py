@@ -37,6 +37,7 @@ from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
+from pin_orchestration.platform.defaults import API_URL  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
@@ -159,7 +160,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="noisy-neighbour-"))
     store = LocalResultStore(
         home / "results",
-        public_base_url="http://127.0.0.1:8000",
+        public_base_url=API_URL,
         signing_key=load_or_create_signing_key(home / "key"),
     )
     scenarios = {

@@ -13,7 +13,7 @@ import time
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.leftover_processes import stuck_state
+from pin_orchestration.devstack.processes import stuck_state
 
 # The names exactly as seeds 000, 001 and 002 write them (the scraping service's, seed 004,
 # are the scraping area's own).

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, TextClause, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 # A drain takes due work within a sensor tick or two (scraping: 95 % of jobs start within a
 # minute); ten minutes is no run at all.
@@ -32,8 +32,7 @@ class Backlog:
         return (now - self.oldest_due).total_seconds() if self.oldest_due else 0.0
 
 
-def _query(name: str) -> TextClause:
-    return text(load_queries("pin_orchestration.coordination", "queue_health.sql")[name])
+_query = NamedQueries("pin_orchestration.coordination", "queue_health.sql")
 
 
 def scraping_backlog(engine: Engine) -> Backlog:

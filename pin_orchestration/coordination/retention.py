@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.coordination.jobruns import (
@@ -29,7 +29,7 @@ from pin_orchestration.coordination.jobruns import (
 from pin_orchestration.coordination.locks import renewed_lock
 from pin_orchestration.news.snapshot_detach.monitoring import LAG_BUCKETS_SECONDS
 from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 if TYPE_CHECKING:
     from pin_orchestration.scraping.store import ResultStore
@@ -153,8 +153,7 @@ class RetentionResult:
         return data
 
 
-def _query(name: str) -> Any:
-    return text(load_queries("pin_orchestration.coordination", "retention.sql")[name])
+_query = NamedQueries("pin_orchestration.coordination", "retention.sql")
 
 
 def delete_batch(

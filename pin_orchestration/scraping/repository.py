@@ -8,7 +8,6 @@ when the function is a unit of work of its own.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import hmac
 import json
@@ -21,10 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.platform.ids import uuid7, uuid7s
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 from pin_orchestration.scraping import hosts
 
 # How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
@@ -35,10 +34,7 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 log = logging.getLogger(__name__)
 
 
-@functools.cache
-def _q(name: str) -> Any:
-    # One TextClause per query: building one parses its bind parameters anew.
-    return text(load_queries("pin_orchestration.scraping", "queries.sql")[name])
+_q = NamedQueries("pin_orchestration.scraping", "queries.sql")
 
 
 # --- tenants -------------------------------------------------------------------------

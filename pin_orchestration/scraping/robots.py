@@ -23,7 +23,6 @@ the claim already enforces that rate, for every worker.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import re
@@ -37,9 +36,9 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from protego import Protego
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 from pin_orchestration.scraping.fetch import Fetcher, FetchError, product_token
 from pin_orchestration.scraping.repository import (
     AttemptOutcome,
@@ -71,9 +70,7 @@ _PARSED_KEPT = 1024
 _ALLOW_ALL_ERRORS = frozenset({"too_many_redirects", "refused_address", "invalid_url"})
 
 
-@functools.cache
-def _q(name: str) -> Any:
-    return text(load_queries("pin_orchestration.scraping", "robots.sql")[name])
+_q = NamedQueries("pin_orchestration.scraping", "robots.sql")
 
 
 class RobotsRefusal(Exception):

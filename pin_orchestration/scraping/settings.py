@@ -12,6 +12,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pin_orchestration.platform.defaults import API_URL
 from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
 from pin_orchestration.platform.settings import http_url, read_settings
 from pin_orchestration.scraping.fetch import DEFAULT_USER_AGENT, parse_allowed_cidrs, product_token
@@ -240,12 +241,12 @@ class ScrapingSettings:
     )
     # The local results store signs URLs under it.
     api_public_url: str = setting(
-        "http://127.0.0.1:8000",
+        API_URL,
         env="PIN_API_PUBLIC_URL",
         help="where clients reach the API (local result URLs are signed under it)",
         parse=_public_url,
         accepts="the http(s):// base URL clients use to reach the API",
-        shown="`http://HOST:PORT` of `pin api` (elsewhere `http://127.0.0.1:8000`)",
+        shown=f"`http://HOST:PORT` of `pin api` (elsewhere `{API_URL}`)",
         group=API,
     )
     redis_url: str | None = setting(

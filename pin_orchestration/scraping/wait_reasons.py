@@ -11,15 +11,14 @@ wait for the next one).
 
 from __future__ import annotations
 
-import functools
 import uuid
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 from pin_orchestration.scraping.repository import DomainDefaults
 from pin_orchestration.scraping.robots import origin_of
 
@@ -60,9 +59,7 @@ class WaitView(BaseModel):
     message: str = Field(description="One sentence for a person")
 
 
-@functools.cache
-def _q(name: str = "job_wait") -> Any:
-    return text(load_queries("pin_orchestration.scraping", "wait_reasons.sql")[name])
+_q = NamedQueries("pin_orchestration.scraping", "wait_reasons.sql")
 
 
 def job_wait(
@@ -76,7 +73,7 @@ def job_wait(
     if job["status"] != "queued":
         return None
     row = conn.execute(
-        _q(),
+        _q("job_wait"),
         {
             "job_id": job["id"],
             "origin": origin_of(job["url"]),

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 from pin_orchestration.scraping import signing
 from pin_orchestration.scraping.fetch import Fetcher, FetchError
 from pin_orchestration.scraping.headers import parse_retry_after
@@ -62,8 +62,7 @@ RECORD_RETRY_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
 
-def _q(name: str) -> Any:
-    return text(load_queries("pin_orchestration.scraping", "webhooks.sql")[name])
+_q = NamedQueries("pin_orchestration.scraping", "webhooks.sql")
 
 
 class WebhookConfigError(ValueError):

@@ -37,10 +37,10 @@ from datetime import UTC, date, datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from pin_orchestration.platform.options import option, same_as, with_settings
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher, FetchError, request_url
 from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
@@ -50,6 +50,7 @@ from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store import ResultStore, result_key
 
 log = logging.getLogger(__name__)
+_q = NamedQueries("pin_orchestration.scraping", "queries.sql")
 
 
 # The longest a worker with free slots waits before asking for due jobs again.
@@ -78,7 +79,7 @@ def claim_due_jobs(
         return []
     with engine.begin() as conn:
         rows = conn.execute(
-            text(load_queries("pin_orchestration.scraping", "queries.sql")["claim_due_jobs"]),
+            _q("claim_due_jobs"),
             {
                 "worker": worker,
                 "limit": limit,

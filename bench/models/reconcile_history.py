@@ -1,5 +1,6 @@
 """Randomized histories of news-comment-reconcile (issue 29), for the invariant test
-(test_history.py, a few seeds) and its long mode (bench/reconcile_history.py --seed N).
+(tests/news_reconcile/test_history.py, a few seeds) and its long mode
+(bench/reconcile_history.py --seed N).
 
 A history is a list of steps over a few days: comment activity that drifts counters (a
 lost increment, a hide without its decrement), reconcile runs of a day's partition
