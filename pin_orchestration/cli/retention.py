@@ -6,6 +6,7 @@ import functools
 
 import click
 
+from pin_orchestration.areas import retention_rules
 from pin_orchestration.cli.runs import run_once_and_exit
 from pin_orchestration.coordination.retention import (
     RetentionConfigError,
@@ -30,4 +31,6 @@ def retention_run(**fields: object) -> None:
         options.validate()
     except RetentionConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-    run_once_and_exit(functools.partial(run_retention, engine_from_env(), options))
+    run_once_and_exit(
+        functools.partial(run_retention, engine_from_env(), options, retention_rules())
+    )
