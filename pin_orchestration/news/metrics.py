@@ -9,8 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, text
 
+from pin_orchestration.coordination.run_metrics import job_run_totals, run_duration_histogram
 from pin_orchestration.news.reconcile import JOB_CODE, read_backlog
-from pin_orchestration.platform.metrics import job_run_totals, run_duration_histogram
 from pin_orchestration.platform.sql import load_queries
 
 
