@@ -6,7 +6,6 @@ import functools
 
 import click
 
-from pin_orchestration.areas import retention_rules
 from pin_orchestration.cli.runs import run_once_and_exit
 from pin_orchestration.coordination.retention import (
     RetentionConfigError,
@@ -26,6 +25,9 @@ def retention() -> None:
 @click_options(RetentionOptions)
 def retention_run(**fields: object) -> None:
     """Delete what is older than the configured ages now, in batches, under the lock."""
+    # Here, not at the top: every area's code, which `pin`'s other commands do not load.
+    from pin_orchestration.areas import retention_rules
+
     options = RetentionOptions(**fields)  # type: ignore[arg-type]
     try:
         options.validate()
