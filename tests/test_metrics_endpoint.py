@@ -89,8 +89,8 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
 
     from sqlalchemy import text
 
+    from pin_orchestration.areas import metrics_registry
     from pin_orchestration.platform.ids import uuid7
-    from pin_orchestration.platform.metrics import build_registry
 
     with db_engine.begin() as conn:
         # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration. A
@@ -174,7 +174,7 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
                 },
             )
 
-    registry = build_registry(db_engine)
+    registry = metrics_registry(db_engine)
     value = registry.get_sample_value
     assert value("news_comment_reconcile_backlog_remaining") == 1
     assert value("news_comment_reconcile_owed_posts") == 2

@@ -11,14 +11,10 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.drain import drain_tick
-from pin_orchestration.chessboard.metrics import record_outcomes
+from pin_orchestration.chessboard.metrics import chessboard_recalc_counters, record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.coordination.jobruns import record_failed_run, record_job_run
-from pin_orchestration.coordination.queue_health import (
-    chessboard_recalc_counters,
-    counter_increase,
-    quantile_upper_bound,
-)
+from pin_orchestration.coordination.queue_health import counter_increase, quantile_upper_bound
 from pin_orchestration.definitions import build_definitions
 from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB
 from pin_orchestration.platform.ids import uuid7

@@ -9,14 +9,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.sensors.run_failures import job_code_of_run, record_failed_runs
 
 
 def reconcile_errors_total(engine: Engine) -> float:
-    families = text_string_to_metric_families(generate_latest(build_registry(engine)).decode())
+    families = text_string_to_metric_families(generate_latest(metrics_registry(engine)).decode())
     return next(
         sample.value
         for family in families

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pin_orchestration.cli.configuration_doc import with_tables
 from pin_orchestration.platform.options import POSITIVE, setting
-from pin_orchestration.platform.settings import Settings, SettingsError, read_settings, with_tables
+from pin_orchestration.platform.settings import Settings, SettingsError, read_settings
 from pin_orchestration.scraping.settings import ScrapingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +27,8 @@ NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT", "PIN_UP_STACK", "PIN_TEST_SESSIO
 def test_the_committed_configuration_doc_is_what_the_declarations_produce() -> None:
     committed = DOC.read_text()
     assert with_tables(committed) == committed, (
-        "docs/configuration.md is out of date: run `python -m pin_orchestration.platform.settings` "
-        "in the repository root"
+        "docs/configuration.md is out of date: run "
+        "`python -m pin_orchestration.cli.configuration_doc` in the repository root"
     )
 
 

@@ -38,6 +38,7 @@ from pin_orchestration.analyst import (
     drift_by_post_status,
     reconcile_runs_frame,
 )
+from pin_orchestration.areas import metrics_registry, retention_rules
 from pin_orchestration.assets.news_reconcile import post_comment_counts
 from pin_orchestration.coordination.locks import force_release_lock, try_acquire_lock
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
@@ -51,7 +52,6 @@ from pin_orchestration.news.reconcile import (
     run_reconcile,
 )
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
 
 MSK = ZoneInfo("Europe/Moscow")
@@ -224,6 +224,7 @@ class World:
             run_retention(
                 self.engine,
                 RetentionOptions(scraping_results_days=30),
+                retention_rules(),
                 run_id=f"retention-{self.runs}",
                 holder="history",
                 now=datetime.now(UTC) + timedelta(days=step.days_forward),
@@ -425,7 +426,7 @@ def check_history(world: World, steps: list[Step]) -> None:
         f"the analysts' drift frames {read} differ from what the reconcile changed "
         f"{changed}; history: {steps}"
     )
-    corrected = build_registry(engine).get_sample_value(
+    corrected = metrics_registry(engine).get_sample_value(
         "news_comment_reconcile_drift_corrected_total"
     )
     assert corrected == sum(c for _, c, _ in audit), (

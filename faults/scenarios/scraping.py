@@ -463,8 +463,10 @@ def _overlapping_fetches(served: list[Any]) -> list[str]:
 def _sweep_attempt_objects(world: World) -> int:
     """pin-retention's sweep of the objects jobs ended without, run now for every ended job
     (not after its two days): what is left in the bucket must then be exactly the results."""
+    from dataclasses import replace
     from datetime import UTC, datetime, timedelta
 
+    from pin_orchestration.areas import retention_rules
     from pin_orchestration.coordination.retention import KINDS, delete_batch
     from pin_orchestration.scraping.store import S3ResultStore
 
@@ -472,7 +474,8 @@ def _sweep_attempt_objects(world: World) -> int:
     store = S3ResultStore(world.s3.client(), world.bucket)
     cutoff = datetime.now(UTC) + timedelta(days=1)
     deleted = 0
-    while batch := delete_batch(world.engine, kind, cutoff, 1000, lambda: store):
+    rules = replace(retention_rules(), result_store=lambda: store)
+    while batch := delete_batch(world.engine, kind, cutoff, 1000, rules):
         deleted += batch
     return deleted
 
@@ -681,13 +684,10 @@ def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
 def run_worker_on_a_jumping_clock(clock_file: str) -> None:
     """What `pin scraping work` runs, with the wall clock read through the clock file."""
     from pin_orchestration.platform.db import engine_from_env
-    from pin_orchestration.resources.scraping import (
-        fetch_policy_from,
-        result_store_from,
-        retry_policy_from,
-    )
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.store import result_store_from
     from pin_orchestration.scraping.worker import WorkerOptions, run_worker
 
     settings = ScrapingSettings.from_env()

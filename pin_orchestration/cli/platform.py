@@ -172,9 +172,10 @@ def metrics_serve(host: str, port: int) -> None:
     """Serve /metrics until interrupted."""
     import threading
 
+    from pin_orchestration.areas import metric_collectors
     from pin_orchestration.platform.metrics import serve_metrics
 
-    server = serve_metrics(engine_from_env(), host, port)
+    server = serve_metrics(metric_collectors(engine_from_env()), host, port)
     click.echo(f"serving http://{host}:{port}/metrics")
     try:
         threading.Event().wait()

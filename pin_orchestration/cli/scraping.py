@@ -128,13 +128,10 @@ def scraping_sweep() -> None:
 def scraping_work(**given: Any) -> None:
     """Run one worker from the shell (what a scraping_worker run does)."""
     from pin_orchestration.coordination.cancellation import stop_requested_on_signals
-    from pin_orchestration.resources.scraping import (
-        fetch_policy_from,
-        result_store_from,
-        retry_policy_from,
-    )
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.store import result_store_from
     from pin_orchestration.scraping.worker import WorkerConfigError, run_worker
 
     try:

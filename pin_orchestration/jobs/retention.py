@@ -14,6 +14,7 @@ from dagster import (
     op,
 )
 
+from pin_orchestration.areas import retention_rules
 from pin_orchestration.coordination.cancellation import stop_requested_on_signals
 from pin_orchestration.coordination.jobruns import RunStatus
 from pin_orchestration.coordination.locks import default_holder
@@ -37,6 +38,7 @@ def delete_expired_rows(
         result = run_retention(
             database.get_engine(),
             options,
+            retention_rules(),
             run_id=context.run_id,
             holder=default_holder(context.run_id),
             stop_requested=stop,

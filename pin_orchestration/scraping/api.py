@@ -173,7 +173,7 @@ def _mount_local_results(app: FastAPI, store: ResultStore) -> None:
 def app_from_env() -> FastAPI:
     """The app as `pin api` serves it: database and results store from the environment."""
     from pin_orchestration.platform.db import create_db_engine, resolve_database_url
-    from pin_orchestration.resources.scraping import result_store_from
+    from pin_orchestration.scraping.store import result_store_from
 
     settings = ScrapingSettings.from_env()
     url = resolve_database_url()

@@ -28,6 +28,9 @@ from typing import Any, BinaryIO, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 from uuid import UUID
 
+from pin_orchestration.platform.settings import Settings
+from pin_orchestration.scraping.settings import ScrapingSettings
+
 # RFC 9110 §8.3: a body sent without a type may be treated as application/octet-stream; both
 # stores record it that way so `head` and the served download always agree.
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -505,4 +508,15 @@ def build_result_store(
         home / "results",
         public_base_url=public_base_url,
         signing_key=load_or_create_signing_key(home / "results-signing.key"),
+    )
+
+
+def result_store_from(settings: ScrapingSettings) -> ResultStore:
+    """The store the settings name (PIN_S3_*; else the directory under PIN_HOME)."""
+    return build_result_store(
+        bucket=settings.s3_bucket,
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        home=Settings.from_env().home,
+        public_base_url=settings.api_public_url,
     )

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration import analyst
 from pin_orchestration.analyst import drift_by_post_status, reconcile_runs_frame
+from pin_orchestration.areas import metrics_registry, retention_rules
 from pin_orchestration.assets.news_reconcile import DRIFT_CHECK, post_comment_counts
 from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
@@ -26,7 +27,6 @@ from pin_orchestration.news.reconcile import (
     Scope,
     run_reconcile,
 )
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
 from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
@@ -40,7 +40,7 @@ def reconcile(engine: Engine, options: ReconcileOptions, **kwargs: Any):
 
 
 def metric(engine: Engine, name: str) -> float | None:
-    return build_registry(engine).get_sample_value(name)
+    return metrics_registry(engine).get_sample_value(name)
 
 
 def test_a_post_skipped_as_locked_is_owed_to_the_next_days_run(db_engine: Engine) -> None:
@@ -168,6 +168,7 @@ def test_retention_leaves_a_materialized_days_value_whole(db_engine: Engine) -> 
     run_retention(
         db_engine,
         RetentionOptions(scraping_results_days=30),
+        retention_rules(),
         run_id="retention",
         holder="test",
         now=datetime.now(UTC) + timedelta(days=200),

@@ -788,10 +788,10 @@ def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engi
 def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:
     from prometheus_client import generate_latest
 
-    from pin_orchestration.platform.metrics import build_registry
+    from pin_orchestration.areas import metrics_registry
 
     def scrape() -> dict[str, float]:
-        text_format = generate_latest(build_registry(db_engine)).decode()
+        text_format = generate_latest(metrics_registry(db_engine)).decode()
         return {
             line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text_format.splitlines()

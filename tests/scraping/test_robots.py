@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, event, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping import repository
 from pin_orchestration.scraping.fetch import Fetcher
@@ -94,7 +94,7 @@ def test_a_disallowed_path_is_never_requested_and_an_allowed_one_is_fetched(
         assert "Disallow: /page/private" in attempt.error_detail
         assert "User-agent: pin-scraper" in attempt.error_detail
     # counted by class with every other failure: 2 of the 3 attempts
-    got = samples(generate_latest(build_registry(db_engine)).decode())
+    got = samples(generate_latest(metrics_registry(db_engine)).decode())
     share = got[("scraping_failure_share_by_class", (("error_class", "robots_disallowed"),))]
     assert share == pytest.approx(2 / 3)
 
