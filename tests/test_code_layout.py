@@ -36,7 +36,6 @@ LONG_MODULES_ALLOWED: set[str] = {
     "pin_orchestration/scraping/worker.py",
 }
 LONG_FUNCTIONS_ALLOWED: set[str] = {
-    "pin_orchestration/devstack/up.py:run_stack",
     "pin_orchestration/scraping/batch_routes.py:batch_router",
     "pin_orchestration/scraping/jobs_routes.py:jobs_router",
     "pin_orchestration/scraping/wait_reasons.py:decide",
