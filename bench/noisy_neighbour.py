@@ -41,15 +41,15 @@ from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
 )
-from pin_orchestration.scraping import repository  # noqa: E402
-from pin_orchestration.scraping.fetch import Fetcher  # noqa: E402
-from pin_orchestration.scraping.repository import JobRequest  # noqa: E402
+from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import (  # noqa: E402
+from pin_orchestration.scraping.store import repository  # noqa: E402
+from pin_orchestration.scraping.store.repository import JobRequest  # noqa: E402
+from pin_orchestration.scraping.store.results import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import (  # noqa: E402
+from pin_orchestration.scraping.worker.run import (  # noqa: E402
     WorkerOptions,
     claim_due_jobs,
     run_worker,

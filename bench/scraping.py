@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url  # noqa: E402
-from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+from pin_orchestration.scraping.store.repository import create_tenant  # noqa: E402
 from tests.leftover_processes import no_survivors, stop_process_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def bare_loop(target: str, jobs: int, slots: int) -> tuple[float, float]:
 
 def robots_seconds(target: str) -> float:
     """How long the target takes to answer /robots.txt: what a loop obeying it waits before
-    its first page (the pipeline does, once per host: scraping/robots.py)."""
+    its first page (the pipeline does, once per host: scraping/fetch/robots.py)."""
     started = time.monotonic()
     answer = requests.get(f"{target}/robots.txt", timeout=30)
     assert answer.status_code == 200

@@ -31,7 +31,7 @@ from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
 
 if TYPE_CHECKING:
-    from pin_orchestration.scraping.store import ResultStore
+    from pin_orchestration.scraping.store.results import ResultStore
 
 JOB_CODE = "pin-retention"
 LOCK_KEY = "Pin:lock:job:scheduled:pin-retention"

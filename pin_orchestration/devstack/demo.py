@@ -15,8 +15,8 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest, Tenant
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest, Tenant
 
 DEMO_POSTS = 200
 # What the demo's deliberate failures say about themselves (check descriptions, pin up's log).

@@ -1,9 +1,9 @@
 """Jobs of the scraping service with what launches them: the worker run and
 `scraping_jobs_sensor`, the webhook delivery run and `scraping_webhooks_sensor`, the lease
 sweeper and its every-minute schedule `scraping_stuck_sweeper`, and the runbook's requeue
-of failed jobs. Each op calls its domain entry point (`scraping.worker.run_worker`,
-`scraping.webhooks.run_deliveries`, `scraping.repository`), which runs the named queries of
-`scraping/queries.sql` / `scraping/webhooks.sql`.
+of failed jobs. Each op calls its domain entry point (`scraping.worker.run.run_worker`,
+`scraping.webhooks.deliveries.run_deliveries`, `scraping.store.repository`), which runs the
+named queries of `scraping/queries.sql` / `scraping/webhooks.sql`.
 
 The sensors never launch one run per scraping job: a worker run drains many jobs,
 PIN_SCRAPING_SLOTS at once. A live worker run claims new due jobs within its poll interval,
@@ -43,14 +43,14 @@ from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.webhooks import (
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.webhooks.deliveries import (
     DeliveryOptions,
     WebhookConfigError,
     run_deliveries,
     webhook_stats,
 )
-from pin_orchestration.scraping.worker import (
+from pin_orchestration.scraping.worker.run import (
     WORKER_RUN_OPTIONS,
     WorkerConfigError,
     WorkerOptions,

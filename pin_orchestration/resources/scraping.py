@@ -3,11 +3,11 @@ from __future__ import annotations
 from dagster import ConfigurableResource
 
 from pin_orchestration.platform.settings import Settings
-from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
-from pin_orchestration.scraping.retry import RetryPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore, build_result_store
-from pin_orchestration.scraping.webhooks import WebhookPolicy
+from pin_orchestration.scraping.store.results import ResultStore, build_result_store
+from pin_orchestration.scraping.webhooks.deliveries import WebhookPolicy
+from pin_orchestration.scraping.worker.retry import RetryPolicy
 
 
 class ScrapingResource(ConfigurableResource):

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.repository import DomainDefaults, Tenant, create_tenant
+from pin_orchestration.scraping.api.app import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import (
+from pin_orchestration.scraping.store.repository import DomainDefaults, Tenant, create_tenant
+from pin_orchestration.scraping.store.results import (
     LocalResultStore,
     ResultStore,
     S3ResultStore,
@@ -133,8 +133,8 @@ Worker = Callable[..., Any]
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.worker.run import WorkerOptions, run_worker
 
     def run(
         *,

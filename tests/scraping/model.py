@@ -53,16 +53,17 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository, worker
-from pin_orchestration.scraping.repository import (
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import (
     ClaimedJob,
     DomainDefaults,
     JobRequest,
     create_tenant,
     set_domain_limits,
 )
-from pin_orchestration.scraping.retry import RetryPolicy, decide, domain_pause_until
-from pin_orchestration.scraping.store import META_SUFFIX, LocalResultStore
+from pin_orchestration.scraping.store.results import META_SUFFIX, LocalResultStore
+from pin_orchestration.scraping.worker import run as worker
+from pin_orchestration.scraping.worker.retry import RetryPolicy, decide, domain_pause_until
 
 MAX_ATTEMPTS = 3
 LEASE_SECONDS = 30.0

@@ -21,11 +21,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.cache import SHORT_TTL_SECONDS, JobCache, job_key
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.api.cache import SHORT_TTL_SECONDS, JobCache, job_key
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth, free_loopback_port
 
 AppFactory = Callable[..., FastAPI]
@@ -548,7 +548,7 @@ def test_a_queued_jobs_cached_wait_never_outlives_its_until(
 ) -> None:
     """The copy of a job waiting for a pause that ends in 0.8 s lives at most that long, not
     the short TTL's 2 s: a cached wait is never one that has lifted."""
-    from pin_orchestration.scraping import repository
+    from pin_orchestration.scraping.store import repository
 
     tenant, key = make_tenant("shop")
     with live(cached_app()) as client:

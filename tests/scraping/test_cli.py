@@ -9,9 +9,9 @@ import uuid
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 from tests.test_cli import pin
 

@@ -27,7 +27,7 @@ from pin_orchestration.devstack.standins.scraping_target import (
     body_bytes,
     make_tls_files,
 )
-from pin_orchestration.scraping.fetch import (
+from pin_orchestration.scraping.fetch.client import (
     Fetcher,
     FetchError,
     FetchPolicy,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from pin_orchestration.devstack.standins.hostile_peer import CORPUS, HostilePeer
-from pin_orchestration.scraping.fetch import Fetcher, FetchError, FetchPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchError, FetchPolicy
 
 TIMEOUT_SECONDS = 1.0
 POLICY = FetchPolicy(

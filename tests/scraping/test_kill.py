@@ -15,9 +15,9 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, Worker, stored_objects
 
 

@@ -24,9 +24,9 @@ from sqlalchemy import Engine, text
 
 from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import TEST_SETTINGS, Worker, auth, stored_objects
 

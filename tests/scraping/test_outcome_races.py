@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.results import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS
 from tests.scraping.test_worker import attempts, enqueue, job_row
 
@@ -116,8 +116,8 @@ def test_a_run_that_claims_its_own_swept_job_again_keeps_the_new_attempt(
     local_store: LocalResultStore,
 ) -> None:
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.worker.run import WorkerOptions, run_worker
     from tests.scraping.conftest import _with_allowed
 
     tenant_id = make_tenant("shop")[0].id
@@ -197,7 +197,7 @@ def _blocked_for(engine: Engine, domain: str) -> float | None:
 def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_tenant: Any) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     tenant_id = make_tenant("shop")[0].id
@@ -263,8 +263,8 @@ def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
 def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     db_engine: Engine, make_tenant: Any
 ) -> None:
-    from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.store.repository import DomainDefaults, RedirectSlots
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
 
     limits = DomainDefaults(rps=1.0, concurrency=10)
     tenant_id = make_tenant("shop")[0].id
@@ -333,7 +333,7 @@ def _running_jobs_on(
 ) -> dict[str, list[Any]]:
     """`per_domain` running jobs on each domain, and each domain's queue set aside for want
     of room (so a job leaving `running` updates the queue's row)."""
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     tenant_id = make_tenant("shop")[0].id
@@ -555,7 +555,7 @@ def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
     before its domain's queue: rounds whose domains come in one order but whose tenants
     cross must still queue, not deadlock."""
 
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     one, two = make_tenant("one")[0].id, make_tenant("two")[0].id

@@ -23,18 +23,18 @@ from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.robots import (
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.fetch.robots import (
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
     origin_of,
     ttl_seconds,
 )
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.wait_reasons import explain
-from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
+from pin_orchestration.scraping.worker.run import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.worker.wait_reasons import explain
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
 

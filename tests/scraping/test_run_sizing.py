@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import DomainDefaults, RedirectSlots
 from tests.scraping.test_scheduling import claim, enqueue_many
 
 

@@ -21,17 +21,17 @@ from pin_orchestration.cli import main
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.repository import (
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import (
     ClaimedJob,
     DomainDefaults,
     JobRequest,
     set_domain_limits,
     set_tenant_weight,
 )
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import (
+from pin_orchestration.scraping.store.results import LocalResultStore
+from pin_orchestration.scraping.worker.run import (
     WorkerOptions,
     WorkerReport,
     claim_due_jobs,

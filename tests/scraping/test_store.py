@@ -24,7 +24,8 @@ import requests
 import uvicorn
 from fastapi import FastAPI
 
-from pin_orchestration.scraping.store import (
+from pin_orchestration.scraping.api.store_routes import local_results_router
+from pin_orchestration.scraping.store.results import (
     DEFAULT_CONTENT_TYPE,
     LocalResultStore,
     S3ResultStore,
@@ -33,7 +34,6 @@ from pin_orchestration.scraping.store import (
     load_or_create_signing_key,
     result_key,
 )
-from pin_orchestration.scraping.store_routes import local_results_router
 
 MIB = 1024 * 1024
 # Every byte value, over 5 MiB (the multipart threshold of boto's transfer manager).
@@ -586,7 +586,7 @@ def test_a_hung_s3_store_fails_the_put_instead_of_holding_the_slot(
     from botocore.exceptions import ReadTimeoutError
 
     from faults.proxy import FaultProxy
-    from pin_orchestration.scraping import store as store_module
+    from pin_orchestration.scraping.store import results as store_module
 
     monkeypatch.setattr(store_module, "S3_READ_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

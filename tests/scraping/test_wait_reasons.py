@@ -15,10 +15,10 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, JobRequest
-from pin_orchestration.scraping.robots import origin_of
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.fetch.robots import origin_of
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import AttemptOutcome, ClaimedJob, JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker, auth
 
 

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import AttemptOutcome, JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 

@@ -25,12 +25,12 @@ from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping import robots as robots_module
-from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.fetch import robots as robots_module
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import LocalResultStore
+from pin_orchestration.scraping.worker.run import WorkerOptions, claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 
 

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
 
-from pin_orchestration.scraping import problems, ratelimit, repository, signing, webhooks
-from pin_orchestration.scraping.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, ApiDeps
-from pin_orchestration.scraping.job_models import (
+from pin_orchestration.scraping.api import problems, ratelimit
+from pin_orchestration.scraping.api.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, ApiDeps
+from pin_orchestration.scraping.api.job_models import (
     AttemptList,
     AttemptView,
     CancelAnswer,
@@ -35,11 +35,14 @@ from pin_orchestration.scraping.job_models import (
     WebhookEvent,
     receipt_body,
 )
-from pin_orchestration.scraping.limits import MAX_BODY_BYTES
-from pin_orchestration.scraping.problems import FieldError, Problem, ProblemError
-from pin_orchestration.scraping.ratelimit import RateLimited
-from pin_orchestration.scraping.repository import TERMINAL, IdempotencyKeyReused, JobRequest
-from pin_orchestration.scraping.wait_reasons import job_wait
+from pin_orchestration.scraping.api.limits import MAX_BODY_BYTES
+from pin_orchestration.scraping.api.problems import FieldError, Problem, ProblemError
+from pin_orchestration.scraping.api.ratelimit import RateLimited
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import TERMINAL, IdempotencyKeyReused, JobRequest
+from pin_orchestration.scraping.webhooks import deliveries as webhooks
+from pin_orchestration.scraping.webhooks import signing
+from pin_orchestration.scraping.worker.wait_reasons import job_wait
 
 
 def _webhook_callbacks() -> APIRouter:
@@ -236,7 +239,7 @@ def jobs_router(deps: ApiDeps) -> APIRouter:
             return Response(cached.body, media_type="application/json")
         with reading() as conn:
             row = repository.get_job(conn, caller.id, job_id)
-            # a queued job says why it waits (scraping/wait_reasons.py)
+            # a queued job says why it waits (scraping/worker/wait_reasons.py)
             wait = (
                 None
                 if row is None

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.repository import DomainDefaults
-from pin_orchestration.scraping.robots import origin_of
+from pin_orchestration.scraping.fetch.robots import origin_of
+from pin_orchestration.scraping.store.repository import DomainDefaults
 
 WaitReason = Literal[
     "retry_backoff",

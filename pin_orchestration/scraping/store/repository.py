@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.ids import uuid7, uuid7s
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping import hosts
+from pin_orchestration.scraping.fetch import hosts
 
 # How long an Idempotency-Key is remembered (documented in the API and docs/jobs/scraping.md).
 IDEMPOTENCY_KEY_TTL_SECONDS = 24 * 3600
@@ -195,7 +195,7 @@ def pause_domain(
     domain = normalize_host(host)
     with engine.begin() as conn:
         conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
-        # a job's wait says the host is paused by an operator (scraping/wait_reasons.py)
+        # a job's wait says the host is paused by an operator (scraping/worker/wait_reasons.py)
         conn.execute(_q("set_pause_cause"))
         return conn.execute(_q("pause_domain"), {"domain": domain, "seconds": seconds}).scalar_one()
 

@@ -48,7 +48,7 @@ import urllib3.exceptions
 import urllib3.poolmanager
 from urllib3.util.connection import allowed_gai_family
 
-from pin_orchestration.scraping.headers import (
+from pin_orchestration.scraping.fetch.headers import (
     content_length_error,
     parse_content_length,
     resolve_location,
@@ -93,7 +93,7 @@ _MAX_DETAIL_CHARS = 300
 
 
 # Names the service and where to reach its operators; its product token (the first word)
-# is what robots.txt groups are matched against (scraping/robots.py).
+# is what robots.txt groups are matched against (scraping/fetch/robots.py).
 DEFAULT_USER_AGENT = "pin-scraper/0.1 (+https://github.com/pin-orchestration)"
 
 

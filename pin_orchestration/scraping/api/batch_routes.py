@@ -17,13 +17,14 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from pin_orchestration.scraping import problems, ratelimit, repository
-from pin_orchestration.scraping.deps import ApiDeps
-from pin_orchestration.scraping.job_models import JobCreate, Receipt, receipt_body
-from pin_orchestration.scraping.limits import MAX_BATCH_BODY_BYTES
-from pin_orchestration.scraping.problems import FieldError, Problem, ValidationProblem
-from pin_orchestration.scraping.ratelimit import RateLimited
-from pin_orchestration.scraping.repository import IdempotencyKeyReused, JobRequest
+from pin_orchestration.scraping.api import problems, ratelimit
+from pin_orchestration.scraping.api.deps import ApiDeps
+from pin_orchestration.scraping.api.job_models import JobCreate, Receipt, receipt_body
+from pin_orchestration.scraping.api.limits import MAX_BATCH_BODY_BYTES
+from pin_orchestration.scraping.api.problems import FieldError, Problem, ValidationProblem
+from pin_orchestration.scraping.api.ratelimit import RateLimited
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import IdempotencyKeyReused, JobRequest
 
 MAX_BATCH_JOBS = 1000
 

@@ -18,14 +18,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Connection, Engine
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.cache import JobCache
-from pin_orchestration.scraping.intake import GroupedIntake
-from pin_orchestration.scraping.limits import MAX_HEADER_BYTES
-from pin_orchestration.scraping.problems import Problem
-from pin_orchestration.scraping.repository import Tenant
+from pin_orchestration.scraping.api.cache import JobCache
+from pin_orchestration.scraping.api.intake import GroupedIntake
+from pin_orchestration.scraping.api.limits import MAX_HEADER_BYTES
+from pin_orchestration.scraping.api.problems import Problem
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import Tenant
+from pin_orchestration.scraping.store.results import ResultStore
 
 # Documented by every operation that takes an API key.
 UNAUTHORIZED = {401: {"model": Problem, "description": "Missing or wrong API key"}}

@@ -37,10 +37,10 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping import signing
-from pin_orchestration.scraping.fetch import Fetcher, FetchError
-from pin_orchestration.scraping.headers import parse_retry_after
-from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchError
+from pin_orchestration.scraping.fetch.headers import parse_retry_after
+from pin_orchestration.scraping.webhooks import signing
+from pin_orchestration.scraping.worker.retry import RetryPolicy, backoff_delay
 
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})

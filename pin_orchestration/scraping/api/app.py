@@ -13,24 +13,24 @@ from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping import problems
-from pin_orchestration.scraping.batch_routes import batch_router
-from pin_orchestration.scraping.cache import InvalidationListener
-from pin_orchestration.scraping.deps import (
+from pin_orchestration.scraping.api import problems
+from pin_orchestration.scraping.api.batch_routes import batch_router
+from pin_orchestration.scraping.api.cache import InvalidationListener
+from pin_orchestration.scraping.api.deps import (
     API_KEY_CACHE_SECONDS,
     HEADERS_TOO_LARGE,
     UNAUTHORIZED,
     ApiDeps,
 )
-from pin_orchestration.scraping.health_routes import health_router
-from pin_orchestration.scraping.job_models import MAX_PARAMS_DEPTH
-from pin_orchestration.scraping.jobs_routes import jobs_router
-from pin_orchestration.scraping.limits import MAX_BATCH_BODY_BYTES, RequestSizeLimits
-from pin_orchestration.scraping.metrics_routes import metrics_router
-from pin_orchestration.scraping.problems import FieldError
-from pin_orchestration.scraping.repository import IDEMPOTENCY_KEY_TTL_SECONDS
+from pin_orchestration.scraping.api.health_routes import health_router
+from pin_orchestration.scraping.api.job_models import MAX_PARAMS_DEPTH
+from pin_orchestration.scraping.api.jobs_routes import jobs_router
+from pin_orchestration.scraping.api.limits import MAX_BATCH_BODY_BYTES, RequestSizeLimits
+from pin_orchestration.scraping.api.metrics_routes import metrics_router
+from pin_orchestration.scraping.api.problems import FieldError
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore
+from pin_orchestration.scraping.store.repository import IDEMPOTENCY_KEY_TTL_SECONDS
+from pin_orchestration.scraping.store.results import ResultStore
 
 
 def create_app(
@@ -162,10 +162,10 @@ def _answer_too_deep_json_with_422(app: FastAPI) -> None:
 
 
 def _mount_local_results(app: FastAPI, store: ResultStore) -> None:
-    from pin_orchestration.scraping.store import LocalResultStore
+    from pin_orchestration.scraping.store.results import LocalResultStore
 
     if isinstance(store, LocalResultStore):
-        from pin_orchestration.scraping.store_routes import local_results_router
+        from pin_orchestration.scraping.api.store_routes import local_results_router
 
         app.include_router(local_results_router(store))
 

@@ -41,13 +41,18 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.options import option, same_as, with_settings
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher, FetchError, request_url
-from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, DomainDefaults
-from pin_orchestration.scraping.retry import Decision, RetryPolicy, decide, domain_pause_until
-from pin_orchestration.scraping.robots import RobotsGuard, RobotsRefusal
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchError, request_url
+from pin_orchestration.scraping.fetch.robots import RobotsGuard, RobotsRefusal
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore, result_key
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import AttemptOutcome, ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.results import ResultStore, result_key
+from pin_orchestration.scraping.worker.retry import (
+    Decision,
+    RetryPolicy,
+    decide,
+    domain_pause_until,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +147,7 @@ class WorkerOptions:
     # Limits of a domain without an override.
     domain_rps: float = same_as(ScrapingSettings, "domain_rps")
     domain_concurrency: int = same_as(ScrapingSettings, "domain_concurrency")
-    # robots.txt (scraping/robots.py)
+    # robots.txt (scraping/fetch/robots.py)
     robots: str = same_as(ScrapingSettings, "robots")
     robots_retry_seconds: float = same_as(ScrapingSettings, "robots_retry_seconds")
 
