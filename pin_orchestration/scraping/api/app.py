@@ -59,12 +59,13 @@ def create_app(
         f"is remembered for {IDEMPOTENCY_KEY_TTL_SECONDS // 3600} h.",
         lifespan=_lifespan(deps, listen_for_invalidations),
     )
+    app.state.deps = deps
     app.state.job_cache = deps.job_cache
     app.state.intake = deps.intake
 
     # Before the job routes: /jobs/batch is not a job id.
-    app.include_router(batch_router(deps), responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
-    app.include_router(jobs_router(deps))
+    app.include_router(batch_router, responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
+    app.include_router(jobs_router)
     if deps.settings.metrics_token is not None:
         app.include_router(metrics_router(deps, deps.settings.metrics_token))
     app.include_router(health_router(engine_provider))

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pin_orchestration.scraping.api import problems, ratelimit
-from pin_orchestration.scraping.api.deps import ApiDeps
+from pin_orchestration.scraping.api.deps import Caller, Deps
 from pin_orchestration.scraping.api.job_models import JobCreate, Receipt, receipt_body
 from pin_orchestration.scraping.api.limits import MAX_BATCH_BODY_BYTES
 from pin_orchestration.scraping.api.problems import FieldError, Problem, ValidationProblem
@@ -85,111 +85,104 @@ class BatchAnswer(BaseModel):
     items: list[BatchItem]
 
 
-def batch_router(deps: ApiDeps) -> APIRouter:
-    router = APIRouter()
-    Caller = deps.caller
-    engine_provider, intake_limit = deps.engine_provider, deps.intake_limit
+batch_router = APIRouter()
 
-    @router.post(
-        "/jobs/batch",
-        status_code=202,
-        response_model=BatchAnswer,
-        responses={
-            202: {"headers": ratelimit.OPENAPI_HEADERS},
-            400: {"model": Problem, "description": "The body could not be read as JSON"},
-            413: {
-                "model": Problem,
-                "description": f"The request body exceeds {MAX_BATCH_BODY_BYTES} bytes",
-            },
-            429: {
-                "model": RateLimited,
-                "description": "The tenant's bucket has fewer tokens than the batch has jobs "
-                "(one per job): nothing was stored; retry after Retry-After",
-                "headers": {
-                    "Retry-After": {
-                        "description": "Seconds until the bucket holds the batch",
-                        "required": True,
-                        "schema": {"type": "integer", "minimum": 1},
-                    },
-                    **ratelimit.OPENAPI_HEADERS,
+
+@batch_router.post(
+    "/jobs/batch",
+    status_code=202,
+    response_model=BatchAnswer,
+    responses={
+        202: {"headers": ratelimit.OPENAPI_HEADERS},
+        400: {"model": Problem, "description": "The body could not be read as JSON"},
+        413: {
+            "model": Problem,
+            "description": f"The request body exceeds {MAX_BATCH_BODY_BYTES} bytes",
+        },
+        429: {
+            "model": RateLimited,
+            "description": "The tenant's bucket has fewer tokens than the batch has jobs "
+            "(one per job): nothing was stored; retry after Retry-After",
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds until the bucket holds the batch",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
                 },
+                **ratelimit.OPENAPI_HEADERS,
             },
         },
-        summary="Accept up to 1,000 jobs in one transaction (202 with each job's receipt "
-        "or problem)",
-    )
-    def submit_batch(body: BatchCreate, caller: Caller) -> JSONResponse:
-        refused = {
-            i: _pointed(i, job.errors)
-            for i, job in enumerate(body.jobs)
-            if isinstance(job, _Refused)
-        }
-        if refused and body.atomic:
-            raise _atomic_refusal(refused)
-        valid = [(i, job) for i, job in enumerate(body.jobs) if isinstance(job, BatchJob)]
-        if intake_limit.enabled and len(valid) > intake_limit.burst:
-            raise problems.ProblemError(
-                422,
-                f"the batch has {len(valid)} jobs; the intake limit lets a tenant submit "
-                f"at most {intake_limit.burst} at once (PIN_SCRAPING_INTAKE_BURST): split it",
-                type_=problems.VALIDATION,
-                title="The request is invalid",
-                errors=[FieldError(detail="more jobs than the burst", pointer="/jobs")],
-            )
-        limit_headers: dict[str, str] = {}
-        try:
-            # The tokens and the jobs in one transaction, as POST /jobs: one connection, one
-            # commit, and a batch that stores nothing spends no token. The bucket's row
-            # stays locked until the commit; the tenant's other intakes of a class wait for
-            # that commit anyway (the batch holds its fair-tag row, take_fair_tags).
-            with engine_provider().begin() as conn:
-                if intake_limit.enabled and valid:
-                    taken = repository.take_intake_token(
-                        conn, caller.id, intake_limit, jobs=len(valid)
-                    )
-                    limit_headers = ratelimit.headers(intake_limit, taken.remaining)
-                    if taken.wait_seconds > 0:
-                        return ratelimit.refusal(
-                            intake_limit, taken.wait_seconds, limit_headers, jobs=len(valid)
-                        )
-                answers = repository.submit_jobs(
-                    conn,
-                    caller.id,
-                    [(_request(job), job.idempotency_key) for _, job in valid],
-                    atomic=body.atomic,
-                )
-        except IdempotencyKeyReused as reused:
-            index = valid[reused.position][0]  # the job that reused the key, not its first
-            raise _atomic_refusal({index: [_key_reused(index)]}) from None
-        items = {i: _refusal(i, errors) for i, errors in refused.items()}
-        for (i, _), answer in zip(valid, answers, strict=True):
-            if isinstance(answer, IdempotencyKeyReused):
-                items[i] = _refusal(i, [_key_reused(i)])
-            else:
-                items[i] = {
-                    "index": i,
-                    "status": 202,
-                    "receipt": receipt_body(answer.id, answer.status),
-                }
-        ordered = [items[i] for i in range(len(body.jobs))]
-        accepted = sum(1 for item in ordered if item["status"] == 202)
-        # BatchAnswer's JSON (response_model documents it): built as dicts, see receipt_body
-        return JSONResponse(
-            {"accepted": accepted, "refused": len(ordered) - accepted, "items": ordered},
-            status_code=202,
-            headers=limit_headers,
+    },
+    summary="Accept up to 1,000 jobs in one transaction (202 with each job's receipt or problem)",
+)
+def submit_batch(body: BatchCreate, caller: Caller, deps: Deps) -> JSONResponse:
+    intake_limit = deps.intake_limit
+    refused = {
+        i: _pointed(i, job.errors) for i, job in enumerate(body.jobs) if isinstance(job, _Refused)
+    }
+    if refused and body.atomic:
+        raise _atomic_refusal(refused)
+    valid = [(i, job) for i, job in enumerate(body.jobs) if isinstance(job, BatchJob)]
+    if intake_limit.enabled and len(valid) > intake_limit.burst:
+        raise problems.ProblemError(
+            422,
+            f"the batch has {len(valid)} jobs; the intake limit lets a tenant submit "
+            f"at most {intake_limit.burst} at once (PIN_SCRAPING_INTAKE_BURST): split it",
+            type_=problems.VALIDATION,
+            title="The request is invalid",
+            errors=[FieldError(detail="more jobs than the burst", pointer="/jobs")],
         )
-
-    @router.api_route(
-        "/jobs/batch",
-        methods=["GET", "PUT", "PATCH", "DELETE"],
-        include_in_schema=False,
+    limit_headers: dict[str, str] = {}
+    try:
+        # The tokens and the jobs in one transaction, as POST /jobs: one connection, one
+        # commit, and a batch that stores nothing spends no token. The bucket's row
+        # stays locked until the commit; the tenant's other intakes of a class wait for
+        # that commit anyway (the batch holds its fair-tag row, take_fair_tags).
+        with deps.engine_provider().begin() as conn:
+            if intake_limit.enabled and valid:
+                taken = repository.take_intake_token(conn, caller.id, intake_limit, jobs=len(valid))
+                limit_headers = ratelimit.headers(intake_limit, taken.remaining)
+                if taken.wait_seconds > 0:
+                    return ratelimit.refusal(
+                        intake_limit, taken.wait_seconds, limit_headers, jobs=len(valid)
+                    )
+            answers = repository.submit_jobs(
+                conn,
+                caller.id,
+                [(_request(job), job.idempotency_key) for _, job in valid],
+                atomic=body.atomic,
+            )
+    except IdempotencyKeyReused as reused:
+        index = valid[reused.position][0]  # the job that reused the key, not its first
+        raise _atomic_refusal({index: [_key_reused(index)]}) from None
+    items = {i: _refusal(i, errors) for i, errors in refused.items()}
+    for (i, _), answer in zip(valid, answers, strict=True):
+        if isinstance(answer, IdempotencyKeyReused):
+            items[i] = _refusal(i, [_key_reused(i)])
+        else:
+            items[i] = {
+                "index": i,
+                "status": 202,
+                "receipt": receipt_body(answer.id, answer.status),
+            }
+    ordered = [items[i] for i in range(len(body.jobs))]
+    accepted = sum(1 for item in ordered if item["status"] == 202)
+    # BatchAnswer's JSON (response_model documents it): built as dicts, see receipt_body
+    return JSONResponse(
+        {"accepted": accepted, "refused": len(ordered) - accepted, "items": ordered},
+        status_code=202,
+        headers=limit_headers,
     )
-    def batch_other_methods() -> None:
-        # Else GET /jobs/batch would be read as GET /jobs/{job_id}, a 422 of a bad id.
-        raise HTTPException(405, "POST /jobs/batch only", {"Allow": "POST"})
 
-    return router
+
+@batch_router.api_route(
+    "/jobs/batch",
+    methods=["GET", "PUT", "PATCH", "DELETE"],
+    include_in_schema=False,
+)
+def batch_other_methods() -> None:
+    # Else GET /jobs/batch would be read as GET /jobs/{job_id}, a 422 of a bad id.
+    raise HTTPException(405, "POST /jobs/batch only", {"Allow": "POST"})
 
 
 def _request(job: BatchJob) -> JobRequest:

@@ -8,8 +8,8 @@ Result bytes never pass through the API: `/jobs/{id}/result` hands out a signed,
 URL of the results store.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations,
-# some of them local to jobs_router, at definition time.
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at
+# definition time.
 
 import uuid
 from datetime import UTC
@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query
 from fastapi.responses import JSONResponse, Response
 
 from pin_orchestration.scraping.api import problems, ratelimit
-from pin_orchestration.scraping.api.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, ApiDeps
+from pin_orchestration.scraping.api.deps import HEADERS_TOO_LARGE, UNAUTHORIZED, Caller, Deps
 from pin_orchestration.scraping.api.job_models import (
     AttemptList,
     AttemptView,
@@ -133,231 +133,229 @@ RATE_LIMITED = {
 }
 
 
-def jobs_router(deps: ApiDeps) -> APIRouter:
-    Caller = deps.caller
-    engine_provider, reading = deps.engine_provider, deps.reading
-    store, settings = deps.store, deps.settings
-    intake_limit, job_cache = deps.intake_limit, deps.job_cache
-    intake = deps.intake
-    JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
-    router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
+JobId = Annotated[uuid.UUID, Path(description="The job's id (from the receipt)")]
+jobs_router = APIRouter(responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
 
-    def job_view(row: dict[str, Any]) -> JobView:
-        result = None
-        if row["result_key"] is not None and row["status"] == "succeeded":
-            result = ResultInfo(
-                size=row["result_size"],
-                sha256=row["result_sha256"],
-                content_type=row["result_content_type"],
-                links={"result": f"/jobs/{row['id']}/result"},
-            )
-        return JobView(
-            **{k: row[k] for k in JobView.model_fields if k not in ("result", "wait")},
-            result=result,
+
+def job_view(row: dict[str, Any]) -> JobView:
+    result = None
+    if row["result_key"] is not None and row["status"] == "succeeded":
+        result = ResultInfo(
+            size=row["result_size"],
+            sha256=row["result_sha256"],
+            content_type=row["result_content_type"],
+            links={"result": f"/jobs/{row['id']}/result"},
         )
-
-    @router.post(
-        "/jobs",
-        status_code=202,
-        response_model=Receipt,
-        responses={
-            202: {
-                "links": _job_links(
-                    "GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"
-                ),
-                "headers": ratelimit.OPENAPI_HEADERS,
-            },
-            400: {"model": Problem, "description": "The body could not be read as JSON"},
-            **BODY_TOO_LARGE,
-            **RATE_LIMITED,
-        },
-        summary="Accept a job (202 with a receipt); never touches the target",
-        callbacks=_webhook_callbacks().routes,
+    return JobView(
+        **{k: row[k] for k in JobView.model_fields if k not in ("result", "wait")},
+        result=result,
     )
-    def submit(
-        body: JobCreate,
-        caller: Caller,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                max_length=255,
-                description="Repeat a request safely: the same key and body return the same "
-                "job; the same key with another body is 422",
-            ),
-        ] = None,
-    ) -> JSONResponse:
-        request = JobRequest(
-            url=body.url,
-            params=body.params,
-            priority=body.priority,
-            callback_url=body.callback_url,
-            timeout_seconds=body.timeout_seconds,
-        )
-        try:
-            # The token and the job in one transaction, shared with the tenant's other
-            # requests in flight (intake.py): one commit for all of them.
-            written = intake.submit(caller.id, request, idempotency_key or None)
-        except IdempotencyKeyReused:
-            raise ProblemError(
-                422,
-                "Idempotency-Key was already used with a different request body; use a new "
-                "key for a new job",
-                type_=problems.IDEMPOTENCY_KEY_REUSED,
-                title="Idempotency-Key reused with another body",
-                errors=[
-                    FieldError(
-                        detail="already used with a different request body",
-                        parameter="Idempotency-Key",
-                        in_="header",
-                    )
-                ],
-            ) from None
-        limit_headers: dict[str, str] = {}
-        if intake_limit.enabled:
-            limit_headers = ratelimit.headers(intake_limit, written.remaining)
-            if written.wait_seconds > 0:
-                return ratelimit.refusal(intake_limit, written.wait_seconds, limit_headers)
-        assert written.submitted is not None
-        return receipt_response(written.submitted, limit_headers)
 
-    def receipt_response(
-        submitted: repository.Submitted, limit_headers: dict[str, str]
-    ) -> JSONResponse:
-        receipt = receipt_body(submitted.id, submitted.status)
-        headers = {"Location": receipt["links"]["self"], **limit_headers}
-        if submitted.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return JSONResponse(receipt, status_code=202, headers=headers)
 
-    @router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
-    def read_job(job_id: JobId, caller: Caller) -> Response:
-        # The cached body is the exact JSON a miss answers with (SCR-14); lists and the
-        # other endpoints always read PostgreSQL.
-        cached = job_cache.get(caller.id, job_id) if job_cache is not None else None
-        if cached is not None and cached.body is not None:
-            return Response(cached.body, media_type="application/json")
-        with reading() as conn:
-            row = repository.get_job(conn, caller.id, job_id)
-            # a queued job says why it waits (scraping/worker/wait_reasons.py)
-            wait = (
-                None
-                if row is None
-                else job_wait(
-                    conn,
-                    row,
-                    domain_defaults=settings.domain_defaults,
-                    robots_mode=settings.robots,
+@jobs_router.post(
+    "/jobs",
+    status_code=202,
+    response_model=Receipt,
+    responses={
+        202: {
+            "links": _job_links("GetJob", "CancelJob", "GetAttempts", "GetResult", "GetDeliveries"),
+            "headers": ratelimit.OPENAPI_HEADERS,
+        },
+        400: {"model": Problem, "description": "The body could not be read as JSON"},
+        **BODY_TOO_LARGE,
+        **RATE_LIMITED,
+    },
+    summary="Accept a job (202 with a receipt); never touches the target",
+    callbacks=_webhook_callbacks().routes,
+)
+def submit(
+    body: JobCreate,
+    caller: Caller,
+    deps: Deps,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=255,
+            description="Repeat a request safely: the same key and body return the same "
+            "job; the same key with another body is 422",
+        ),
+    ] = None,
+) -> JSONResponse:
+    request = JobRequest(
+        url=body.url,
+        params=body.params,
+        priority=body.priority,
+        callback_url=body.callback_url,
+        timeout_seconds=body.timeout_seconds,
+    )
+    try:
+        # The token and the job in one transaction, shared with the tenant's other
+        # requests in flight (intake.py): one commit for all of them.
+        written = deps.intake.submit(caller.id, request, idempotency_key or None)
+    except IdempotencyKeyReused:
+        raise ProblemError(
+            422,
+            "Idempotency-Key was already used with a different request body; use a new "
+            "key for a new job",
+            type_=problems.IDEMPOTENCY_KEY_REUSED,
+            title="Idempotency-Key reused with another body",
+            errors=[
+                FieldError(
+                    detail="already used with a different request body",
+                    parameter="Idempotency-Key",
+                    in_="header",
                 )
-            )
-        if row is None:
-            raise HTTPException(404, "no such job")
-        body = job_view(row).model_copy(update={"wait": wait}).model_dump_json().encode()
-        if job_cache is not None and cached is not None:
-            job_cache.put(
-                cached,
-                body,
-                terminal=row["status"] in TERMINAL,
-                created_at=row["created_at"],
-                updated_at=row["updated_at"],
-                # a copy never says a wait that has lifted
-                not_after=wait.until if wait is not None else None,
-            )
-        return Response(body, media_type="application/json")
+            ],
+        ) from None
+    limit_headers: dict[str, str] = {}
+    if deps.intake_limit.enabled:
+        limit_headers = ratelimit.headers(deps.intake_limit, written.remaining)
+        if written.wait_seconds > 0:
+            return ratelimit.refusal(deps.intake_limit, written.wait_seconds, limit_headers)
+    assert written.submitted is not None
+    return receipt_response(written.submitted, limit_headers)
 
-    @router.get("/jobs", response_model=JobList)
-    def list_jobs(
-        caller: Caller,
-        status: Annotated[
-            Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
-            Query(description="Only jobs in this status"),
-        ] = None,
-        limit: Annotated[int, Query(ge=1, le=200)] = 50,
-        cursor: Annotated[
-            uuid.UUID | None, Query(description="next_cursor of the previous page")
-        ] = None,
-    ) -> JobList:
-        with reading() as conn:
-            rows = repository.list_jobs(
-                conn, caller.id, status=status, limit=limit + 1, before_id=cursor
-            )
-        page = rows[:limit]
-        next_cursor = str(page[-1]["id"]) if len(rows) > limit else None
-        return JobList(items=[job_view(r) for r in page], next_cursor=next_cursor)
 
-    @router.get(
-        "/jobs/{job_id}/result",
-        response_model=ResultLink,
-        responses={
-            **NOT_FOUND,
-            **CONFLICT,
-            410: {
-                "model": Problem,
-                "description": "The result was deleted by retention "
-                "(PIN_RESULT_RETENTION_DAYS after the job finished)",
-            },
-        },
-        summary="A signed, expiring URL of the stored result (409 until succeeded, 410 "
-        "once expired)",
-    )
-    def result_link(job_id: JobId, caller: Caller) -> ResultLink:
-        with reading() as conn:
-            row = repository.get_job(conn, caller.id, job_id)
-        if row is None:
-            raise HTTPException(404, "no such job")
-        if row["status"] != "succeeded":
-            raise HTTPException(
-                409, f"job is {row['status']}: a result exists once it has succeeded"
+def receipt_response(
+    submitted: repository.Submitted, limit_headers: dict[str, str]
+) -> JSONResponse:
+    receipt = receipt_body(submitted.id, submitted.status)
+    headers = {"Location": receipt["links"]["self"], **limit_headers}
+    if submitted.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(receipt, status_code=202, headers=headers)
+
+
+@jobs_router.get("/jobs/{job_id}", response_model=JobView, responses=NOT_FOUND)
+def read_job(job_id: JobId, caller: Caller, deps: Deps) -> Response:
+    # The cached body is the exact JSON a miss answers with (SCR-14); lists and the
+    # other endpoints always read PostgreSQL.
+    cached = deps.job_cache.get(caller.id, job_id) if deps.job_cache is not None else None
+    if cached is not None and cached.body is not None:
+        return Response(cached.body, media_type="application/json")
+    with deps.reading() as conn:
+        row = repository.get_job(conn, caller.id, job_id)
+        # a queued job says why it waits (scraping/worker/wait_reasons.py)
+        wait = (
+            None
+            if row is None
+            else job_wait(
+                conn,
+                row,
+                domain_defaults=deps.settings.domain_defaults,
+                robots_mode=deps.settings.robots,
             )
-        if row["result_expired_at"] is not None:
-            raise HTTPException(
-                410,
-                f"the result was deleted by retention at "
-                f"{row['result_expired_at'].astimezone(UTC).isoformat()}",
-            )
-        url, expires_at = store.signed_url(
-            row["result_key"], ttl_seconds=settings.result_url_ttl_seconds
         )
-        return ResultLink(url=url, expires_at=expires_at)
+    if row is None:
+        raise HTTPException(404, "no such job")
+    body = job_view(row).model_copy(update={"wait": wait}).model_dump_json().encode()
+    if deps.job_cache is not None and cached is not None:
+        deps.job_cache.put(
+            cached,
+            body,
+            terminal=row["status"] in TERMINAL,
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            # a copy never says a wait that has lifted
+            not_after=wait.until if wait is not None else None,
+        )
+    return Response(body, media_type="application/json")
 
-    @router.post(
-        "/jobs/{job_id}/cancel",
-        response_model=CancelAnswer,
-        responses={
-            200: {"links": _job_links("GetJob", "GetAttempts", "CancelJob")},
-            **NOT_FOUND,
-            **CONFLICT,
+
+@jobs_router.get("/jobs", response_model=JobList)
+def list_jobs(
+    caller: Caller,
+    deps: Deps,
+    status: Annotated[
+        Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
+        Query(description="Only jobs in this status"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        uuid.UUID | None, Query(description="next_cursor of the previous page")
+    ] = None,
+) -> JobList:
+    with deps.reading() as conn:
+        rows = repository.list_jobs(
+            conn, caller.id, status=status, limit=limit + 1, before_id=cursor
+        )
+    page = rows[:limit]
+    next_cursor = str(page[-1]["id"]) if len(rows) > limit else None
+    return JobList(items=[job_view(r) for r in page], next_cursor=next_cursor)
+
+
+@jobs_router.get(
+    "/jobs/{job_id}/result",
+    response_model=ResultLink,
+    responses={
+        **NOT_FOUND,
+        **CONFLICT,
+        410: {
+            "model": Problem,
+            "description": "The result was deleted by retention "
+            "(PIN_RESULT_RETENTION_DAYS after the job finished)",
         },
-        summary="Cancel: queued → cancelled now; running → at the worker's next check",
+    },
+    summary="A signed, expiring URL of the stored result (409 until succeeded, 410 once expired)",
+)
+def result_link(job_id: JobId, caller: Caller, deps: Deps) -> ResultLink:
+    with deps.reading() as conn:
+        row = repository.get_job(conn, caller.id, job_id)
+    if row is None:
+        raise HTTPException(404, "no such job")
+    if row["status"] != "succeeded":
+        raise HTTPException(409, f"job is {row['status']}: a result exists once it has succeeded")
+    if row["result_expired_at"] is not None:
+        raise HTTPException(
+            410,
+            f"the result was deleted by retention at "
+            f"{row['result_expired_at'].astimezone(UTC).isoformat()}",
+        )
+    url, expires_at = deps.store.signed_url(
+        row["result_key"], ttl_seconds=deps.settings.result_url_ttl_seconds
     )
-    def cancel(job_id: JobId, caller: Caller) -> CancelAnswer:
-        answer = repository.cancel_job(engine_provider(), caller.id, job_id)
-        if answer is None:
+    return ResultLink(url=url, expires_at=expires_at)
+
+
+@jobs_router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=CancelAnswer,
+    responses={
+        200: {"links": _job_links("GetJob", "GetAttempts", "CancelJob")},
+        **NOT_FOUND,
+        **CONFLICT,
+    },
+    summary="Cancel: queued → cancelled now; running → at the worker's next check",
+)
+def cancel(job_id: JobId, caller: Caller, deps: Deps) -> CancelAnswer:
+    answer = repository.cancel_job(deps.engine_provider(), caller.id, job_id)
+    if answer is None:
+        raise HTTPException(404, "no such job")
+    status, changed = answer
+    if not changed:
+        raise HTTPException(409, f"job is {status} already")
+    return CancelAnswer(id=job_id, status=status, cancel_requested=status == "running")
+
+
+@jobs_router.get("/jobs/{job_id}/attempts", response_model=AttemptList, responses=NOT_FOUND)
+def attempts(job_id: JobId, caller: Caller, deps: Deps) -> AttemptList:
+    with deps.reading() as conn:
+        if repository.get_job(conn, caller.id, job_id) is None:
             raise HTTPException(404, "no such job")
-        status, changed = answer
-        if not changed:
-            raise HTTPException(409, f"job is {status} already")
-        return CancelAnswer(id=job_id, status=status, cancel_requested=status == "running")
+        rows = repository.list_attempts(conn, job_id)
+    return AttemptList(items=[AttemptView(**r) for r in rows])
 
-    @router.get("/jobs/{job_id}/attempts", response_model=AttemptList, responses=NOT_FOUND)
-    def attempts(job_id: JobId, caller: Caller) -> AttemptList:
-        with reading() as conn:
-            if repository.get_job(conn, caller.id, job_id) is None:
-                raise HTTPException(404, "no such job")
-            rows = repository.list_attempts(conn, job_id)
-        return AttemptList(items=[AttemptView(**r) for r in rows])
 
-    @router.get(
-        "/jobs/{job_id}/deliveries",
-        response_model=DeliveryList,
-        responses=NOT_FOUND,
-        summary="Every attempt to deliver the job's completion webhook, oldest first",
-    )
-    def deliveries(job_id: JobId, caller: Caller) -> DeliveryList:
-        with engine_provider().connect() as conn:
-            if repository.get_job(conn, caller.id, job_id) is None:
-                raise HTTPException(404, "no such job")
-            rows = webhooks.list_deliveries(conn, job_id)
-        return DeliveryList(items=[DeliveryView(**r) for r in rows])
-
-    return router
+@jobs_router.get(
+    "/jobs/{job_id}/deliveries",
+    response_model=DeliveryList,
+    responses=NOT_FOUND,
+    summary="Every attempt to deliver the job's completion webhook, oldest first",
+)
+def deliveries(job_id: JobId, caller: Caller, deps: Deps) -> DeliveryList:
+    with deps.engine_provider().connect() as conn:
+        if repository.get_job(conn, caller.id, job_id) is None:
+            raise HTTPException(404, "no such job")
+        rows = webhooks.list_deliveries(conn, job_id)
+    return DeliveryList(items=[DeliveryView(**r) for r in rows])
