@@ -62,11 +62,8 @@ from pin_orchestration.scraping.store.results import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker.run import (  # noqa: E402
-    WorkerOptions,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.worker.options import WorkerOptions  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker  # noqa: E402
 from tests.leftover_processes import no_survivors  # noqa: E402
 
 TENANTS = 10

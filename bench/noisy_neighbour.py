@@ -49,11 +49,8 @@ from pin_orchestration.scraping.store.results import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker.run import (  # noqa: E402
-    WorkerOptions,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.worker.options import WorkerOptions  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker  # noqa: E402
 
 HOSTS = {"crawler": "127.0.0.2", "shop": "127.0.0.3", "analyst": "127.0.0.4"}
 SLOTS = 8

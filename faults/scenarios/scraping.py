@@ -688,7 +688,8 @@ def run_worker_on_a_jumping_clock(clock_file: str) -> None:
     )
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker.run import WorkerOptions, run_worker
+    from pin_orchestration.scraping.worker.options import WorkerOptions
+    from pin_orchestration.scraping.worker.run import run_worker
 
     settings = ScrapingSettings.from_env()
     options = WorkerOptions(

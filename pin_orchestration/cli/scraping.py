@@ -14,7 +14,7 @@ from pin_orchestration.platform.db import engine_from_env
 from pin_orchestration.platform.options import click_options
 from pin_orchestration.platform.settings import Settings, SettingsError
 from pin_orchestration.scraping.webhooks.deliveries import DeliveryOptions
-from pin_orchestration.scraping.worker.run import WORKER_RUN_OPTIONS, WorkerOptions
+from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
 if TYPE_CHECKING:
     from pin_orchestration.scraping.store.repository import DomainDefaults
@@ -229,7 +229,8 @@ def scraping_work(**given: Any) -> None:
     )
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker.run import WorkerConfigError, run_worker
+    from pin_orchestration.scraping.worker.options import WorkerConfigError
+    from pin_orchestration.scraping.worker.run import run_worker
 
     try:
         settings = ScrapingSettings.from_env()

@@ -50,12 +50,12 @@ from pin_orchestration.scraping.webhooks.deliveries import (
     run_deliveries,
     webhook_stats,
 )
-from pin_orchestration.scraping.worker.run import (
+from pin_orchestration.scraping.worker.options import (
     WORKER_RUN_OPTIONS,
     WorkerConfigError,
     WorkerOptions,
-    run_worker,
 )
+from pin_orchestration.scraping.worker.run import run_worker
 
 # dagster.yaml caps concurrent runs per value of this tag.
 WORKER_TAGS = {"pin/drain": "scraping-worker"}

@@ -33,7 +33,8 @@ STORE_THEN_MARK = """        stored = store.put(
 # that window, which a loaded machine's timing often missed (the suite then held, and this
 # test failed for the wrong reason). Two seconds is a window every kill of the scenario
 # after the first success lands in.
-MARK_THEN_STORE = """        from io import BytesIO
+MARK_THEN_STORE = """        import threading
+        from io import BytesIO
         from time import sleep as sleep_before_the_put
 
         from pin_orchestration.scraping.store.results import StoredObject
@@ -53,7 +54,7 @@ MARK_THEN_STORE = """        from io import BytesIO
 
 
 def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
-    root = broken_copy(tmp_path, "scraping/worker/run.py", STORE_THEN_MARK, MARK_THEN_STORE)
+    root = broken_copy(tmp_path, "scraping/worker/attempt.py", STORE_THEN_MARK, MARK_THEN_STORE)
     result = run_suite(root, "scraping-sigkill")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "scraping.one_result_per_job" in result.stderr

@@ -61,9 +61,12 @@ from pin_orchestration.scraping.store.repository import (
     create_tenant,
     set_domain_limits,
 )
-from pin_orchestration.scraping.store.results import META_SUFFIX, LocalResultStore
-from pin_orchestration.scraping.worker import run as worker
+from pin_orchestration.scraping.store.results import META_SUFFIX, LocalResultStore, result_key
+from pin_orchestration.scraping.worker.attempt import Decided, decided_outcome
+from pin_orchestration.scraping.worker.backoff import DatabaseBackoff
+from pin_orchestration.scraping.worker.outcomes import WorkerReport, write_outcomes
 from pin_orchestration.scraping.worker.retry import RetryPolicy, decide, domain_pause_until
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 
 MAX_ATTEMPTS = 3
 LEASE_SECONDS = 30.0
@@ -246,7 +249,7 @@ class ScrapingModel(RuleBasedStateMachine):
     # --- claims -----------------------------------------------------------------------
 
     def _claim(self, name: str, limit: int) -> list[ClaimedJob]:
-        return worker.claim_due_jobs(
+        return claim_due_jobs(
             self.workers[name],
             worker=name,
             limit=limit,
@@ -368,18 +371,18 @@ class ScrapingModel(RuleBasedStateMachine):
     # --- outcomes ---------------------------------------------------------------------
 
     def _write(self, flight: Flight, outcome: repository.AttemptOutcome) -> None:
-        """Through the worker's own write path (worker._try_write): finish in one
+        """Through the worker's own write path (worker.outcomes.write_outcomes): finish in one
         transaction, delete the object of a refused or overruled success."""
-        report = worker.WorkerReport(worker=flight.worker)
+        report = WorkerReport(worker=flight.worker)
         unwritten = [(outcome, flight.job.created_at)]
-        ok = worker._try_write(
+        ok = write_outcomes(
             self.workers[flight.worker],
             flight.worker,
             self.store,
             unwritten,
             report,
             lambda: datetime.now(UTC),
-            worker._Backoff(),
+            DatabaseBackoff(),
             MAX_PAUSE_SECONDS,
         )
         assert ok, "the outcome write failed"
@@ -388,7 +391,7 @@ class ScrapingModel(RuleBasedStateMachine):
         job = flight.job
         body = f"body of {job.id} attempt {job.attempt}".encode()
         stored = self.store.put(
-            worker.result_key(job.tenant_id, job.id, job.created_at, job.attempt),
+            result_key(job.tenant_id, job.id, job.created_at, job.attempt),
             io.BytesIO(body),
             size=len(body),
             sha256=hashlib.sha256(body).hexdigest(),
@@ -422,8 +425,8 @@ class ScrapingModel(RuleBasedStateMachine):
             rng=self.rng,
         )
         paused = domain_pause_until(status, retry_after, POLICY, now)
-        decided = worker._Decided(now, time.monotonic())
-        return worker._decided(job, decision, decided, status, 1, paused, job.domain)
+        decided = Decided(now, time.monotonic())
+        return decided_outcome(job, decision, decided, status, 1, paused, job.domain)
 
     @precondition(lambda self: bool(self.flights))
     @rule(

@@ -33,7 +33,8 @@ from pin_orchestration.scraping.fetch.robots import (
 from pin_orchestration.scraping.store import repository
 from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.store.results import LocalResultStore
-from pin_orchestration.scraping.worker.run import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
 from pin_orchestration.scraping.worker.wait_reasons import explain
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples

@@ -31,12 +31,9 @@ from pin_orchestration.scraping.store.repository import (
     set_tenant_weight,
 )
 from pin_orchestration.scraping.store.results import LocalResultStore
-from pin_orchestration.scraping.worker.run import (
-    WorkerOptions,
-    WorkerReport,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.outcomes import WorkerReport
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
 from tests.chessboard.test_concurrency import wait_until_blocked
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
 

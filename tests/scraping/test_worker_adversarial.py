@@ -30,7 +30,8 @@ from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.store import repository
 from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.store.results import LocalResultStore
-from pin_orchestration.scraping.worker.run import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 
 
