@@ -14,11 +14,8 @@ from dataclasses import dataclass
 
 from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
 from pin_orchestration.platform.settings import http_url, read_settings
-from pin_orchestration.scraping.fetch.client import (
-    DEFAULT_USER_AGENT,
-    parse_allowed_cidrs,
-    product_token,
-)
+from pin_orchestration.scraping.fetch.client import DEFAULT_USER_AGENT, product_token
+from pin_orchestration.scraping.fetch.guard import parse_allowed_cidrs
 from pin_orchestration.scraping.store.repository import (
     MAX_DOMAIN_RPS,
     MIN_DOMAIN_RPS,

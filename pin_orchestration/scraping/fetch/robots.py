@@ -40,7 +40,8 @@ from protego import Protego
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.fetch.client import Fetcher, FetchError, product_token
+from pin_orchestration.scraping.fetch.client import Fetcher, product_token
+from pin_orchestration.scraping.fetch.errors import FetchError
 from pin_orchestration.scraping.store.repository import (
     AttemptOutcome,
     ClaimedJob,

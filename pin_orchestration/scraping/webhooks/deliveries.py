@@ -37,7 +37,8 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.fetch.client import Fetcher, FetchError
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.fetch.errors import FetchError
 from pin_orchestration.scraping.fetch.headers import parse_retry_after
 from pin_orchestration.scraping.webhooks import signing
 from pin_orchestration.scraping.worker.retry import RetryPolicy, backoff_delay

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from pin_orchestration.scraping.fetch.client import Fetcher, FetchError, FetchResult, request_url
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchResult, request_url
+from pin_orchestration.scraping.fetch.errors import FetchError
 from pin_orchestration.scraping.fetch.robots import RobotsGuard, RobotsRefusal
 from pin_orchestration.scraping.store import repository
 from pin_orchestration.scraping.store.repository import AttemptOutcome, ClaimedJob
