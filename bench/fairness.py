@@ -57,7 +57,7 @@ from pin_orchestration.resources.scraping import (  # noqa: E402
 )
 from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import repository  # noqa: E402
+from pin_orchestration.scraping.store import tenancy  # noqa: E402
 from pin_orchestration.scraping.store.results import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
@@ -208,7 +208,7 @@ def fresh_tenants(engine: Engine, names: list[str]) -> dict[str, Any]:
     reset(engine)
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM scraping.tenants"))
-    return {name: repository.create_tenant(engine, name)[0] for name in names}
+    return {name: tenancy.create_tenant(engine, name)[0] for name in names}
 
 
 def one_run(
@@ -225,7 +225,7 @@ def one_run(
     tenants = fresh_tenants(engine, list(counts))
     for name, weight in weights.items():
         if weight != 1:
-            repository.set_tenant_weight(engine, name, weight)
+            tenancy.set_tenant_weight(engine, name, weight)
     names = list(counts)
     # Accepted the moment the (already running) workers are told to go.
     with engine.begin() as conn:

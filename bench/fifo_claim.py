@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.store.repository import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
 
 
 def fifo_claim(

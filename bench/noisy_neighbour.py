@@ -43,7 +43,7 @@ from pin_orchestration.resources.scraping import (  # noqa: E402
 )
 from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import repository  # noqa: E402
+from pin_orchestration.scraping.store import repository, tenancy  # noqa: E402
 from pin_orchestration.scraping.store.repository import JobRequest  # noqa: E402
 from pin_orchestration.scraping.store.results import (  # noqa: E402
     LocalResultStore,
@@ -70,7 +70,7 @@ def reset(engine: Engine) -> None:
 
 def one_run(
     engine: Engine,
-    tenants: dict[str, repository.Tenant],
+    tenants: dict[str, tenancy.Tenant],
     targets: dict[str, ScrapingTarget],
     store: LocalResultStore,
     claim,
@@ -151,7 +151,7 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = create_db_engine(fresh_bench_database("pin_bench_noisy_neighbour"))
-    tenants = {name: repository.create_tenant(engine, name)[0] for name in HOSTS}
+    tenants = {name: tenancy.create_tenant(engine, name)[0] for name in HOSTS}
     targets = {name: ScrapingTarget(host).start() for name, host in HOSTS.items()}
     home = Path(tempfile.mkdtemp(prefix="noisy-neighbour-"))
     store = LocalResultStore(

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url  # noqa: E402
-from pin_orchestration.scraping.store.repository import create_tenant  # noqa: E402
+from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
 from tests.leftover_processes import no_survivors, stop_process_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -328,7 +328,7 @@ def _forever(world: World, every: float, step: Callable[[], None], name: str) ->
 
 def _start_service(world: World, jobs: int, feed_seconds: float) -> None:
     """The feeder, then the service's loops (`_start_loops`)."""
-    from pin_orchestration.scraping.store.repository import create_tenant
+    from pin_orchestration.scraping.store.tenancy import create_tenant
 
     tenant, _ = create_tenant(world.engine, "faults")
     world.feeding.set()
@@ -347,7 +347,7 @@ def _start_loops(world: World) -> None:
     )
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.store.repository import sweep_expired_leases
+    from pin_orchestration.scraping.store.leases import sweep_expired_leases
     from pin_orchestration.scraping.webhooks.deliveries import DeliveryOptions, run_deliveries
 
     settings = ScrapingSettings.from_env(world.env)

@@ -17,7 +17,7 @@ from pin_orchestration.scraping.webhooks.deliveries import DeliveryOptions
 from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
 if TYPE_CHECKING:
-    from pin_orchestration.scraping.store.repository import DomainDefaults
+    from pin_orchestration.scraping.store.leases import DomainDefaults
 
 
 # How long uvicorn's supervisor waits for an API worker to answer its health check before
@@ -83,7 +83,7 @@ def tenant() -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
 def tenant_create(name: str, as_json: bool) -> None:
     """Create a tenant and print its API key (shown once; only a hash is kept)."""
-    from pin_orchestration.scraping.store.repository import TenantError, create_tenant
+    from pin_orchestration.scraping.store.tenancy import TenantError, create_tenant
 
     try:
         created, key = create_tenant(engine_from_env(), name)
@@ -97,7 +97,7 @@ def tenant_create(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
 def tenant_rotate_key(name: str, as_json: bool) -> None:
     """Give a tenant a new API key; the old one stops working at once."""
-    from pin_orchestration.scraping.store.repository import TenantError, rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import TenantError, rotate_tenant_key
 
     try:
         rotated, key = rotate_tenant_key(engine_from_env(), name)
@@ -116,7 +116,7 @@ def _print_key(tenant_id: uuid.UUID, name: str, key: str, as_json: bool) -> None
 @tenant.command("list")
 def tenant_list() -> None:
     """Tenants, their key prefixes and job counts."""
-    from pin_orchestration.scraping.store.repository import list_tenants
+    from pin_orchestration.scraping.store.tenancy import list_tenants
 
     for t in list_tenants(engine_from_env()):
         click.echo(
@@ -130,7 +130,7 @@ def tenant_list() -> None:
 @click.argument("weight", type=float)
 def tenant_set_weight(name: str, weight: float) -> None:
     """Give a tenant WEIGHT times the default share of picks inside each priority class."""
-    from pin_orchestration.scraping.store.repository import TenantError, set_tenant_weight
+    from pin_orchestration.scraping.store.tenancy import TenantError, set_tenant_weight
 
     try:
         changed = set_tenant_weight(engine_from_env(), name, weight)
@@ -178,7 +178,7 @@ def scraping() -> None:
 @click.option("--limit", default=100, show_default=True)
 def scraping_failed(limit: int) -> None:
     """Failed jobs (attempts spent or a permanent error), newest first."""
-    from pin_orchestration.scraping.store.repository import list_failed_jobs
+    from pin_orchestration.scraping.store.leases import list_failed_jobs
 
     for j in list_failed_jobs(engine_from_env(), limit):
         click.echo(
@@ -191,7 +191,7 @@ def scraping_failed(limit: int) -> None:
 @click.argument("job_ids", nargs=-1, required=True)
 def scraping_requeue(job_ids: tuple[str, ...]) -> None:
     """Put failed jobs back in the queue with a fresh attempt budget."""
-    from pin_orchestration.scraping.store.repository import requeue_failed_jobs
+    from pin_orchestration.scraping.store.leases import requeue_failed_jobs
 
     try:
         ids = [uuid.UUID(i) for i in job_ids]
@@ -208,7 +208,7 @@ def scraping_requeue(job_ids: tuple[str, ...]) -> None:
 def scraping_sweep() -> None:
     """Return jobs whose lease expired to the queue (what the every-minute schedule does)."""
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.store.repository import sweep_expired_leases
+    from pin_orchestration.scraping.store.leases import sweep_expired_leases
 
     swept = sweep_expired_leases(
         engine_from_env(), max_attempts=ScrapingSettings.from_env().max_attempts
@@ -280,7 +280,7 @@ def scraping_domain() -> None:
 @click.option("--concurrency", type=int, default=None, help="Connections open at once")
 def scraping_domain_set(host: str, rps: float | None, concurrency: int | None) -> None:
     """Override HOST's limits; every worker obeys them from its next claim."""
-    from pin_orchestration.scraping.store.repository import DomainError, set_domain_limits
+    from pin_orchestration.scraping.store.politeness import DomainError, set_domain_limits
 
     try:
         row = set_domain_limits(engine_from_env(), host, rps=rps, concurrency=concurrency)
@@ -294,7 +294,7 @@ def scraping_domain_set(host: str, rps: float | None, concurrency: int | None) -
 @click.argument("host")
 def scraping_domain_unset(host: str) -> None:
     """Drop HOST's overrides: back to the defaults."""
-    from pin_orchestration.scraping.store.repository import DomainError, clear_domain_limits
+    from pin_orchestration.scraping.store.politeness import DomainError, clear_domain_limits
 
     try:
         cleared = clear_domain_limits(engine_from_env(), host)
@@ -336,7 +336,7 @@ class _Duration(click.ParamType):
 def scraping_domain_pause(host: str, duration: float) -> None:
     """No worker sends HOST anything for a while (what a 429 from it does)."""
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.store.repository import DomainError, pause_domain
+    from pin_orchestration.scraping.store.politeness import DomainError, pause_domain
 
     try:
         cap = ScrapingSettings.from_env().max_pause_seconds
@@ -351,7 +351,7 @@ def scraping_domain_pause(host: str, duration: float) -> None:
 @click.argument("host")
 def scraping_domain_resume(host: str) -> None:
     """Lift HOST's pause (a 429's or an operator's): workers take its jobs again now."""
-    from pin_orchestration.scraping.store.repository import DomainError, resume_domain
+    from pin_orchestration.scraping.store.politeness import DomainError, resume_domain
 
     try:
         was_paused = resume_domain(engine_from_env(), host)
@@ -364,7 +364,7 @@ def scraping_domain_resume(host: str) -> None:
 def scraping_domain_list() -> None:
     """Domains with an override, a pause in force, or queued or running jobs."""
     from pin_orchestration.scraping.fetch.robots import list_robots
-    from pin_orchestration.scraping.store.repository import list_domains
+    from pin_orchestration.scraping.store.politeness import list_domains
 
     defaults = _domain_defaults()
     engine = engine_from_env()
@@ -418,7 +418,7 @@ def scraping_domain_robots(host: str, mode: str | None, reason: str, set_by: str
     import getpass
 
     from pin_orchestration.scraping.fetch.robots import set_robots_mode
-    from pin_orchestration.scraping.store.repository import DomainError
+    from pin_orchestration.scraping.store.politeness import DomainError
 
     if mode is None:
         raise click.UsageError("give --ignore or --obey")

@@ -2,7 +2,7 @@
 `scraping_jobs_sensor`, the webhook delivery run and `scraping_webhooks_sensor`, the lease
 sweeper and its every-minute schedule `scraping_stuck_sweeper`, and the runbook's requeue
 of failed jobs. Each op calls its domain entry point (`scraping.worker.run.run_worker`,
-`scraping.webhooks.deliveries.run_deliveries`, `scraping.store.repository`), which runs the
+`scraping.webhooks.deliveries.run_deliveries`, `scraping.store.leases`), which runs the
 named queries of `scraping/queries.sql` / `scraping/webhooks.sql`.
 
 The sensors never launch one run per scraping job: a worker run drains many jobs,
@@ -43,7 +43,7 @@ from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store import leases
 from pin_orchestration.scraping.webhooks.deliveries import (
     DeliveryOptions,
     WebhookConfigError,
@@ -169,7 +169,7 @@ def scraping_jobs_sensor(
 ) -> SensorResult | SkipReason:
     settings = scraping.get_settings()
     with database.get_engine().connect() as conn:
-        stats = repository.queue_stats(conn, settings.domain_defaults)
+        stats = leases.queue_stats(conn, settings.domain_defaults)
     if stats.due == 0:
         return SkipReason(f"no due scraping jobs ({stats.queued} queued)")
     if stats.claimable == 0:
@@ -197,7 +197,7 @@ def sweep_expired_scraping_leases(
     context: OpExecutionContext, database: DatabaseResource, scraping: ScrapingResource
 ) -> None:
     """Jobs whose worker stopped renewing its lease go back to queued (SCR-5)."""
-    swept = repository.sweep_expired_leases(
+    swept = leases.sweep_expired_leases(
         database.get_engine(), max_attempts=scraping.get_settings().max_attempts
     )
     for row in swept:
@@ -233,7 +233,7 @@ def requeue_failed_scraping_jobs(
         ids = [uuid.UUID(i) for i in config.job_ids]
     except ValueError as exc:
         raise Failure(description=f"job_ids: every item must be a uuid ({exc})") from exc
-    requeued = set(repository.requeue_failed_jobs(database.get_engine(), ids))
+    requeued = set(leases.requeue_failed_jobs(database.get_engine(), ids))
     skipped = [str(i) for i in ids if i not in requeued]
     context.log.info(f"requeued {len(requeued)} job(s)")
     if skipped:

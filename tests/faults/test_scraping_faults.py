@@ -66,7 +66,7 @@ def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> N
     # retries for an hour.
     root = broken_copy(
         tmp_path,
-        "scraping/store/repository.py",
+        "scraping/store/leases.py",
         "        return (moment - o.decided_at).total_seconds() - since\n",
         "        return (moment - datetime.now(UTC)).total_seconds() - since\n",
     )

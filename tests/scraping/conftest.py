@@ -23,7 +23,7 @@ from sqlalchemy import Engine, event
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.api.app import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store.repository import DomainDefaults, Tenant, create_tenant
+from pin_orchestration.scraping.store.leases import DomainDefaults
 from pin_orchestration.scraping.store.results import (
     LocalResultStore,
     ResultStore,
@@ -31,6 +31,7 @@ from pin_orchestration.scraping.store.results import (
     load_or_create_signing_key,
     s3_client,
 )
+from pin_orchestration.scraping.store.tenancy import Tenant, create_tenant
 
 # Starlette opens result files with anyio.open_file, which anyio imports lazily on first
 # use — inside a worker thread, where pytest's assertion rewriter then parses the module

@@ -53,15 +53,12 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import (
-    ClaimedJob,
-    DomainDefaults,
-    JobRequest,
-    create_tenant,
-    set_domain_limits,
-)
+from pin_orchestration.scraping.store import leases, politeness, repository, tenancy
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.politeness import set_domain_limits
+from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.store.results import META_SUFFIX, LocalResultStore, result_key
+from pin_orchestration.scraping.store.tenancy import create_tenant
 from pin_orchestration.scraping.worker.attempt import Decided, decided_outcome
 from pin_orchestration.scraping.worker.backoff import DatabaseBackoff
 from pin_orchestration.scraping.worker.outcomes import WorkerReport, write_outcomes
@@ -370,7 +367,7 @@ class ScrapingModel(RuleBasedStateMachine):
 
     # --- outcomes ---------------------------------------------------------------------
 
-    def _write(self, flight: Flight, outcome: repository.AttemptOutcome) -> None:
+    def _write(self, flight: Flight, outcome: leases.AttemptOutcome) -> None:
         """Through the worker's own write path (worker.outcomes.write_outcomes): finish in one
         transaction, delete the object of a refused or overruled success."""
         report = WorkerReport(worker=flight.worker)
@@ -387,7 +384,7 @@ class ScrapingModel(RuleBasedStateMachine):
         )
         assert ok, "the outcome write failed"
 
-    def _success(self, flight: Flight) -> repository.AttemptOutcome:
+    def _success(self, flight: Flight) -> leases.AttemptOutcome:
         job = flight.job
         body = f"body of {job.id} attempt {job.attempt}".encode()
         stored = self.store.put(
@@ -397,7 +394,7 @@ class ScrapingModel(RuleBasedStateMachine):
             sha256=hashlib.sha256(body).hexdigest(),
             content_type="text/plain",
         )
-        return repository.AttemptOutcome(
+        return leases.AttemptOutcome(
             job_id=job.id,
             attempt=job.attempt,
             status="succeeded",
@@ -412,7 +409,7 @@ class ScrapingModel(RuleBasedStateMachine):
 
     def _answered(
         self, flight: Flight, status: int, retry_after: str | None
-    ) -> repository.AttemptOutcome:
+    ) -> leases.AttemptOutcome:
         now = datetime.now(UTC)
         job = flight.job
         decision = decide(
@@ -464,7 +461,7 @@ class ScrapingModel(RuleBasedStateMachine):
 
     @rule()
     def sweep(self) -> None:
-        swept = repository.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS)
+        swept = leases.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS)
         for row in swept:
             flight = self.flights.pop(row.id, None)
             if flight is None:
@@ -486,7 +483,7 @@ class ScrapingModel(RuleBasedStateMachine):
                 for r in conn.execute(text("SELECT id FROM scraping.jobs WHERE status = 'failed'"))
             ]
         if failed:
-            repository.requeue_failed_jobs(self.engine, failed)
+            leases.requeue_failed_jobs(self.engine, failed)
 
     # --- domains and tenants ----------------------------------------------------------
 
@@ -502,7 +499,7 @@ class ScrapingModel(RuleBasedStateMachine):
     def pause(self, domain: str, seconds: float) -> None:
         before = self.db_now()
         self.stats["pauses"] += 1
-        kept = repository.pause_domain(
+        kept = politeness.pause_domain(
             self.engine, domain, seconds=seconds, max_pause_seconds=MAX_PAUSE_SECONDS
         )
         asked = self.virtual(before) + min(seconds, MAX_PAUSE_SECONDS)
@@ -512,12 +509,12 @@ class ScrapingModel(RuleBasedStateMachine):
 
     @rule(domain=st.sampled_from(DOMAINS))
     def resume(self, domain: str) -> None:
-        repository.resume_domain(self.engine, domain)
+        politeness.resume_domain(self.engine, domain)
         self.pause_floor.pop(domain, None)
 
     @rule(t=st.integers(0, 2), weight=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def set_weight(self, t: int, weight: float) -> None:
-        repository.set_tenant_weight(self.engine, self.tenants[t].name, weight)
+        tenancy.set_tenant_weight(self.engine, self.tenants[t].name, weight)
 
     # --- invariants -------------------------------------------------------------------
 
@@ -635,7 +632,7 @@ class ScrapingModel(RuleBasedStateMachine):
         what they hold with success. Every job must then end terminal."""
         try:
             for domain in DOMAINS:
-                repository.resume_domain(self.engine, domain)
+                politeness.resume_domain(self.engine, domain)
             self.pause_floor.clear()
             for _ in range(200):
                 for flight in list(self.flights.values()):
@@ -651,7 +648,7 @@ class ScrapingModel(RuleBasedStateMachine):
                 if not left:
                     break
                 self.step_clock(4000.0)
-                for row in repository.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS):
+                for row in leases.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS):
                     self.flights.pop(row.id, None)
                 self.claim("w1", 12)  # alone: the fairness bound is checked over it too
             with self.engine.connect() as conn:

@@ -355,7 +355,7 @@ def test_a_rotated_key_is_refused_by_every_api_process_despite_their_key_caches(
     new key works on both at once."""
     import time
 
-    from pin_orchestration.scraping.store.repository import rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
 
     _, old = make_tenant("shop")
     bound = 1.0
@@ -409,7 +409,7 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
 
     from pin_orchestration.resources.scraping import webhook_fetch_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
-    from pin_orchestration.scraping.store.repository import rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
     from pin_orchestration.scraping.webhooks.deliveries import (
         DeliveryOptions,
         WebhookPolicy,

@@ -277,7 +277,7 @@ def test_a_rotated_key_stops_working_within_the_key_cache_bound(
     import time
 
     from pin_orchestration.scraping.api.app import create_app
-    from pin_orchestration.scraping.store.repository import rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
     from tests.scraping.conftest import TEST_SETTINGS
 
     _, old_key = make_tenant("shop")

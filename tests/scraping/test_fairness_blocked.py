@@ -23,8 +23,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.db import create_db_engine
-from pin_orchestration.scraping.store.repository import (
-    ClaimedJob,
+from pin_orchestration.scraping.store.leases import ClaimedJob
+from pin_orchestration.scraping.store.politeness import (
     pause_domain,
     resume_domain,
     set_domain_limits,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store import leases, politeness, repository
 from pin_orchestration.scraping.store.results import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS
 from tests.scraping.test_worker import attempts, enqueue, job_row
@@ -207,11 +207,11 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
         db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
     )
     # Another worker's 429 paused the domain for 600 s.
-    repository.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
     # This worker's outcome asked for a 2 s pause, and was held 10 s (a database blip)
     # before it could be written: its pause is over, and must not touch the 600 s one.
     decided = datetime.now(UTC)
-    outcome = repository.AttemptOutcome(
+    outcome = leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="queued",
@@ -222,7 +222,7 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
         domain="paused.example",
         domain_paused_until=decided + timedelta(seconds=2),
     )
-    written = repository.finish_attempts(
+    written = leases.finish_attempts(
         db_engine,
         worker="w1",
         outcomes=[outcome],
@@ -241,7 +241,7 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
     left = _blocked_for(db_engine, "paused.example")
     assert left is not None and left > 590
     # Only an operator's resume lifts it.
-    assert repository.resume_domain(db_engine, "paused.example") is True
+    assert politeness.resume_domain(db_engine, "paused.example") is True
     assert _blocked_for(db_engine, "paused.example") is None
 
 
@@ -251,7 +251,7 @@ def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
     """The cap bounds the pause a session writes, not one already in force: a worker (or
     the operator's CLI) whose PIN_SCRAPING_MAX_PAUSE_SECONDS is 600 must not cut another's
     50-minute pause to 10 minutes."""
-    repository.pause_domain(db_engine, "capped.example", seconds=3000, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "capped.example", seconds=3000, max_pause_seconds=3600)
     with db_engine.begin() as conn:
         conn.execute(text("SELECT set_config('pin.scraping_max_pause_seconds', '600', true)"))
         conn.execute(
@@ -264,7 +264,7 @@ def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
 def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     db_engine: Engine, make_tenant: Any
 ) -> None:
-    from pin_orchestration.scraping.store.repository import DomainDefaults, RedirectSlots
+    from pin_orchestration.scraping.store.leases import DomainDefaults, RedirectSlots
     from pin_orchestration.scraping.worker.run import claim_due_jobs
 
     limits = DomainDefaults(rps=1.0, concurrency=10)
@@ -278,7 +278,7 @@ def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     wait = slots.take("one-rps.example")
     assert 0 < wait <= 1.0
     # A pause of its own host holds the hop too.
-    repository.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
     assert slots.take("ONE-RPS.example") > 590
     slots.release()
     with db_engine.connect() as conn:
@@ -375,8 +375,8 @@ def _own(engine: Engine, job: Any, worker: str) -> None:
         )
 
 
-def _failed(job: Any) -> repository.AttemptOutcome:
-    return repository.AttemptOutcome(
+def _failed(job: Any) -> leases.AttemptOutcome:
+    return leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="failed",
@@ -388,7 +388,7 @@ def _failed(job: Any) -> repository.AttemptOutcome:
 
 
 def _two_gated_rounds(
-    engine: Engine, rounds: dict[str, list[repository.AttemptOutcome]]
+    engine: Engine, rounds: dict[str, list[leases.AttemptOutcome]]
 ) -> dict[str, Any]:
     """Workers A and B write their outcome rounds at once, each on its own connection, the
     gate holding each after its first statement until the other has made its own: what
@@ -404,7 +404,7 @@ def _two_gated_rounds(
 
     def finish(role: str) -> None:
         gate.local.role = role
-        written[role] = repository.finish_attempts(engine, worker=role, outcomes=rounds[role])
+        written[role] = leases.finish_attempts(engine, worker=role, outcomes=rounds[role])
 
     try:
         workers = [Worker(lambda role=role: finish(role)) for role in rounds]
@@ -440,7 +440,7 @@ def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
 def _gated_against_a_round(
     db_engine: Engine,
     gate: _Gate,
-    round_outcomes: list[repository.AttemptOutcome],
+    round_outcomes: list[leases.AttemptOutcome],
     other: Any,
 ) -> tuple[Any, Any]:
     """Session A writes `round_outcomes` (x, then y); session B runs `other` once A has
@@ -451,7 +451,7 @@ def _gated_against_a_round(
 
     def finish() -> object:
         gate.local.role = "A"
-        return repository.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
+        return leases.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
 
     def run_other() -> object:
         gate.local.role = "B"
@@ -496,7 +496,7 @@ def test_the_sweeper_and_an_outcome_round_lock_domains_in_one_order(
         db_engine,
         gate,
         [_failed(xa), _failed(ya)],
-        lambda: repository.sweep_expired_leases(db_engine, max_attempts=5),
+        lambda: leases.sweep_expired_leases(db_engine, max_attempts=5),
     )
     for worker in (a, b):
         if worker.error is not None:
@@ -528,7 +528,7 @@ def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
         db_engine,
         gate,
         [_failed(xa), _failed(ya)],
-        lambda: repository.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
+        lambda: leases.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
     )
     for worker in (a, b):
         if worker.error is not None:
@@ -537,8 +537,8 @@ def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
     assert sorted(b.result) == sorted([xf.id, yf.id])
 
 
-def _retry(job: Any) -> repository.AttemptOutcome:
-    return repository.AttemptOutcome(
+def _retry(job: Any) -> leases.AttemptOutcome:
+    return leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="queued",

@@ -22,15 +22,12 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import (
-    ClaimedJob,
-    DomainDefaults,
-    JobRequest,
-    set_domain_limits,
-    set_tenant_weight,
-)
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.politeness import set_domain_limits
+from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.store.results import LocalResultStore
+from pin_orchestration.scraping.store.tenancy import set_tenant_weight
 from pin_orchestration.scraping.worker.options import WorkerOptions
 from pin_orchestration.scraping.worker.outcomes import WorkerReport
 from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
@@ -415,12 +412,12 @@ def test_queue_stats_count_only_what_a_worker_could_claim(db_engine: Engine, mak
         conn.execute(
             text("SELECT scraping.pause_domain('paused.example', now() + interval '1 minute')")
         )
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     assert (stats.due, stats.claimable) == (33, 0)
 
     enqueue_many(db_engine, tenant.id, [f"http://free.example/{i}" for i in range(5)])
     with db_engine.connect() as conn:
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     # free.example could take 2 now (its concurrency), not 5
     assert (stats.due, stats.claimable) == (38, 2)
     assert stats.oldest_claimable_age_seconds > 3000  # enqueue_many dates them an hour back
@@ -747,10 +744,10 @@ def test_a_job_with_a_cancel_request_is_never_claimed_again(db_engine: Engine, m
     [job] = claim(db_engine, 5)
     assert repository.cancel_job(db_engine, tenant.id, job_id) == ("running", True)
     # Its attempt ends as a retry (a worker that had not seen the request yet).
-    outcome = repository.AttemptOutcome(
+    outcome = leases.AttemptOutcome(
         job_id=job_id, attempt=job.attempt, status="queued", outcome="retry"
     )
-    repository.finish_attempts(db_engine, worker="w", outcomes=[outcome])
+    leases.finish_attempts(db_engine, worker="w", outcomes=[outcome])
     assert claim(db_engine, 5) == []
 
 

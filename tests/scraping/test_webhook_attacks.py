@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import WEBHOOK_ANSWER_MAX_BYTES
-from pin_orchestration.scraping.store.repository import Tenant
+from pin_orchestration.scraping.store.tenancy import Tenant
 from pin_orchestration.scraping.webhooks import deliveries as webhooks
 from tests.scraping.test_webhooks import (
     POLICY,

@@ -26,13 +26,9 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import webhook_fetch_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
-from pin_orchestration.scraping.store.repository import (
-    JobRequest,
-    Tenant,
-    cancel_job,
-    requeue_failed_jobs,
-    submit_job,
-)
+from pin_orchestration.scraping.store.leases import requeue_failed_jobs
+from pin_orchestration.scraping.store.repository import JobRequest, cancel_job, submit_job
+from pin_orchestration.scraping.store.tenancy import Tenant
 from pin_orchestration.scraping.webhooks.deliveries import (
     DeliveryOptions,
     DeliveryReport,

@@ -27,7 +27,7 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch import robots as robots_module
 from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
-from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store import leases, repository
 from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.store.results import LocalResultStore
 from pin_orchestration.scraping.worker.options import WorkerOptions
@@ -347,7 +347,7 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
     answer_arrives = threading.Event()
     claimed = threading.Event()
 
-    def late_claim(engine: Engine, **kwargs: Any) -> list[repository.ClaimedJob]:
+    def late_claim(engine: Engine, **kwargs: Any) -> list[leases.ClaimedJob]:
         jobs = claim_due_jobs(engine, **kwargs)
         if any(j.id == job_id for j in jobs):
             claimed.set()

@@ -24,9 +24,9 @@ from pin_orchestration.scraping.api.intake import GroupedIntake
 from pin_orchestration.scraping.api.limits import MAX_HEADER_BYTES
 from pin_orchestration.scraping.api.problems import Problem
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import Tenant
+from pin_orchestration.scraping.store import repository, tenancy
 from pin_orchestration.scraping.store.results import ResultStore
+from pin_orchestration.scraping.store.tenancy import Tenant
 
 # Documented by every operation that takes an API key.
 UNAUTHORIZED = {401: {"model": Problem, "description": "Missing or wrong API key"}}
@@ -56,9 +56,9 @@ class ApiKeyCache:
     def get(self, api_key: str) -> Tenant | None:
         if self._ttl <= 0:
             return None
-        # Keyed by digest, like the database (repository.tenant_for_api_key says why that
+        # Keyed by digest, like the database (tenancy.tenant_for_api_key says why that
         # is safe); the entry's own digest is compared in constant time.
-        digest = repository.api_key_digest(api_key)
+        digest = tenancy.api_key_digest(api_key)
         entry = self._entries.get(digest)
         if entry is None or entry[2] < time.monotonic():
             return None
@@ -72,7 +72,7 @@ class ApiKeyCache:
         with self._lock:
             if len(self._entries) >= self._max_entries:
                 self._entries.clear()
-            digest = repository.api_key_digest(api_key)
+            digest = tenancy.api_key_digest(api_key)
             self._entries[digest] = (digest, tenant, time.monotonic() + self._ttl)
 
 
@@ -118,7 +118,7 @@ class ApiDeps:
 
     def _look_up_key(self, api_key: str) -> Tenant | None:
         with self.reading() as conn:
-            return repository.tenant_for_api_key(conn, api_key)
+            return tenancy.tenant_for_api_key(conn, api_key)
 
     # async: a key seen in the last seconds is answered on the event loop, without a
     # thread hop or a query; only a miss goes to PostgreSQL (in the thread pool).

@@ -42,13 +42,8 @@ from sqlalchemy import Engine, text
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping.fetch.client import Fetcher, product_token
 from pin_orchestration.scraping.fetch.errors import FetchError
-from pin_orchestration.scraping.store.repository import (
-    AttemptOutcome,
-    ClaimedJob,
-    DomainDefaults,
-    DomainError,
-    normalize_host,
-)
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.politeness import DomainError, normalize_host
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +226,7 @@ def matched_rule(parser: Protego, url: str, token: str) -> str:
 
 
 class Turns(Protocol):
-    """A job's turns on hosts (repository.RedirectSlots): a request waits for one."""
+    """A job's turns on hosts (leases.RedirectSlots): a request waits for one."""
 
     def take(self, host: str) -> float: ...
 

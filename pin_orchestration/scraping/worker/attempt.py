@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 from pin_orchestration.scraping.fetch.client import Fetcher, FetchResult, request_url
 from pin_orchestration.scraping.fetch.errors import FetchError
 from pin_orchestration.scraping.fetch.robots import RobotsGuard, RobotsRefusal
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import AttemptOutcome, ClaimedJob
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob
 from pin_orchestration.scraping.store.results import ResultStore, result_key
 from pin_orchestration.scraping.worker.retry import (
     Decision,
@@ -68,7 +68,7 @@ def attempt(
     flight: Flight,
     store: ResultStore,
     fetcher: Fetcher,
-    redirect_slots: repository.RedirectSlots,
+    redirect_slots: leases.RedirectSlots,
     retry_policy: RetryPolicy,
     rng: random.Random,
     clock: Callable[[], datetime],
@@ -124,7 +124,7 @@ def _elapsed_ms(begun: float) -> int:
 def _fetch(
     flight: Flight,
     fetcher: Fetcher,
-    redirect_slots: repository.RedirectSlots,
+    redirect_slots: leases.RedirectSlots,
     robots: RobotsGuard,
 ) -> FetchResult:
     job = flight.job

@@ -8,7 +8,7 @@ from typing import Any
 
 from pin_orchestration.platform.options import option, same_as, with_settings
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store.repository import DomainDefaults
+from pin_orchestration.scraping.store.leases import DomainDefaults
 
 
 class WorkerConfigError(ValueError):

@@ -12,8 +12,8 @@ from datetime import UTC, date, datetime
 
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import AttemptOutcome
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.store.leases import AttemptOutcome
 from pin_orchestration.scraping.store.results import ResultStore
 from pin_orchestration.scraping.worker.backoff import DatabaseBackoff
 
@@ -69,7 +69,7 @@ def write_outcomes(
     """Write the outcomes owed (one transaction); True when written. On a database error
     they stay in `unwritten` for the next try."""
     try:
-        written = repository.finish_attempts(
+        written = leases.finish_attempts(
             engine,
             worker=worker,
             outcomes=[o for o, _ in unwritten],
@@ -79,7 +79,7 @@ def write_outcomes(
         refused = [o for o, _ in unwritten if o.job_id not in written]
         # A refusal may be our own earlier write whose commit was acknowledged too late
         # (the connection cut after COMMIT): the attempt row tells.
-        landed = repository.attempts_written(engine, [(o.job_id, o.attempt) for o in refused])
+        landed = leases.attempts_written(engine, [(o.job_id, o.attempt) for o in refused])
     except Exception as exc:
         database.failed(f"writing {len(unwritten)} outcomes", exc)
         return False

@@ -39,8 +39,8 @@ from sqlalchemy import Engine, text
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping.fetch.client import Fetcher
 from pin_orchestration.scraping.fetch.robots import RobotsGuard
-from pin_orchestration.scraping.store import repository
-from pin_orchestration.scraping.store.repository import AttemptOutcome, ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.store.results import ResultStore
 from pin_orchestration.scraping.worker.attempt import Decided, Flight, attempt, decided_outcome
 from pin_orchestration.scraping.worker.backoff import (
@@ -350,7 +350,7 @@ class WorkerRun:
         self.wake.set()
 
     def _attempt(self, flight: Flight) -> AttemptOutcome | None:
-        slots = repository.RedirectSlots(
+        slots = leases.RedirectSlots(
             self.engine,
             flight.job,
             hold_seconds=flight.job.timeout_seconds or self.fetcher.policy.timeout_seconds,
@@ -404,7 +404,7 @@ def renew_leases_until(
         # The lease runs from when the renewal was sent, not from when its answer came.
         sent_at = time.monotonic()
         try:
-            held = repository.renew_leases(
+            held = leases.renew_leases(
                 engine, worker=worker, attempts=keys, lease_seconds=lease_seconds
             )
         except Exception as exc:

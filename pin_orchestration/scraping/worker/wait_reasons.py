@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping.fetch.robots import origin_of
-from pin_orchestration.scraping.store.repository import DomainDefaults
+from pin_orchestration.scraping.store.leases import DomainDefaults
 
 WaitReason = Literal[
     "retry_backoff",
