@@ -348,7 +348,8 @@ def _start_loops(world: World) -> None:
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
     from pin_orchestration.scraping.store.leases import sweep_expired_leases
-    from pin_orchestration.scraping.webhooks.deliveries import DeliveryOptions, run_deliveries
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
+    from pin_orchestration.scraping.webhooks.options import DeliveryOptions
 
     settings = ScrapingSettings.from_env(world.env)
 

@@ -13,7 +13,7 @@ import click
 from pin_orchestration.platform.db import engine_from_env
 from pin_orchestration.platform.options import click_options
 from pin_orchestration.platform.settings import Settings, SettingsError
-from pin_orchestration.scraping.webhooks.deliveries import DeliveryOptions
+from pin_orchestration.scraping.webhooks.options import DeliveryOptions
 from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
 if TYPE_CHECKING:
@@ -498,7 +498,8 @@ def scraping_deliver(**fields: object) -> None:
     )
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.webhooks.deliveries import WebhookConfigError, run_deliveries
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
+    from pin_orchestration.scraping.webhooks.options import WebhookConfigError
 
     options = DeliveryOptions(**fields)  # type: ignore[arg-type]
     try:

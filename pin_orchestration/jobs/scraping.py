@@ -44,12 +44,8 @@ from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
 from pin_orchestration.scraping.store import leases
-from pin_orchestration.scraping.webhooks.deliveries import (
-    DeliveryOptions,
-    WebhookConfigError,
-    run_deliveries,
-    webhook_stats,
-)
+from pin_orchestration.scraping.webhooks.deliveries import run_deliveries, webhook_stats
+from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookConfigError
 from pin_orchestration.scraping.worker.options import (
     WORKER_RUN_OPTIONS,
     WorkerConfigError,

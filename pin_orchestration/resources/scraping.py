@@ -6,7 +6,7 @@ from pin_orchestration.platform.settings import Settings
 from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store.results import ResultStore, build_result_store
-from pin_orchestration.scraping.webhooks.deliveries import WebhookPolicy
+from pin_orchestration.scraping.webhooks.options import WebhookPolicy
 from pin_orchestration.scraping.worker.retry import RetryPolicy
 
 

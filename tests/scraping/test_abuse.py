@@ -410,12 +410,8 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
     from pin_orchestration.resources.scraping import webhook_fetch_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
-    from pin_orchestration.scraping.webhooks.deliveries import (
-        DeliveryOptions,
-        WebhookPolicy,
-        run_deliveries,
-        tenant_webhook_secret,
-    )
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries, tenant_webhook_secret
+    from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookPolicy
     from tests.scraping.conftest import _with_allowed
     from tests.scraping.test_webhooks import Receiver
     from tests.scraping.webhook_checks import assert_every_delivery_verifies

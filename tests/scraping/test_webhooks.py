@@ -30,13 +30,15 @@ from pin_orchestration.scraping.store.leases import requeue_failed_jobs
 from pin_orchestration.scraping.store.repository import JobRequest, cancel_job, submit_job
 from pin_orchestration.scraping.store.tenancy import Tenant
 from pin_orchestration.scraping.webhooks.deliveries import (
-    DeliveryOptions,
     DeliveryReport,
-    WebhookConfigError,
-    WebhookPolicy,
     list_deliveries,
     run_deliveries,
     tenant_webhook_secret,
+)
+from pin_orchestration.scraping.webhooks.options import (
+    DeliveryOptions,
+    WebhookConfigError,
+    WebhookPolicy,
 )
 from pin_orchestration.scraping.webhooks.signing import secret_key, signed_headers
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
