@@ -24,7 +24,7 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
-from pin_orchestration.scraping.fetch.robots import (
+from pin_orchestration.scraping.fetch.robots_rules import (
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
     origin_of,

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.fetch.robots import origin_of
+from pin_orchestration.scraping.fetch.robots_rules import origin_of
 from pin_orchestration.scraping.store import leases, politeness, repository
 from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob
 from pin_orchestration.scraping.store.repository import JobRequest

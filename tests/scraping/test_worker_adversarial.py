@@ -25,7 +25,7 @@ from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping.fetch import robots as robots_module
+from pin_orchestration.scraping.fetch import robots_rows
 from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.store import leases, repository
 from pin_orchestration.scraping.store.repository import JobRequest
@@ -332,7 +332,7 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
     what it read for the test's length: the job watched needs nothing of the database
     before its fetch (a robots.txt unknown with the database cut ends the attempt before
     any fetch, which is tests/scraping/test_robots.py's matter)."""
-    monkeypatch.setattr(robots_module, "MEMO_SECONDS", 600.0)
+    monkeypatch.setattr(robots_rows, "MEMO_SECONDS", 600.0)
     settings = dataclasses.replace(
         _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
         lease_seconds=2.0,

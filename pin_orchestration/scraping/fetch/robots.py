@@ -18,53 +18,42 @@ per failure, at most PIN_SCRAPING_MAX_PAUSE_SECONDS.
 
 The host's Crawl-delay caps its rate in scraping.domains (trigger domains_effective_rps):
 the claim already enforces that rate, for every worker.
+
+What a robots.txt says is robots_rules.py's; the shared rows, their lease and the fetch
+are robots_rows.py's; this module judges a job's URLs and hands back what a refusal means.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import logging
-import math
-import re
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 from protego import Protego
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.sql import load_queries
 from pin_orchestration.scraping.fetch.client import Fetcher, product_token
-from pin_orchestration.scraping.fetch.errors import FetchError
+from pin_orchestration.scraping.fetch.robots_rows import RobotsRows, StoredRobots, Turns
+from pin_orchestration.scraping.fetch.robots_rules import (
+    RobotsRules,
+    matched_rule,
+    origin_of,
+    readings,
+)
 from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.store.politeness import DomainError, normalize_host
 
-log = logging.getLogger(__name__)
-
 MODES = ("obey", "ignore")
-# RFC 9309 section 2.5: at least 500 KiB is parsed; what follows is ignored.
-MAX_ROBOTS_BYTES = 500 * 1024
-# Section 2.4: a robots.txt is cached at most 24 h. The floor keeps a host answering
-# `max-age=0` from being asked before every job.
-MAX_TTL_SECONDS = 24 * 3600.0
-MIN_TTL_SECONDS = 60.0
-# A Crawl-delay's bounds (crawl_delay_of).
-MIN_CRAWL_DELAY_SECONDS = 0.001
-MAX_CRAWL_DELAY_SECONDS = 24 * 3600.0
 # How often a worker waiting for another's fetch looks at the row again.
 POLL_SECONDS = 0.05
-# How long a worker trusts the row it read (fresh ones only) before reading it again.
-MEMO_SECONDS = 5.0
 # Parsed robots.txt kept per process (by origin and fetch time).
 _PARSED_KEPT = 1024
-
-_ALLOW_ALL_ERRORS = frozenset({"too_many_redirects", "refused_address", "invalid_url"})
 
 
 @functools.cache
@@ -104,158 +93,6 @@ class RobotsPending(RobotsRefusal):
     within this attempt's wait."""
 
 
-def origin_of(url: str) -> str:
-    """scheme://host:port of a URL, with the scheme's default port written out."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    host = normalize_host(parts.hostname or "")
-    port = parts.port or (443 if scheme == "https" else 80)
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}:{port}"
-
-
-def ttl_seconds(headers: Any) -> float:
-    """How long a fetched robots.txt is kept: its Cache-Control max-age within the bounds."""
-    for directive in str(headers.get("cache-control") or "").split(","):
-        name, _, value = directive.strip().partition("=")
-        if name.strip().lower() == "max-age":
-            try:
-                seconds = float(value.strip().strip('"'))
-            except ValueError:
-                break
-            if math.isnan(seconds):  # a number to Python, no interval to PostgreSQL
-                break
-            return min(max(seconds, MIN_TTL_SECONDS), MAX_TTL_SECONDS)
-    return MAX_TTL_SECONDS
-
-
-class RobotsRules(Protego):
-    """protego's parser, its rules and matching, with RFC 9309's choice of group (section
-    2.2.1): the group whose user-agent is our product token, case-insensitively (a line's
-    own product token: `pin-scraper/2.0` is `pin-scraper`), else the `*` group, else none.
-    protego takes the group whose name begins any word of the name it is given (made for
-    whole User-Agent headers): `User-agent: pin` (another crawler) was ours, and let us into
-    what `*` disallows; `User-agent: pin-scraper/2.0` was not, and its Disallow went
-    unobeyed."""
-
-    def _get_matching_rule_set(self, user_agent: str) -> Any:
-        token = user_agent.strip().lower()
-        groups = self._user_agents
-        for name, group in groups.items():
-            if name != "*" and _leading_token(name) == token:
-                return group
-        return groups.get("*")
-
-
-def _leading_token(name: str) -> str:
-    try:
-        return product_token(name)
-    except ValueError:  # no product token: no crawler's group
-        return ""
-
-
-def crawl_delay_of(parser: Protego, token: str) -> float | None:
-    """The group's Crawl-delay in seconds, kept to what the host's rate can use: at most a
-    day (past ~91 s the rate's floor of 0.01 per second binds anyway); under a millisecond,
-    none. Unbounded, 1 / (delay x 1.1) overflowed PostgreSQL's double precision for 1.7e308
-    and for a denormal like 1e-320: the store failed, and every job of the host asked for
-    robots.txt again."""
-    delay = parser.crawl_delay(token)
-    if delay is None or not math.isfinite(delay) or delay < MIN_CRAWL_DELAY_SECONDS:
-        return None
-    return min(delay, MAX_CRAWL_DELAY_SECONDS)
-
-
-# RFC 3986 section 2.3: unreserved characters, the same decoded or percent-encoded.
-_ENCODED_UNRESERVED = re.compile(r"%(?:[46][1-9A-Fa-f]|[57][0-9Aa]|3[0-9]|2[Dd]|2[Ee]|5[Ff]|7[Ee])")
-
-
-def readings(url: str) -> list[str]:
-    """`url` as sent, and as a server reads its path when that differs: unreserved
-    characters decoded (the fetcher sends `%2E` as `.`), dot segments resolved (RFC 3986
-    section 5.2.4) and runs of slashes merged (nginx's default). RFC 9309 compares the path
-    as written; a client could then write a disallowed path the check did not recognise
-    (`/x/%2e%2e/private`, `//private`) and the server served it. Each reading is judged;
-    any disallowed one refuses the URL."""
-    parts = urlsplit(url)
-    path = _ENCODED_UNRESERVED.sub(lambda m: chr(int(m.group(0)[1:], 16)), parts.path)
-    path = re.sub(r"/{2,}", "/", _remove_dot_segments(path)) or "/"
-    if path == parts.path:
-        return [url]
-    return [url, urlunsplit(parts._replace(path=path))]
-
-
-def _remove_dot_segments(path: str) -> str:
-    """RFC 3986 section 5.2.4, for an absolute path."""
-    kept: list[str] = []
-    segments = path.split("/")
-    for segment in segments[1:]:
-        if segment == "..":
-            if kept:
-                kept.pop()
-        elif segment != ".":
-            kept.append(segment)
-    ends_in_dir = segments[-1] in (".", "..")
-    return "/" + "/".join(kept) + ("/" if ends_in_dir and kept else "")
-
-
-def robots_text(raw: bytes) -> str:
-    """A robots.txt body as text to parse and store: UTF-8 (RFC 9309 section 2.3), a byte
-    order mark dropped (left in, it hid the first line, a User-agent, from the parser, and
-    its group's rules were not obeyed), NUL bytes dropped (PostgreSQL's text cannot hold
-    them: storing failed and every job of the host asked for robots.txt again)."""
-    return raw.decode("utf-8-sig", errors="replace").replace("\x00", "")
-
-
-def matched_rule(parser: Protego, url: str, token: str) -> str:
-    """The rule that disallows `url` for `token`, as a person reads it. protego answers
-    allowed or not; which rule decided is read from its group the way it decides."""
-    try:
-        from protego._utils import _quote_path
-
-        group = parser._get_matching_rule_set(token)
-        if group is not None:
-            path = _quote_path(url)
-            for rule in group._rules:
-                if rule.value.match(path):
-                    field = "Disallow" if rule.field == "disallow" else "Allow"
-                    return f"{field}: {rule.value._pattern} (group User-agent: {group.user_agent})"
-    except Exception:  # protego's internals moved: the verdict stands, the detail is lost
-        log.debug("could not name the matching robots.txt rule", exc_info=True)
-    return f"a Disallow rule of the group matching {token!r}"
-
-
-class Turns(Protocol):
-    """A job's turns on hosts (leases.RedirectSlots): a request waits for one."""
-
-    def take(self, host: str) -> float: ...
-
-    def release(self) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stored:
-    host_mode: str | None
-    state: str | None
-    body: str | None
-    fetched_at: datetime | None
-    expires_at: datetime | None
-    failures: int
-    fresh: bool
-    leased: bool
-    # When it stops being fresh, on this process's monotonic clock (read from PostgreSQL
-    # as seconds from its now(): a worker's wall clock off by an hour moves nothing).
-    fresh_until: float
-
-
-class _Reading:
-    """A read of an origin's row under way: the slots that want it meanwhile wait for it."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.stored: _Stored | None = None
-
-
 class RobotsGuard:
     """One worker run's robots.txt: shared by its slots (thread-safe)."""
 
@@ -273,29 +110,27 @@ class RobotsGuard:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"robots mode must be one of {MODES}, got {mode!r}")
-        self._engine = engine
         self.mode = mode
-        self._owner = owner
-        self._defaults = domain_defaults
-        self._retry_seconds = retry_seconds
-        self._max_pause_seconds = max_pause_seconds
         self._clock = clock
         self.token = product_token(fetcher.policy.user_agent).lower()
         self.timeout_seconds = fetcher.policy.timeout_seconds
-        # Its own fetcher: the same guard and User-Agent, a body cut at 500 KiB.
-        self._fetcher = Fetcher(
-            dataclasses.replace(fetcher.policy, max_body_bytes=MAX_ROBOTS_BYTES, truncate_body=True)
+        self._rows = RobotsRows(
+            engine,
+            fetcher,
+            mode=mode,
+            owner=owner,
+            domain_defaults=domain_defaults,
+            retry_seconds=retry_seconds,
+            max_pause_seconds=max_pause_seconds,
+            token=self.token,
         )
         self._parsed: OrderedDict[tuple[str, datetime], Protego] = OrderedDict()
-        self._memo: OrderedDict[str, tuple[_Stored, float]] = OrderedDict()
         # origin → set when the slot reading (and maybe fetching) its robots.txt is done
         self._pending: dict[str, threading.Event] = {}
-        # origin → the read of its row a slot has under way
-        self._reads: dict[str, _Reading] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        self._fetcher.close()
+        self._rows.close()
 
     # --- the worker's hooks ------------------------------------------------------------
 
@@ -409,8 +244,8 @@ class RobotsGuard:
         gate: threading.Event | None = None  # set: this slot speaks for the run's others
         try:
             while True:
-                stored = self._read(origin, domain)
-                if self._ignored(stored):
+                stored = self._rows.read(origin, domain)
+                if self._rows.ignored(stored):
                     return waited
                 if stored.fresh:
                     self._judge(origin, domain, url, stored)
@@ -433,10 +268,10 @@ class RobotsGuard:
                     if leader is not None:
                         self._wait_for(leader, origin, until, should_stop)
                         continue
-                if not stored.leased and self._take_lease(origin, domain, job.id) is not None:
+                if not stored.leased and self._rows.take_lease(origin, domain, job.id) is not None:
                     if not first_hop:
                         self._wait_turn(domain, turns, should_stop, until)
-                    self._fetch_and_store(origin, domain, stored.failures, should_stop, turns)
+                    self._rows.fetch_and_store(origin, domain, stored.failures, should_stop, turns)
                     continue
                 # Another worker is fetching it: its answer is everyone's.
                 self._give_up_if_late(origin, until, should_stop)
@@ -467,7 +302,7 @@ class RobotsGuard:
                 "for its answer"
             )
 
-    def _judge(self, origin: str, domain: str, url: str, stored: _Stored) -> None:
+    def _judge(self, origin: str, domain: str, url: str, stored: StoredRobots) -> None:
         if stored.state == "allow_all":
             return
         if stored.state == "unreachable":
@@ -500,184 +335,6 @@ class RobotsGuard:
             if time.monotonic() + wait > until or should_stop():
                 raise RobotsPending(f"{host} gave no request turn within the attempt's wait")
             time.sleep(min(wait, POLL_SECONDS))
-
-    # --- the shared row ----------------------------------------------------------------
-
-    def _read(self, origin: str, domain: str) -> _Stored:
-        """The origin's row; a fresh one (not unreachable), or one of an exempt host, is
-        remembered for MEMO_SECONDS (a job's check then costs no query; an operator's
-        exemption reaches this worker within that). One slot at a time reads a row: the
-        run's other slots wanting it meanwhile take its answer (at a run's start, or a
-        memo's end, 556 slots read the same row at once: ~600 reads a run)."""
-        with self._lock:
-            memo = self._memo.get(origin)
-            if memo is not None:
-                stored = memo[0]
-                usable = stored.fresh_until > time.monotonic() or self._ignored(stored)
-                # Past its MEMO_SECONDS, what it said holds while a slot reads the row again.
-                if usable and (memo[1] > time.monotonic() or origin in self._reads):
-                    return stored
-            reading = self._reads.get(origin)
-            if reading is None:
-                reading = self._reads[origin] = _Reading()
-                mine = True
-            else:
-                mine = False
-        if not mine:
-            reading.done.wait()
-            if reading.stored is not None:
-                return reading.stored
-            return self._read_row(origin, domain)  # its read failed: this slot's own
-        try:
-            reading.stored = self._read_row(origin, domain)
-            return reading.stored
-        finally:
-            with self._lock:
-                del self._reads[origin]
-            reading.done.set()
-
-    def _read_row(self, origin: str, domain: str) -> _Stored:
-        now = time.monotonic()
-        with self._engine.connect() as conn:
-            row = conn.execute(_q("robots_state"), {"origin": origin, "domain": domain}).one()
-        stored = self._stored(row, now)
-        with self._lock:
-            # An unreachable one is read each time: its jobs are claimed only when its
-            # host's pause was lifted (an operator's exemption or resume), and a
-            # remembered copy would pause the host again.
-            if (stored.fresh and stored.state != "unreachable") or self._ignored(stored):
-                self._memo[origin] = (stored, now + MEMO_SECONDS)
-                while len(self._memo) > _PARSED_KEPT:
-                    self._memo.popitem(last=False)
-            else:
-                self._memo.pop(origin, None)
-        return stored
-
-    def _ignored(self, stored: _Stored) -> bool:
-        return (stored.host_mode or self.mode) == "ignore"
-
-    @staticmethod
-    def _stored(row: Any, read_at: float) -> _Stored:
-        return _Stored(
-            host_mode=row.host_mode,
-            state=row.state,
-            body=row.body,
-            fetched_at=row.fetched_at,
-            expires_at=row.expires_at,
-            failures=row.failures or 0,
-            fresh=bool(row.fresh),
-            leased=bool(row.leased),
-            fresh_until=read_at + float(row.expires_in) if row.fresh else 0.0,
-        )
-
-    def _take_lease(self, origin: str, domain: str, job_id: uuid.UUID) -> int | None:
-        with self._engine.begin() as conn:
-            return conn.execute(
-                _q("robots_take_lease"),
-                {
-                    "origin": origin,
-                    "domain": domain,
-                    "owner": self._owner,
-                    "job_id": job_id,
-                    # its fetch, its wait for a turn, and room for a slow database
-                    "lease_seconds": self.timeout_seconds * 2 + 5,
-                },
-            ).scalar_one_or_none()
-
-    def _fetch_and_store(
-        self,
-        origin: str,
-        domain: str,
-        failures: int,
-        should_stop: Callable[[], bool],
-        turns: Turns,
-    ) -> None:
-        url = f"{origin}/robots.txt"
-        stored = False
-        try:
-            try:
-                with self._fetcher.fetch(
-                    url, should_stop=should_stop, redirect_slots=_NoRelease(turns)
-                ) as answer:
-                    status = answer.status_code
-                    body = robots_text(answer.body.read())
-                    headers = answer.headers
-            except FetchError as exc:
-                if exc.error_class == "cancelled":
-                    raise
-                state = "allow_all" if exc.error_class in _ALLOW_ALL_ERRORS else "unreachable"
-                self._store(origin, domain, state, None, None, None, failures, exc.detail)
-                stored = True
-                return
-            if 200 <= status < 300:
-                delay = crawl_delay_of(RobotsRules.parse(body), self.token)
-                self._store(origin, domain, "rules", status, body, delay, failures, None, headers)
-            elif 400 <= status < 500 and status != 429:
-                self._store(
-                    origin, domain, "allow_all", status, None, None, failures, None, headers
-                )
-            else:
-                self._store(
-                    origin, domain, "unreachable", status, None, None, failures, f"HTTP {status}"
-                )
-            stored = True
-        finally:
-            if not stored:
-                with self._engine.begin() as conn:
-                    conn.execute(
-                        _q("robots_release_lease"), {"origin": origin, "owner": self._owner}
-                    )
-
-    def _store(
-        self,
-        origin: str,
-        domain: str,
-        state: str,
-        status: int | None,
-        body: str | None,
-        crawl_delay: float | None,
-        failures: int,
-        error: str | None,
-        headers: Any = None,
-    ) -> None:
-        if state == "unreachable":
-            ttl = min(self._retry_seconds * 2 ** min(failures, 30), self._max_pause_seconds)
-            log.warning("%s/robots.txt unreachable (%s); asked again in %.0f s", origin, error, ttl)
-        else:
-            ttl = ttl_seconds(headers or {})
-        with self._engine.begin() as conn:
-            written = conn.execute(
-                _q("robots_store"),
-                {
-                    "origin": origin,
-                    "owner": self._owner,
-                    "state": state,
-                    "http_status": status,
-                    "body": body,
-                    "crawl_delay": crawl_delay,
-                    "ttl_seconds": ttl,
-                    "last_error": error.replace("\x00", "")[:512] if error else None,
-                },
-            ).one_or_none()
-            if written is not None:
-                conn.execute(
-                    _q("robots_crawl_delay"),
-                    {"domain": domain, "default_rps": self._defaults.rps},
-                )
-
-
-class _NoRelease:
-    """The job's turns for the robots.txt fetch's own redirects; the job's redirect slot is
-    the job's fetch's to release."""
-
-    def __init__(self, turns: Turns) -> None:
-        self._turns = turns
-
-    def take(self, host: str) -> float:
-        return self._turns.take(host)
-
-    def release(self) -> None:
-        return None
 
 
 # --- operators ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.fetch.robots import origin_of
+from pin_orchestration.scraping.fetch.robots_rules import origin_of
 from pin_orchestration.scraping.store.leases import DomainDefaults
 
 WaitReason = Literal[
