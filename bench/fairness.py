@@ -57,18 +57,15 @@ from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
 )
-from pin_orchestration.scraping import repository  # noqa: E402
-from pin_orchestration.scraping.fetch import Fetcher  # noqa: E402
+from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import (  # noqa: E402
+from pin_orchestration.scraping.store import tenancy  # noqa: E402
+from pin_orchestration.scraping.store.local import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import (  # noqa: E402
-    WorkerOptions,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.worker.options import WorkerOptions  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker  # noqa: E402
 
 TENANTS = 10
 HEAVY_SHARE = 0.9
@@ -212,7 +209,7 @@ def fresh_tenants(engine: Engine, names: list[str]) -> dict[str, Any]:
     reset(engine)
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM scraping.tenants"))
-    return {name: repository.create_tenant(engine, name)[0] for name in names}
+    return {name: tenancy.create_tenant(engine, name)[0] for name in names}
 
 
 def one_run(
@@ -229,7 +226,7 @@ def one_run(
     tenants = fresh_tenants(engine, list(counts))
     for name, weight in weights.items():
         if weight != 1:
-            repository.set_tenant_weight(engine, name, weight)
+            tenancy.set_tenant_weight(engine, name, weight)
     names = list(counts)
     # Accepted the moment the (already running) workers are told to go.
     with engine.begin() as conn:

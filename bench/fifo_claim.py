@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from pin_orchestration.platform.sql import NamedQueries
-from pin_orchestration.scraping.repository import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
 
 FIFO_CLAIM = NamedQueries("bench", "fifo_claim.sql")
 

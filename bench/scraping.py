@@ -53,7 +53,7 @@ from pin_orchestration.platform.defaults import (  # noqa: E402
     DAGSTER_YAML,
     WORKSPACE_YAML,
 )
-from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b"x" * 10_240
@@ -128,7 +128,7 @@ def bare_loop(target: str, jobs: int, slots: int) -> tuple[float, float]:
 
 def robots_seconds(target: str) -> float:
     """How long the target takes to answer /robots.txt: what a loop obeying it waits before
-    its first page (the pipeline does, once per host: scraping/robots.py)."""
+    its first page (the pipeline does, once per host: scraping/fetch/robots.py)."""
     started = time.monotonic()
     answer = requests.get(f"{target}/robots.txt", timeout=30)
     assert answer.status_code == 200

@@ -39,8 +39,8 @@ from pin_orchestration.migrations import upgrade_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, resolve_database_url  # noqa: E402
 from pin_orchestration.platform.settings import Settings  # noqa: E402
 from pin_orchestration.platform.sql import NamedQueries  # noqa: E402
-from pin_orchestration.scraping.repository import DomainDefaults, queue_stats  # noqa: E402
-from pin_orchestration.scraping.worker import claim_due_jobs  # noqa: E402
+from pin_orchestration.scraping.store.leases import DomainDefaults, queue_stats  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs  # noqa: E402
 
 DATABASE = "pin_bench_scraping_pick"
 TENANTS = 200

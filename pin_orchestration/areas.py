@@ -19,7 +19,7 @@ from pin_orchestration.news.snapshot_detach.monitoring import (
 from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.scraping.metrics import ScrapingCollector
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import result_store_from
+from pin_orchestration.scraping.store.local import result_store_from
 
 
 def metric_collectors(engine: Engine) -> list[Collector]:

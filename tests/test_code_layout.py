@@ -25,24 +25,9 @@ BENCH = ROOT / "bench"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
-# Offenders being split elsewhere (issue 32): pin_orchestration/scraping/ into sub-packages,
-# devstack/up.py's run_stack into steps. Paths relative to the repository root.
-LONG_MODULES_ALLOWED: set[str] = {
-    "pin_orchestration/scraping/fetch.py",
-    "pin_orchestration/scraping/repository.py",
-    "pin_orchestration/scraping/robots.py",
-    "pin_orchestration/scraping/store.py",
-    "pin_orchestration/scraping/webhooks.py",
-    "pin_orchestration/scraping/worker.py",
-}
-LONG_FUNCTIONS_ALLOWED: set[str] = {
-    "pin_orchestration/scraping/batch_routes.py:batch_router",
-    "pin_orchestration/scraping/jobs_routes.py:jobs_router",
-    "pin_orchestration/scraping/wait_reasons.py:decide",
-    "pin_orchestration/scraping/webhooks.py:run_deliveries",
-    "pin_orchestration/scraping/worker.py:_attempt",
-    "pin_orchestration/scraping/worker.py:run_worker",
-}
+# Exceptions, each with its reason (none today). Paths relative to the repository root.
+LONG_MODULES_ALLOWED: set[str] = set()
+LONG_FUNCTIONS_ALLOWED: set[str] = set()
 
 
 def _relative(path: Path) -> str:

@@ -53,16 +53,18 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository, worker
-from pin_orchestration.scraping.repository import (
-    ClaimedJob,
-    DomainDefaults,
-    JobRequest,
-    create_tenant,
-    set_domain_limits,
-)
-from pin_orchestration.scraping.retry import RetryPolicy, decide, domain_pause_until
-from pin_orchestration.scraping.store import META_SUFFIX, LocalResultStore
+from pin_orchestration.scraping.store import leases, politeness, repository, tenancy
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.politeness import set_domain_limits
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.results import META_SUFFIX, result_key
+from pin_orchestration.scraping.store.tenancy import create_tenant
+from pin_orchestration.scraping.worker.attempt import Decided, decided_outcome
+from pin_orchestration.scraping.worker.backoff import DatabaseBackoff
+from pin_orchestration.scraping.worker.outcomes import WorkerReport, write_outcomes
+from pin_orchestration.scraping.worker.retry import RetryPolicy, decide, domain_pause_until
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 
 MAX_ATTEMPTS = 3
 LEASE_SECONDS = 30.0
@@ -245,7 +247,7 @@ class ScrapingModel(RuleBasedStateMachine):
     # --- claims -----------------------------------------------------------------------
 
     def _claim(self, name: str, limit: int) -> list[ClaimedJob]:
-        return worker.claim_due_jobs(
+        return claim_due_jobs(
             self.workers[name],
             worker=name,
             limit=limit,
@@ -366,34 +368,34 @@ class ScrapingModel(RuleBasedStateMachine):
 
     # --- outcomes ---------------------------------------------------------------------
 
-    def _write(self, flight: Flight, outcome: repository.AttemptOutcome) -> None:
-        """Through the worker's own write path (worker._try_write): finish in one
+    def _write(self, flight: Flight, outcome: leases.AttemptOutcome) -> None:
+        """Through the worker's own write path (worker.outcomes.write_outcomes): finish in one
         transaction, delete the object of a refused or overruled success."""
-        report = worker.WorkerReport(worker=flight.worker)
+        report = WorkerReport(worker=flight.worker)
         unwritten = [(outcome, flight.job.created_at)]
-        ok = worker._try_write(
+        ok = write_outcomes(
             self.workers[flight.worker],
             flight.worker,
             self.store,
             unwritten,
             report,
             lambda: datetime.now(UTC),
-            worker._Backoff(),
+            DatabaseBackoff(),
             MAX_PAUSE_SECONDS,
         )
         assert ok, "the outcome write failed"
 
-    def _success(self, flight: Flight) -> repository.AttemptOutcome:
+    def _success(self, flight: Flight) -> leases.AttemptOutcome:
         job = flight.job
         body = f"body of {job.id} attempt {job.attempt}".encode()
         stored = self.store.put(
-            worker.result_key(job.tenant_id, job.id, job.created_at, job.attempt),
+            result_key(job.tenant_id, job.id, job.created_at, job.attempt),
             io.BytesIO(body),
             size=len(body),
             sha256=hashlib.sha256(body).hexdigest(),
             content_type="text/plain",
         )
-        return repository.AttemptOutcome(
+        return leases.AttemptOutcome(
             job_id=job.id,
             attempt=job.attempt,
             status="succeeded",
@@ -408,7 +410,7 @@ class ScrapingModel(RuleBasedStateMachine):
 
     def _answered(
         self, flight: Flight, status: int, retry_after: str | None
-    ) -> repository.AttemptOutcome:
+    ) -> leases.AttemptOutcome:
         now = datetime.now(UTC)
         job = flight.job
         decision = decide(
@@ -421,8 +423,8 @@ class ScrapingModel(RuleBasedStateMachine):
             rng=self.rng,
         )
         paused = domain_pause_until(status, retry_after, POLICY, now)
-        decided = worker._Decided(now, time.monotonic())
-        return worker._decided(job, decision, decided, status, 1, paused, job.domain)
+        decided = Decided(now, time.monotonic())
+        return decided_outcome(job, decision, decided, status, 1, paused, job.domain)
 
     @precondition(lambda self: bool(self.flights))
     @rule(
@@ -460,7 +462,7 @@ class ScrapingModel(RuleBasedStateMachine):
 
     @rule()
     def sweep(self) -> None:
-        swept = repository.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS)
+        swept = leases.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS)
         for row in swept:
             flight = self.flights.pop(row.id, None)
             if flight is None:
@@ -482,7 +484,7 @@ class ScrapingModel(RuleBasedStateMachine):
                 for r in conn.execute(text("SELECT id FROM scraping.jobs WHERE status = 'failed'"))
             ]
         if failed:
-            repository.requeue_failed_jobs(self.engine, failed)
+            leases.requeue_failed_jobs(self.engine, failed)
 
     # --- domains and tenants ----------------------------------------------------------
 
@@ -498,7 +500,7 @@ class ScrapingModel(RuleBasedStateMachine):
     def pause(self, domain: str, seconds: float) -> None:
         before = self.db_now()
         self.stats["pauses"] += 1
-        kept = repository.pause_domain(
+        kept = politeness.pause_domain(
             self.engine, domain, seconds=seconds, max_pause_seconds=MAX_PAUSE_SECONDS
         )
         asked = self.virtual(before) + min(seconds, MAX_PAUSE_SECONDS)
@@ -508,12 +510,12 @@ class ScrapingModel(RuleBasedStateMachine):
 
     @rule(domain=st.sampled_from(DOMAINS))
     def resume(self, domain: str) -> None:
-        repository.resume_domain(self.engine, domain)
+        politeness.resume_domain(self.engine, domain)
         self.pause_floor.pop(domain, None)
 
     @rule(t=st.integers(0, 2), weight=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def set_weight(self, t: int, weight: float) -> None:
-        repository.set_tenant_weight(self.engine, self.tenants[t].name, weight)
+        tenancy.set_tenant_weight(self.engine, self.tenants[t].name, weight)
 
     # --- invariants -------------------------------------------------------------------
 
@@ -631,7 +633,7 @@ class ScrapingModel(RuleBasedStateMachine):
         what they hold with success. Every job must then end terminal."""
         try:
             for domain in DOMAINS:
-                repository.resume_domain(self.engine, domain)
+                politeness.resume_domain(self.engine, domain)
             self.pause_floor.clear()
             for _ in range(200):
                 for flight in list(self.flights.values()):
@@ -647,7 +649,7 @@ class ScrapingModel(RuleBasedStateMachine):
                 if not left:
                     break
                 self.step_clock(4000.0)
-                for row in repository.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS):
+                for row in leases.sweep_expired_leases(self.engine, max_attempts=MAX_ATTEMPTS):
                     self.flights.pop(row.id, None)
                 self.claim("w1", 12)  # alone: the fairness bound is checked over it too
             with self.engine.connect() as conn:

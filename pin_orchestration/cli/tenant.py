@@ -20,7 +20,7 @@ def tenant() -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
 def tenant_create(name: str, as_json: bool) -> None:
     """Create a tenant and print its API key (shown once; only a hash is kept)."""
-    from pin_orchestration.scraping.repository import TenantError, create_tenant
+    from pin_orchestration.scraping.store.tenancy import TenantError, create_tenant
 
     try:
         created, key = create_tenant(engine_from_env(), name)
@@ -34,7 +34,7 @@ def tenant_create(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
 def tenant_rotate_key(name: str, as_json: bool) -> None:
     """Give a tenant a new API key; the old one stops working at once."""
-    from pin_orchestration.scraping.repository import TenantError, rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import TenantError, rotate_tenant_key
 
     try:
         rotated, key = rotate_tenant_key(engine_from_env(), name)
@@ -53,7 +53,7 @@ def _print_key(tenant_id: uuid.UUID, name: str, key: str, as_json: bool) -> None
 @tenant.command("list")
 def tenant_list() -> None:
     """Tenants, their key prefixes and job counts."""
-    from pin_orchestration.scraping.repository import list_tenants
+    from pin_orchestration.scraping.store.tenancy import list_tenants
 
     for t in list_tenants(engine_from_env()):
         click.echo(
@@ -67,7 +67,7 @@ def tenant_list() -> None:
 @click.argument("weight", type=float)
 def tenant_set_weight(name: str, weight: float) -> None:
     """Give a tenant WEIGHT times the default share of picks inside each priority class."""
-    from pin_orchestration.scraping.repository import TenantError, set_tenant_weight
+    from pin_orchestration.scraping.store.tenancy import TenantError, set_tenant_weight
 
     try:
         changed = set_tenant_weight(engine_from_env(), name, weight)
@@ -87,7 +87,7 @@ def tenant_webhook_secret(name: str, rotate: bool, as_json: bool) -> None:
     After --rotate, deliveries carry two signatures, with the new and the replaced secret,
     for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS (default one day): a receiver keeps verifying
     with the old secret until it has the new one (docs/integration.md)."""
-    from pin_orchestration.scraping.webhooks import tenant_webhook_secret as read_secret
+    from pin_orchestration.scraping.webhooks.deliveries import tenant_webhook_secret as read_secret
 
     try:
         row = read_secret(engine_from_env(), name, rotate=rotate)

@@ -96,7 +96,7 @@ class RetentionOptions:
 
 
 class ObjectStore(Protocol):
-    """What retention needs of the scraping results store (scraping/store.py)."""
+    """What retention needs of the scraping results store (scraping/store/results.py)."""
 
     def delete_many(self, keys: Sequence[str]) -> int: ...
 

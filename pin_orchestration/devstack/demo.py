@@ -16,8 +16,9 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.news.snapshot_detach.monitoring import DEMO_ERROR_PREFIX
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest, Tenant
+from pin_orchestration.scraping.store import repository, tenancy
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.tenancy import Tenant
 
 DEMO_POSTS = 200
 _DEMO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -156,15 +157,15 @@ def ensure_demo_tenant(engine: Engine, home: Path) -> tuple[Tenant, str]:
     if key_file.is_file():
         key = key_file.read_text().strip()
         with engine.connect() as conn:
-            tenant = repository.tenant_for_api_key(conn, key)
+            tenant = tenancy.tenant_for_api_key(conn, key)
         if tenant is not None:
             return tenant, key
     with engine.connect() as conn:
-        exists = repository.tenant_by_name(conn, DEMO_TENANT) is not None
+        exists = tenancy.tenant_by_name(conn, DEMO_TENANT) is not None
     if exists:
-        tenant, key = repository.rotate_tenant_key(engine, DEMO_TENANT)
+        tenant, key = tenancy.rotate_tenant_key(engine, DEMO_TENANT)
     else:
-        tenant, key = repository.create_tenant(engine, DEMO_TENANT)
+        tenant, key = tenancy.create_tenant(engine, DEMO_TENANT)
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.touch(mode=0o600)
     key_file.write_text(key + "\n")

@@ -1,8 +1,9 @@
 """Jobs of the scraping service: the worker run, the webhook delivery run, the lease
 sweeper and the runbook's requeue of failed jobs (their sensors are in sensors/scraping.py,
 the sweeper's schedule in schedules/scraping.py). Each op calls its domain entry point
-(`scraping.worker.run_worker`, `scraping.webhooks.run_deliveries`, `scraping.repository`),
-which runs the named queries of `scraping/queries.sql` / `scraping/webhooks.sql`.
+(`scraping.worker.run.run_worker`, `scraping.webhooks.deliveries.run_deliveries`,
+`scraping.store.leases`), which runs the named queries of `scraping/queries.sql` /
+`scraping/webhooks.sql`.
 
 A worker run drains many scraping jobs, PIN_SCRAPING_SLOTS at once; a delivery run drains
 every due webhook."""
@@ -29,18 +30,15 @@ from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.platform.settings import SettingsError
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.webhooks import (
-    DeliveryOptions,
-    WebhookConfigError,
-    run_deliveries,
-)
-from pin_orchestration.scraping.worker import (
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
+from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookConfigError
+from pin_orchestration.scraping.worker.options import (
     WORKER_RUN_OPTIONS,
     WorkerConfigError,
     WorkerOptions,
-    run_worker,
 )
+from pin_orchestration.scraping.worker.run import run_worker
 
 # dagster.yaml caps concurrent runs per value of this tag.
 WORKER_TAGS = {"pin/drain": "scraping-worker"}
@@ -126,7 +124,7 @@ def sweep_expired_scraping_leases(
     context: OpExecutionContext, database: DatabaseResource, scraping: ScrapingResource
 ) -> None:
     """Jobs whose worker stopped renewing its lease go back to queued (SCR-5)."""
-    swept = repository.sweep_expired_leases(
+    swept = leases.sweep_expired_leases(
         database.get_engine(), max_attempts=scraping.get_settings().max_attempts
     )
     for row in swept:
@@ -152,7 +150,7 @@ def requeue_failed_scraping_jobs(
         ids = [uuid.UUID(i) for i in config.job_ids]
     except ValueError as exc:
         raise Failure(description=f"job_ids: every item must be a uuid ({exc})") from exc
-    requeued = set(repository.requeue_failed_jobs(database.get_engine(), ids))
+    requeued = set(leases.requeue_failed_jobs(database.get_engine(), ids))
     skipped = [str(i) for i in ids if i not in requeued]
     context.log.info(f"requeued {len(requeued)} job(s)")
     if skipped:

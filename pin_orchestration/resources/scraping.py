@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
-from pin_orchestration.scraping.retry import RetryPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore, result_store_from
-from pin_orchestration.scraping.webhooks import WebhookPolicy
+from pin_orchestration.scraping.store.local import result_store_from
+from pin_orchestration.scraping.store.results import ResultStore
+from pin_orchestration.scraping.webhooks.options import WebhookPolicy
+from pin_orchestration.scraping.worker.retry import RetryPolicy
 
 
 class ScrapingResource(ConfigurableResource):

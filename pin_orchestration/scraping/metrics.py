@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from pin_orchestration.platform.sql import NamedQueries
-from pin_orchestration.scraping.cache import JobCache
+from pin_orchestration.scraping.api.cache import JobCache
 
 # The window of time-to-first-attempt p95 and of the failure shares.
 RECENT_WINDOW_SECONDS = 15 * 60

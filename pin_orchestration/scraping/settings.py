@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from pin_orchestration.platform.defaults import API_URL
 from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
 from pin_orchestration.platform.settings import http_url, read_settings
-from pin_orchestration.scraping.fetch import DEFAULT_USER_AGENT, parse_allowed_cidrs, product_token
-from pin_orchestration.scraping.repository import (
-    MAX_DOMAIN_RPS,
-    MIN_DOMAIN_RPS,
-    DomainDefaults,
-)
+from pin_orchestration.scraping.fetch.client import DEFAULT_USER_AGENT, product_token
+from pin_orchestration.scraping.fetch.guard import parse_allowed_cidrs
+from pin_orchestration.scraping.store.leases import DomainDefaults
+from pin_orchestration.scraping.store.politeness import MAX_DOMAIN_RPS, MIN_DOMAIN_RPS
 
 # Below this a refused client would be told to wait more than 1000 s.
 MIN_INTAKE_RPS = 0.001

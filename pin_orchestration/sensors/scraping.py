@@ -5,7 +5,7 @@ They never launch one run per scraping job: a worker run drains many jobs,
 PIN_SCRAPING_SLOTS at once. A live worker run claims new due jobs within its poll interval,
 so `scraping_jobs_sensor` only adds runs when the claimable backlog is more than the live
 runs' slots can take, or when claimable jobs have waited longer than a sensor interval (the
-live runs are full). It sizes by what could be claimed now (`repository.queue_stats`),
+live runs are full). It sizes by what could be claimed now (`leases.queue_stats`),
 never by all that is due: jobs whose domains are paused or at their concurrency would only
 start runs that claim nothing and exit idle. Never by CPU: a worker run spends its time
 waiting on targets."""
@@ -22,8 +22,8 @@ from pin_orchestration.jobs.scraping import (
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.webhooks import webhook_stats
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.webhooks.deliveries import webhook_stats
 from pin_orchestration.sensors.drain_runs import drain_run_requests, runs_in_flight
 
 SENSOR_INTERVAL_SECONDS = 5
@@ -61,7 +61,7 @@ def scraping_jobs_sensor(
 ) -> SensorResult | SkipReason:
     settings = scraping.get_settings()
     with database.get_engine().connect() as conn:
-        stats = repository.queue_stats(conn, settings.domain_defaults)
+        stats = leases.queue_stats(conn, settings.domain_defaults)
     if stats.due == 0:
         return SkipReason(f"no due scraping jobs ({stats.queued} queued)")
     if stats.claimable == 0:

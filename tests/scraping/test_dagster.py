@@ -28,9 +28,9 @@ from pin_orchestration.jobs.scraping import (
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
 from tests.scraping.conftest import UNLIMITED
 from tests.scraping.webhook_checks import assert_every_delivery_verifies

@@ -14,8 +14,8 @@ from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.areas import metrics_registry
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

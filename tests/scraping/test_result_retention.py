@@ -17,9 +17,10 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.areas import retention_rules
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.repository import JobRequest, Tenant, submit_job
-from pin_orchestration.scraping.store import ResultStore, result_key
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.repository import JobRequest, submit_job
+from pin_orchestration.scraping.store.results import ResultStore, result_key
+from pin_orchestration.scraping.store.tenancy import Tenant
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 NOW = datetime.now(UTC)

@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine
 
 from pin_orchestration.platform.sql import NamedQueries
-from pin_orchestration.scraping.repository import DomainDefaults
-from pin_orchestration.scraping.robots import origin_of
+from pin_orchestration.scraping.fetch.robots_rules import origin_of
+from pin_orchestration.scraping.store.leases import DomainDefaults
 
 WaitReason = Literal[
     "retry_backoff",
@@ -87,86 +87,118 @@ def job_wait(
 
 
 def decide(row: Any, *, robots_mode: str) -> WaitView:
+    """The first of the claim's predicates that holds the job, in the claim's order, then
+    what the worker checks after the claim."""
+    return (
+        _host_paused(row)
+        or _due_later(row)
+        or _host_at_its_limits(row)
+        or _turns_ahead(row)
+        or _after_the_claim(row, robots_mode)
+    )
+
+
+def _view(
+    row: Any, reason: str, message: str, until: datetime | None = None, cause: str | None = None
+) -> WaitView:
+    return WaitView(
+        reason=reason,  # type: ignore[arg-type]
+        cause=cause,  # type: ignore[arg-type]
+        until=until,
+        as_of=row.as_of,
+        message=message,
+    )
+
+
+def _host_paused(row: Any) -> WaitView | None:
     now: datetime = row.as_of
-
-    def view(
-        reason: str, message: str, until: datetime | None = None, cause: str | None = None
-    ) -> WaitView:
-        return WaitView(
-            reason=reason,  # type: ignore[arg-type]
-            cause=cause,  # type: ignore[arg-type]
-            until=until,
-            as_of=now,
-            message=message,
-        )
-
     paused = row.blocked_until is not None and row.blocked_until > now
     due_later = row.next_attempt_at is not None and row.next_attempt_at > now
     # The later of the two is what holds the job.
-    if paused and not (due_later and row.next_attempt_at > row.blocked_until):
-        # The robots.txt's pause ends at its next try; a pause past that is someone
-        # else's (an operator's, a Retry-After), set since, and what the job waits for.
-        if (
-            row.robots_state == "unreachable"
-            and row.robots_expires_at is not None
-            and row.robots_expires_at >= row.blocked_until - _SAME_PAUSE
-        ):
-            return view(
-                "host_paused",
-                "Its host's robots.txt does not answer, so nothing is sent to the host until "
-                f"it is asked again at {_at(row.blocked_until)}.",
-                row.blocked_until,
-                "robots_unreachable",
-            )
-        if row.pause_cause == "operator":
-            return view(
-                "host_paused",
-                f"An operator paused its host until {_at(row.blocked_until)}.",
-                row.blocked_until,
-                "operator",
-            )
-        return view(
+    if not paused or (due_later and row.next_attempt_at > row.blocked_until):
+        return None
+    # The robots.txt's pause ends at its next try; a pause past that is someone else's (an
+    # operator's, a Retry-After), set since, and what the job waits for.
+    if (
+        row.robots_state == "unreachable"
+        and row.robots_expires_at is not None
+        and row.robots_expires_at >= row.blocked_until - _SAME_PAUSE
+    ):
+        return _view(
+            row,
             "host_paused",
-            f"Its host asked to be left alone (429 / Retry-After) until {_at(row.blocked_until)}.",
+            "Its host's robots.txt does not answer, so nothing is sent to the host until "
+            f"it is asked again at {_at(row.blocked_until)}.",
             row.blocked_until,
-            "retry_after",
+            "robots_unreachable",
         )
-    if due_later and row.last_error_class == "robots_pending":
-        return view(
+    if row.pause_cause == "operator":
+        return _view(
+            row,
+            "host_paused",
+            f"An operator paused its host until {_at(row.blocked_until)}.",
+            row.blocked_until,
+            "operator",
+        )
+    return _view(
+        row,
+        "host_paused",
+        f"Its host asked to be left alone (429 / Retry-After) until {_at(row.blocked_until)}.",
+        row.blocked_until,
+        "retry_after",
+    )
+
+
+def _due_later(row: Any) -> WaitView | None:
+    if row.next_attempt_at is None or row.next_attempt_at <= row.as_of:
+        return None
+    if row.last_error_class == "robots_pending":
+        return _view(
+            row,
             "robots_pending",
             "Its host's robots.txt was being fetched by another worker; it is asked for "
             f"again at {_at(row.next_attempt_at)}.",
             row.next_attempt_at,
         )
-    if due_later and row.last_error_class == "robots_unreachable":
+    if row.last_error_class == "robots_unreachable":
         # handed back for a redirect hop's host (its own host would be the pause above)
-        return view(
+        return _view(
+            row,
             "host_paused",
             "A host it is redirected to has a robots.txt that does not answer; it is tried "
             f"again at {_at(row.next_attempt_at)}.",
             row.next_attempt_at,
             "robots_unreachable",
         )
-    if due_later:
-        return view(
-            "retry_backoff",
-            f"Its next attempt is due at {_at(row.next_attempt_at)} (backoff after the last).",
-            row.next_attempt_at,
-        )
+    return _view(
+        row,
+        "retry_backoff",
+        f"Its next attempt is due at {_at(row.next_attempt_at)} (backoff after the last).",
+        row.next_attempt_at,
+    )
+
+
+def _host_at_its_limits(row: Any) -> WaitView | None:
     if row.tokens is not None and row.tokens < 1:
-        lifts = now + timedelta(seconds=(1 - row.tokens) / row.rps)
-        return view(
+        lifts = row.as_of + timedelta(seconds=(1 - row.tokens) / row.rps)
+        return _view(
+            row,
             "host_rate",
             f"Its host's rate ({row.rps:g} requests per second) allows the next request at "
             f"{_at(lifts)}.",
             lifts,
         )
     if row.concurrency is not None and row.connections >= row.concurrency:
-        return view(
+        return _view(
+            row,
             "host_connections",
             f"All {row.concurrency} connections its host allows are in use; it waits for "
             "one to end.",
         )
+    return None
+
+
+def _turns_ahead(row: Any) -> WaitView | None:
     if row.ahead:
         whose = (
             f"{row.others_ahead} of them other tenants' (the host is shared fairly)"
@@ -174,24 +206,32 @@ def decide(row: Any, *, robots_mode: str) -> WaitView:
             else "all of them this tenant's own"
         )
         more = "+" if row.ahead >= 1000 else ""
-        return view(
+        return _view(
+            row,
             "tenant_turn",
             f"{row.ahead}{more} jobs with an earlier turn on its host go first, {whose}.",
         )
     if row.class_ahead is not None:
-        return view(
+        return _view(
+            row,
             "class_share",
             f"The {row.class_ahead} priority class has the next turns of the 6:3:1 share; "
             "its own class follows.",
         )
+    return None
+
+
+def _after_the_claim(row: Any, robots_mode: str) -> WaitView:
     # robots.txt is read by the worker after the claim: it holds a job that is next.
     obeyed = (row.robots_mode or robots_mode) == "obey"
     if obeyed and (row.robots_leased or not row.robots_fresh):
-        return view(
+        return _view(
+            row,
             "robots_pending",
             "Its host's robots.txt is not known yet; a worker fetches it before the job's request.",
         )
-    return view(
+    return _view(
+        row,
         "no_free_worker",
         "It is next on its host, which has room: it starts when a worker has a free slot.",
     )

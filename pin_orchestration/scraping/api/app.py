@@ -13,24 +13,24 @@ from fastapi.responses import Response
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping import problems
-from pin_orchestration.scraping.batch_routes import batch_router
-from pin_orchestration.scraping.cache import InvalidationListener
-from pin_orchestration.scraping.deps import (
+from pin_orchestration.scraping.api import problems
+from pin_orchestration.scraping.api.batch_routes import batch_router
+from pin_orchestration.scraping.api.cache import InvalidationListener
+from pin_orchestration.scraping.api.deps import (
     API_KEY_CACHE_SECONDS,
     HEADERS_TOO_LARGE,
     UNAUTHORIZED,
     ApiDeps,
 )
-from pin_orchestration.scraping.health_routes import health_router
-from pin_orchestration.scraping.job_models import MAX_PARAMS_DEPTH
-from pin_orchestration.scraping.jobs_routes import jobs_router
-from pin_orchestration.scraping.limits import MAX_BATCH_BODY_BYTES, RequestSizeLimits
-from pin_orchestration.scraping.metrics_routes import metrics_router
-from pin_orchestration.scraping.problems import FieldError
-from pin_orchestration.scraping.repository import IDEMPOTENCY_KEY_TTL_SECONDS
+from pin_orchestration.scraping.api.health_routes import health_router
+from pin_orchestration.scraping.api.job_models import MAX_PARAMS_DEPTH
+from pin_orchestration.scraping.api.jobs_routes import jobs_router
+from pin_orchestration.scraping.api.limits import MAX_BATCH_BODY_BYTES, RequestSizeLimits
+from pin_orchestration.scraping.api.metrics_routes import metrics_router
+from pin_orchestration.scraping.api.problems import FieldError
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore
+from pin_orchestration.scraping.store.repository import IDEMPOTENCY_KEY_TTL_SECONDS
+from pin_orchestration.scraping.store.results import ResultStore
 
 
 def create_app(
@@ -59,12 +59,13 @@ def create_app(
         f"is remembered for {IDEMPOTENCY_KEY_TTL_SECONDS // 3600} h.",
         lifespan=_lifespan(deps, listen_for_invalidations),
     )
+    app.state.deps = deps
     app.state.job_cache = deps.job_cache
     app.state.intake = deps.intake
 
     # Before the job routes: /jobs/batch is not a job id.
-    app.include_router(batch_router(deps), responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
-    app.include_router(jobs_router(deps))
+    app.include_router(batch_router, responses={**UNAUTHORIZED, **HEADERS_TOO_LARGE})
+    app.include_router(jobs_router)
     if deps.settings.metrics_token is not None:
         app.include_router(metrics_router(deps, deps.settings.metrics_token))
     app.include_router(health_router(engine_provider))
@@ -162,10 +163,10 @@ def _answer_too_deep_json_with_422(app: FastAPI) -> None:
 
 
 def _mount_local_results(app: FastAPI, store: ResultStore) -> None:
-    from pin_orchestration.scraping.store import LocalResultStore
+    from pin_orchestration.scraping.store.local import LocalResultStore
 
     if isinstance(store, LocalResultStore):
-        from pin_orchestration.scraping.store_routes import local_results_router
+        from pin_orchestration.scraping.api.store_routes import local_results_router
 
         app.include_router(local_results_router(store))
 
@@ -173,7 +174,7 @@ def _mount_local_results(app: FastAPI, store: ResultStore) -> None:
 def app_from_env() -> FastAPI:
     """The app as `pin api` serves it: database and results store from the environment."""
     from pin_orchestration.platform.db import create_db_engine, resolve_database_url
-    from pin_orchestration.scraping.store import result_store_from
+    from pin_orchestration.scraping.store.local import result_store_from
 
     settings = ScrapingSettings.from_env()
     url = resolve_database_url()

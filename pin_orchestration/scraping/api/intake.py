@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import (
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import (
     IdempotencyKeyReused,
     IntakeLimit,
     JobRequest,

@@ -22,9 +22,9 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from pin_orchestration.scraping import hosts
-from pin_orchestration.scraping.hosts import MAX_URL_LENGTH
-from pin_orchestration.scraping.wait_reasons import WaitView
+from pin_orchestration.scraping.fetch import hosts
+from pin_orchestration.scraping.fetch.hosts import MAX_URL_LENGTH
+from pin_orchestration.scraping.worker.wait_reasons import WaitView
 
 MAX_PARAMS_BYTES = 16 * 1024
 # Levels of arrays and objects inside `params` (a job's query parameters are flat; this

@@ -11,8 +11,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import FileResponse
 
-from pin_orchestration.scraping.problems import Problem
-from pin_orchestration.scraping.store import RESULTS_PREFIX, LocalResultStore
+from pin_orchestration.scraping.api.problems import Problem
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.results import RESULTS_PREFIX
 
 
 def local_results_router(store: LocalResultStore) -> APIRouter:

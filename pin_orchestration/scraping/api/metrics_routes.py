@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse, Response
 
-from pin_orchestration.scraping.deps import ApiDeps
+from pin_orchestration.scraping.api.deps import ApiDeps
 
 
 def metrics_router(deps: ApiDeps, token: str) -> APIRouter:

@@ -1,7 +1,8 @@
 """What every router of the API shares, built once per app by `create_app`: the engine,
 the results store, the settings, the read cache, the intake limit and the tenant behind
-the request's API key (`ApiDeps.caller`), with the error answers every authenticated
-operation documents.
+the request's API key (`Caller`), with the error answers every authenticated operation
+documents. Endpoints are plain functions of their module's router: they find their app's
+`ApiDeps` on the request (`Deps`), where `create_app` put it.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the dependency's annotations.
@@ -11,21 +12,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Connection, Engine
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.cache import JobCache
-from pin_orchestration.scraping.intake import GroupedIntake
-from pin_orchestration.scraping.limits import MAX_HEADER_BYTES
-from pin_orchestration.scraping.problems import Problem
-from pin_orchestration.scraping.repository import Tenant
+from pin_orchestration.scraping.api.cache import JobCache
+from pin_orchestration.scraping.api.intake import GroupedIntake
+from pin_orchestration.scraping.api.limits import MAX_HEADER_BYTES
+from pin_orchestration.scraping.api.problems import Problem
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore
+from pin_orchestration.scraping.store import repository, tenancy
+from pin_orchestration.scraping.store.results import ResultStore
+from pin_orchestration.scraping.store.tenancy import Tenant
 
 # Documented by every operation that takes an API key.
 UNAUTHORIZED = {401: {"model": Problem, "description": "Missing or wrong API key"}}
@@ -55,9 +56,9 @@ class ApiKeyCache:
     def get(self, api_key: str) -> Tenant | None:
         if self._ttl <= 0:
             return None
-        # Keyed by digest, like the database (repository.tenant_for_api_key says why that
+        # Keyed by digest, like the database (tenancy.tenant_for_api_key says why that
         # is safe); the entry's own digest is compared in constant time.
-        digest = repository.api_key_digest(api_key)
+        digest = tenancy.api_key_digest(api_key)
         entry = self._entries.get(digest)
         if entry is None or entry[2] < time.monotonic():
             return None
@@ -71,7 +72,7 @@ class ApiKeyCache:
         with self._lock:
             if len(self._entries) >= self._max_entries:
                 self._entries.clear()
-            digest = repository.api_key_digest(api_key)
+            digest = tenancy.api_key_digest(api_key)
             self._entries[digest] = (digest, tenant, time.monotonic() + self._ttl)
 
 
@@ -79,8 +80,8 @@ _bearer = HTTPBearer(auto_error=False)
 
 
 class ApiDeps:
-    """One app's dependencies. Routers take it and declare `caller: deps.caller` for the
-    tenant of the request's API key (a 401 without one)."""
+    """One app's dependencies, `app.state.deps`. Endpoints declare `deps: Deps` for it and
+    `caller: Caller` for the tenant of the request's API key (a 401 without one)."""
 
     def __init__(
         self,
@@ -108,7 +109,6 @@ class ApiDeps:
         # POST /jobs' writer: one per app, so concurrent requests share its groups.
         self.intake = GroupedIntake(engine_provider, self.intake_limit)
         self._known_keys = ApiKeyCache(api_key_cache_seconds)
-        self.caller: Any = Annotated[Tenant, Depends(self._tenant)]
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
@@ -118,14 +118,11 @@ class ApiDeps:
 
     def _look_up_key(self, api_key: str) -> Tenant | None:
         with self.reading() as conn:
-            return repository.tenant_for_api_key(conn, api_key)
+            return tenancy.tenant_for_api_key(conn, api_key)
 
     # async: a key seen in the last seconds is answered on the event loop, without a
     # thread hop or a query; only a miss goes to PostgreSQL (in the thread pool).
-    async def _tenant(
-        self,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> Tenant:
+    async def tenant(self, credentials: HTTPAuthorizationCredentials | None) -> Tenant:
         if credentials is None or credentials.scheme.lower() != "bearer":
             raise HTTPException(
                 401, "Authorization: Bearer <API key> required", {"WWW-Authenticate": "Bearer"}
@@ -137,3 +134,22 @@ class ApiDeps:
                 raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
             self._known_keys.put(credentials.credentials, found)
         return found
+
+
+# async, as the dependencies below: resolved on the event loop, without a thread hop.
+async def _app_deps(request: Request) -> ApiDeps:
+    deps: ApiDeps = request.app.state.deps
+    return deps
+
+
+Deps = Annotated[ApiDeps, Depends(_app_deps)]
+
+
+async def _caller(
+    deps: Deps,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Tenant:
+    return await deps.tenant(credentials)
+
+
+Caller = Annotated[Tenant, Depends(_caller)]

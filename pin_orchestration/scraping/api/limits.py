@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pin_orchestration.scraping.problems import MEDIA_TYPE, problem_body
+from pin_orchestration.scraping.api.problems import MEDIA_TYPE, problem_body
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 16 * 1024

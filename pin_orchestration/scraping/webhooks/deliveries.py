@@ -35,12 +35,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from pin_orchestration.platform.options import option
 from pin_orchestration.platform.sql import NamedQueries
-from pin_orchestration.scraping import signing
-from pin_orchestration.scraping.fetch import Fetcher, FetchError
-from pin_orchestration.scraping.headers import parse_retry_after
-from pin_orchestration.scraping.retry import RetryPolicy, backoff_delay
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.fetch.errors import FetchError
+from pin_orchestration.scraping.fetch.headers import parse_retry_after
+from pin_orchestration.scraping.webhooks import signing
+from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookPolicy
+from pin_orchestration.scraping.worker.retry import backoff_delay
 
 # Answer classes that no retry can change: the address is refused or the URL is unusable.
 _GIVE_UP_AT_ONCE = frozenset({"refused_address", "invalid_url"})
@@ -63,96 +64,6 @@ log = logging.getLogger(__name__)
 
 
 _q = NamedQueries("pin_orchestration.scraping", "webhooks.sql")
-
-
-class WebhookConfigError(ValueError):
-    """The delivery loop's options are invalid; raised before any work."""
-
-
-@dataclass(frozen=True)
-class WebhookPolicy:
-    max_attempts: int = 8
-    backoff_base_seconds: float = 5.0
-    backoff_cap_seconds: float = 3600.0
-    # Timeout of one delivery (connect, read and the whole call).
-    timeout_seconds: float = 10.0
-    # After a rotation, deliveries carry the replaced secret's signature this long too.
-    secret_overlap_seconds: float = 86400.0
-
-    def validate(self) -> None:
-        problems = [
-            f"{name} must be > 0 (got {getattr(self, name)})"
-            for name in (
-                "max_attempts",
-                "backoff_base_seconds",
-                "backoff_cap_seconds",
-                "timeout_seconds",
-            )
-            if not getattr(self, name) > 0
-        ]
-        if not self.secret_overlap_seconds >= 0:
-            problems.append(
-                f"secret_overlap_seconds must be >= 0 (got {self.secret_overlap_seconds})"
-            )
-        if problems:
-            raise WebhookConfigError("invalid webhook delivery policy: " + "; ".join(problems))
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            max_attempts=self.max_attempts,
-            backoff_base_seconds=self.backoff_base_seconds,
-            backoff_cap_seconds=self.backoff_cap_seconds,
-        )
-
-    @property
-    def lease_seconds(self) -> float:
-        # The claim must outlive the call (the Fetcher's deadline) and the recording; a
-        # delivery is claimed only when a slot sends it at once, so one call is all it spans.
-        return 2 * self.timeout_seconds + 30
-
-
-@dataclass(frozen=True)
-class DeliveryOptions:
-    batch_size: int = option(
-        50,
-        "Deliveries claimed per round at most (one short transaction; never more than "
-        "the free slots)",
-    )
-    concurrency: int = option(8, "Deliveries in flight at once")
-    per_tenant: int = option(
-        4,
-        "Deliveries of one tenant in flight at once (at most `concurrency`, and one "
-        "slot short of it when there are more than one): the other slots stay free for "
-        "the other tenants while one tenant's receiver hangs",
-    )
-    max_run_duration_seconds: float = option(
-        240.0, "Stop claiming after this long; the sensor launches the next run"
-    )
-
-    @property
-    def tenant_share(self) -> int:
-        """The slots one tenant may hold: `per_tenant`, but one short of them all when
-        there are more than one, so a tenant whose receiver hangs never holds every slot
-        (per_tenant == concurrency let it: the other tenants waited for its timeouts)."""
-        if self.concurrency <= 1:
-            return self.per_tenant
-        return min(self.per_tenant, self.concurrency - 1)
-
-    def validate(self) -> None:
-        problems = [
-            f"{name} must be > 0 (got {getattr(self, name)})"
-            for name in ("batch_size", "concurrency", "per_tenant", "max_run_duration_seconds")
-            if not getattr(self, name) > 0
-        ]
-        if self.per_tenant > self.concurrency:
-            problems.append(
-                f"per_tenant must be <= concurrency ({self.concurrency}) (got {self.per_tenant})"
-            )
-        if problems:
-            raise WebhookConfigError("invalid webhook delivery options: " + "; ".join(problems))
-
-
-# --- the wire format ---------------------------------------------------------------------
 
 
 def webhook_body(job_id: uuid.UUID, status: str, finished_at: datetime) -> bytes:
@@ -271,96 +182,133 @@ def run_deliveries(
     options = options or DeliveryOptions()
     policy.validate()
     options.validate()
-    rng = rng or random.Random()
-    report = DeliveryReport()
-    started = time.monotonic()
-    in_flight: dict[Future[_Attempt], _Claimed] = {}
-    # A claim that failed ends the claiming; the run raises it once the deliveries in
-    # flight are recorded (raised at once, their answers were dropped: each POSTed again
-    # when its lease ended, an attempt of its budget spent on nothing).
-    claim_error: Exception | None = None
-    # When each delivery in flight was claimed until (monotonic), by job.
-    lease_ends: dict[uuid.UUID, float] = {}
-    # Outcomes whose record failed (the database blipped): dropped, each was POSTed again
-    # once its lease ended, an attempt of its budget spent on nothing.
-    unrecorded: list[_Unrecorded] = []
-    with ThreadPoolExecutor(options.concurrency, thread_name_prefix="pin-webhook") as pool:
-        while True:
-            claiming = (
-                claim_error is None
-                and not (stop is not None and stop.is_set())
-                and time.monotonic() - started < options.max_run_duration_seconds
+    return _DeliveryRun(engine, fetcher, policy, options, stop, rng or random.Random()).run()
+
+
+class _DeliveryRun:
+    """One delivery run: its loop (claim into free slots, wait for answers, record them)
+    and what the loop keeps between rounds."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        fetcher: Fetcher,
+        policy: WebhookPolicy,
+        options: DeliveryOptions,
+        stop: threading.Event | None,
+        rng: random.Random,
+    ) -> None:
+        self.engine, self.fetcher, self.policy, self.options = engine, fetcher, policy, options
+        self.stop, self.rng = stop, rng
+        self.report = DeliveryReport()
+        self.started = time.monotonic()
+        self.in_flight: dict[Future[_Attempt], _Claimed] = {}
+        # A claim that failed ends the claiming; the run raises it once the deliveries in
+        # flight are recorded (raised at once, their answers were dropped: each POSTed again
+        # when its lease ended, an attempt of its budget spent on nothing).
+        self.claim_error: Exception | None = None
+        # When each delivery in flight was claimed until (monotonic), by job.
+        self.lease_ends: dict[uuid.UUID, float] = {}
+        # Outcomes whose record failed (the database blipped): dropped, each was POSTed
+        # again once its lease ended, an attempt of its budget spent on nothing.
+        self.unrecorded: list[_Unrecorded] = []
+
+    def run(self) -> DeliveryReport:
+        with ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="pin-webhook") as pool:
+            while True:
+                claiming = self._may_claim() and self._claim_into_slots(pool)
+                if not self.in_flight and not self.unrecorded:
+                    break  # nothing due that this loop may take, nothing in flight
+                self._record(self._wait_for_answers(claiming))
+        if self.claim_error is not None:
+            raise self.claim_error
+        return self.report
+
+    def _may_claim(self) -> bool:
+        return (
+            self.claim_error is None
+            and not (self.stop is not None and self.stop.is_set())
+            and time.monotonic() - self.started < self.options.max_run_duration_seconds
+        )
+
+    def _claim_into_slots(self, pool: ThreadPoolExecutor) -> bool:
+        """Claim what due deliveries the free slots take and send each; False when the
+        claim failed (the run claims no more)."""
+        free = self.options.concurrency - len(self.in_flight)
+        if free <= 0:
+            return True
+        busy = Counter(job.tenant_id for job in self.in_flight.values())
+        claimed: list[_Claimed] = []
+        try:
+            claimed = _claim(
+                self.engine,
+                min(free, self.options.batch_size),
+                self.policy.lease_seconds,
+                self.options.tenant_share,
+                busy,
+                self.policy.secret_overlap_seconds,
             )
-            claimed: list[_Claimed] = []
-            free = options.concurrency - len(in_flight)
-            if claiming and free > 0:
-                busy = Counter(job.tenant_id for job in in_flight.values())
-                try:
-                    claimed = _claim(
-                        engine,
-                        min(free, options.batch_size),
-                        policy.lease_seconds,
-                        options.tenant_share,
-                        busy,
-                        policy.secret_overlap_seconds,
-                    )
-                except Exception as exc:
-                    log.warning(
-                        "webhook claim failed; recording the %d deliveries in flight, then "
-                        "ending the run",
-                        len(in_flight),
-                        exc_info=True,
-                    )
-                    claim_error, claiming = exc, False
-                report.claimed += len(claimed)
-                lease_end = time.monotonic() + policy.lease_seconds
-                for job in claimed:
-                    future = pool.submit(_deliver, fetcher, policy, job, rng)
-                    in_flight[future] = job
-                    lease_ends[job.id] = lease_end
-            if not in_flight and not unrecorded:
-                break  # nothing due that this loop may take, nothing in flight
-            done: set[Future[_Attempt]] = set()
-            if in_flight:
-                # A slot freed, or a while to look for what fell due (or a tenant's turn),
-                # or to try a failed record again.
-                done, _ = wait(
-                    in_flight,
-                    timeout=IDLE_POLL_SECONDS if claiming or unrecorded else None,
-                    return_when=FIRST_COMPLETED,
-                )
-            else:
-                time.sleep(max(0.0, min(u.retry_at for u in unrecorded) - time.monotonic()))
-            now = time.monotonic()
-            settling = [u for u in unrecorded if u.retry_at <= now]
-            unrecorded = [u for u in unrecorded if u.retry_at > now]
-            for future in done:
-                # _deliver never raises: whatever went wrong is that delivery's outcome.
-                job = in_flight.pop(future)
-                settling.append(_Unrecorded(job, future.result(), lease_ends.pop(job.id), now))
-            for item in settling:
-                job, attempt = item.job, item.attempt
-                # One by one, each in its own transaction: one delivery's record cannot
-                # take the others' down with it.
-                recorded = _record(engine, job, attempt)
-                if recorded is None and time.monotonic() < item.lease_ends:
-                    retry_at = time.monotonic() + RECORD_RETRY_SECONDS
-                    unrecorded.append(_Unrecorded(job, attempt, item.lease_ends, retry_at))
-                if not recorded:
-                    continue
-                if attempt.outcome == "delivered":
-                    report.delivered += 1
-                elif attempt.outcome == "retry":
-                    report.retried += 1
-                else:
-                    report.gave_up += 1
-                if attempt.error_class is not None:
-                    report.by_error_class[attempt.error_class] = (
-                        report.by_error_class.get(attempt.error_class, 0) + 1
-                    )
-    if claim_error is not None:
-        raise claim_error
-    return report
+        except Exception as exc:
+            log.warning(
+                "webhook claim failed; recording the %d deliveries in flight, then ending the run",
+                len(self.in_flight),
+                exc_info=True,
+            )
+            self.claim_error = exc
+        self.report.claimed += len(claimed)
+        lease_end = time.monotonic() + self.policy.lease_seconds
+        for job in claimed:
+            future = pool.submit(_deliver, self.fetcher, self.policy, job, self.rng)
+            self.in_flight[future] = job
+            self.lease_ends[job.id] = lease_end
+        return self.claim_error is None
+
+    def _wait_for_answers(self, claiming: bool) -> list[_Unrecorded]:
+        """The outcomes to record now: the answers that came, and the failed records whose
+        retry is due."""
+        done: set[Future[_Attempt]] = set()
+        if self.in_flight:
+            # A slot freed, or a while to look for what fell due (or a tenant's turn), or
+            # to try a failed record again.
+            done, _ = wait(
+                self.in_flight,
+                timeout=IDLE_POLL_SECONDS if claiming or self.unrecorded else None,
+                return_when=FIRST_COMPLETED,
+            )
+        else:
+            time.sleep(max(0.0, min(u.retry_at for u in self.unrecorded) - time.monotonic()))
+        now = time.monotonic()
+        settling = [u for u in self.unrecorded if u.retry_at <= now]
+        self.unrecorded = [u for u in self.unrecorded if u.retry_at > now]
+        for future in done:
+            # _deliver never raises: whatever went wrong is that delivery's outcome.
+            job = self.in_flight.pop(future)
+            settling.append(_Unrecorded(job, future.result(), self.lease_ends.pop(job.id), now))
+        return settling
+
+    def _record(self, settling: list[_Unrecorded]) -> None:
+        for item in settling:
+            job, attempt = item.job, item.attempt
+            # One by one, each in its own transaction: one delivery's record cannot take
+            # the others' down with it.
+            recorded = _record(self.engine, job, attempt)
+            if recorded is None and time.monotonic() < item.lease_ends:
+                retry_at = time.monotonic() + RECORD_RETRY_SECONDS
+                self.unrecorded.append(_Unrecorded(job, attempt, item.lease_ends, retry_at))
+            if recorded:
+                self._count(attempt)
+
+    def _count(self, attempt: _Attempt) -> None:
+        if attempt.outcome == "delivered":
+            self.report.delivered += 1
+        elif attempt.outcome == "retry":
+            self.report.retried += 1
+        else:
+            self.report.gave_up += 1
+        if attempt.error_class is not None:
+            self.report.by_error_class[attempt.error_class] = (
+                self.report.by_error_class.get(attempt.error_class, 0) + 1
+            )
 
 
 def _claim(

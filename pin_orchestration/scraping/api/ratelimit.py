@@ -16,9 +16,9 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from pin_orchestration.scraping import problems
-from pin_orchestration.scraping.problems import Problem
-from pin_orchestration.scraping.repository import IntakeLimit
+from pin_orchestration.scraping.api import problems
+from pin_orchestration.scraping.api.problems import Problem
+from pin_orchestration.scraping.store.repository import IntakeLimit
 
 POLICY = "intake"
 POLICY_HEADER = "RateLimit-Policy"

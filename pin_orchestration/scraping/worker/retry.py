@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pin_orchestration.scraping.headers import parse_retry_after
+from pin_orchestration.scraping.fetch.headers import parse_retry_after
 
 TRANSIENT, PERMANENT = "transient", "permanent"
 
