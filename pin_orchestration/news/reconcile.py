@@ -228,7 +228,7 @@ def reconcile_slice(
 
 
 @tracing.traced(
-    RECONCILE_JOB,
+    RECONCILE_JOB.code,
     lambda a: {
         "jobRunId": a["run_id"],
         "scope": str(a["options"].scope),
