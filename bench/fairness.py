@@ -48,26 +48,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
 from bench.noisy_neighbour import reset  # noqa: E402
+from pin_orchestration.devstack.processes import no_survivors  # noqa: E402
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
-from pin_orchestration.platform.sql import load_queries  # noqa: E402
+from pin_orchestration.platform.defaults import API_URL  # noqa: E402
+from pin_orchestration.platform.sql import NamedQueries  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
 )
-from pin_orchestration.scraping import repository  # noqa: E402
-from pin_orchestration.scraping.fetch import Fetcher  # noqa: E402
+from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import (  # noqa: E402
+from pin_orchestration.scraping.store import tenancy  # noqa: E402
+from pin_orchestration.scraping.store.local import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import (  # noqa: E402
-    WorkerOptions,
-    claim_due_jobs,
-    run_worker,
-)
-from tests.leftover_processes import no_survivors  # noqa: E402
+from pin_orchestration.scraping.worker.options import WorkerOptions  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker  # noqa: E402
 
 TENANTS = 10
 HEAVY_SHARE = 0.9
@@ -75,13 +73,13 @@ WORKER_PROCESSES = 4
 SLOTS_PER_WORKER = 4
 WINDOW_SECONDS = 10.0
 HOST = "127.0.0.1"
-QUERIES = load_queries("bench", "fairness.sql")
+QUERIES = NamedQueries("bench", "fairness.sql")
 
 
 def _store(home: Path) -> LocalResultStore:
     return LocalResultStore(
         home / "results",
-        public_base_url="http://127.0.0.1:8000",
+        public_base_url=API_URL,
         signing_key=load_or_create_signing_key(home / "key"),
     )
 
@@ -211,7 +209,7 @@ def fresh_tenants(engine: Engine, names: list[str]) -> dict[str, Any]:
     reset(engine)
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM scraping.tenants"))
-    return {name: repository.create_tenant(engine, name)[0] for name in names}
+    return {name: tenancy.create_tenant(engine, name)[0] for name in names}
 
 
 def one_run(
@@ -228,13 +226,13 @@ def one_run(
     tenants = fresh_tenants(engine, list(counts))
     for name, weight in weights.items():
         if weight != 1:
-            repository.set_tenant_weight(engine, name, weight)
+            tenancy.set_tenant_weight(engine, name, weight)
     names = list(counts)
     # Accepted the moment the (already running) workers are told to go.
     with engine.begin() as conn:
         conn.execute(text("SELECT setseed(0.15)"))
         conn.execute(
-            text(QUERIES["submit_backlog"]),
+            QUERIES("submit_backlog"),
             {
                 "tenant_ids": [str(tenants[n].id) for n in names],
                 "counts": [counts[n] for n in names],
@@ -245,11 +243,11 @@ def one_run(
             },
         )
     with engine.connect() as conn:
-        began = conn.execute(text(QUERIES["clock"])).scalar_one()
+        began = conn.execute(QUERIES("clock")).scalar_one()
     pool.run(db_url, claim_name, seconds)
     with engine.connect() as conn:
-        ended = min(conn.execute(text(QUERIES["clock"])).scalar_one(), began + seconds)
-        rows = conn.execute(text(QUERIES["job_starts"])).all()
+        ended = min(conn.execute(QUERIES("clock")).scalar_one(), began + seconds)
+        rows = conn.execute(QUERIES("job_starts")).all()
     name_of = {t.id: name for name, t in tenants.items()}
     starts: dict[str, list[float]] = {n: [] for n in names}
     waits: dict[str, list[tuple[float, bool]]] = {n: [] for n in names}
@@ -317,7 +315,7 @@ def trickle_run(
     with engine.begin() as conn:
         conn.execute(text("SELECT setseed(0.15)"))
         conn.execute(
-            text(QUERIES["submit_backlog"]),
+            QUERIES("submit_backlog"),
             {
                 "tenant_ids": [str(tenants["heavy"].id)],
                 "counts": [heavy_jobs],
@@ -327,7 +325,7 @@ def trickle_run(
             },
         )
     with engine.connect() as conn:
-        began = conn.execute(text(QUERIES["clock"])).scalar_one()
+        began = conn.execute(QUERIES("clock")).scalar_one()
     stop = threading.Event()
 
     def submit_trickle() -> None:
@@ -337,7 +335,7 @@ def trickle_run(
             name = quiet[n % len(quiet)]
             with engine.begin() as conn:
                 conn.execute(
-                    text(QUERIES["submit_one"]),
+                    QUERIES("submit_one"),
                     {
                         "tenant_id": str(tenants[name].id),
                         "url": f"{target.url}/slow?ms={round(job_seconds * 1000)}&q={n}",
@@ -361,8 +359,8 @@ def trickle_run(
         timer.cancel()
         submitter.join()
     with engine.connect() as conn:
-        ended = min(conn.execute(text(QUERIES["clock"])).scalar_one(), began + seconds)
-        rows = conn.execute(text(QUERIES["job_starts"])).all()
+        ended = min(conn.execute(QUERIES("clock")).scalar_one(), began + seconds)
+        rows = conn.execute(QUERIES("job_starts")).all()
     name_of = {t.id: name for name, t in tenants.items()}
     waits: dict[str, list[tuple[float, bool]]] = {n: [] for n in quiet}
     for row in rows:

@@ -3,10 +3,12 @@ for `run_worker`: the baseline of bench/noisy_neighbour.py and bench/scraping_pi
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.repository import ClaimedJob, DomainDefaults
+from pin_orchestration.platform.sql import NamedQueries
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
+
+FIFO_CLAIM = NamedQueries("bench", "fifo_claim.sql")
 
 
 def fifo_claim(
@@ -19,10 +21,10 @@ def fifo_claim(
 ) -> list[ClaimedJob]:
     if limit <= 0:
         return []
-    query = text(load_queries("bench", "fifo_claim.sql")["fifo_claim"])
     with engine.begin() as conn:
         rows = conn.execute(
-            query, {"worker": worker, "limit": limit, "lease_seconds": lease_seconds}
+            FIFO_CLAIM("fifo_claim"),
+            {"worker": worker, "limit": limit, "lease_seconds": lease_seconds},
         ).all()
     return [
         ClaimedJob(

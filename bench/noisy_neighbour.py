@@ -37,23 +37,21 @@ from bench._db import fresh_bench_database  # noqa: E402
 from bench.fifo_claim import fifo_claim  # noqa: E402
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
+from pin_orchestration.platform.defaults import API_URL  # noqa: E402
 from pin_orchestration.resources.scraping import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
 )
-from pin_orchestration.scraping import repository  # noqa: E402
-from pin_orchestration.scraping.fetch import Fetcher  # noqa: E402
-from pin_orchestration.scraping.repository import JobRequest  # noqa: E402
+from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
-from pin_orchestration.scraping.store import (  # noqa: E402
+from pin_orchestration.scraping.store import repository, tenancy  # noqa: E402
+from pin_orchestration.scraping.store.local import (  # noqa: E402
     LocalResultStore,
     load_or_create_signing_key,
 )
-from pin_orchestration.scraping.worker import (  # noqa: E402
-    WorkerOptions,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.store.repository import JobRequest  # noqa: E402
+from pin_orchestration.scraping.worker.options import WorkerOptions  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker  # noqa: E402
 
 HOSTS = {"crawler": "127.0.0.2", "shop": "127.0.0.3", "analyst": "127.0.0.4"}
 SLOTS = 8
@@ -73,7 +71,7 @@ def reset(engine: Engine) -> None:
 
 def one_run(
     engine: Engine,
-    tenants: dict[str, repository.Tenant],
+    tenants: dict[str, tenancy.Tenant],
     targets: dict[str, ScrapingTarget],
     store: LocalResultStore,
     claim,
@@ -154,12 +152,12 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = create_db_engine(fresh_bench_database("pin_bench_noisy_neighbour"))
-    tenants = {name: repository.create_tenant(engine, name)[0] for name in HOSTS}
+    tenants = {name: tenancy.create_tenant(engine, name)[0] for name in HOSTS}
     targets = {name: ScrapingTarget(host).start() for name, host in HOSTS.items()}
     home = Path(tempfile.mkdtemp(prefix="noisy-neighbour-"))
     store = LocalResultStore(
         home / "results",
-        public_base_url="http://127.0.0.1:8000",
+        public_base_url=API_URL,
         signing_key=load_or_create_signing_key(home / "key"),
     )
     scenarios = {

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench._db import fresh_bench_database  # noqa: E402
-from tests.news_reconcile.history import HISTORY, Step, World, check_history  # noqa: E402
+from bench.models.reconcile_history import HISTORY, Step, World, check_history  # noqa: E402
 
 DATABASE = "pin_bench_reconcile_history"
 

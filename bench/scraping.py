@@ -46,9 +46,14 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
+from pin_orchestration.devstack.processes import no_survivors, stop_process_tree  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url  # noqa: E402
-from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
-from tests.leftover_processes import no_survivors, stop_process_tree  # noqa: E402
+from pin_orchestration.platform.defaults import (  # noqa: E402
+    DAGSTER_HOME_DIR,
+    DAGSTER_YAML,
+    WORKSPACE_YAML,
+)
+from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b"x" * 10_240
@@ -123,7 +128,7 @@ def bare_loop(target: str, jobs: int, slots: int) -> tuple[float, float]:
 
 def robots_seconds(target: str) -> float:
     """How long the target takes to answer /robots.txt: what a loop obeying it waits before
-    its first page (the pipeline does, once per host: scraping/robots.py)."""
+    its first page (the pipeline does, once per host: scraping/fetch/robots.py)."""
     started = time.monotonic()
     answer = requests.get(f"{target}/robots.txt", timeout=30)
     assert answer.status_code == 200
@@ -157,9 +162,9 @@ def pipeline(
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
     home = Path(tempfile.mkdtemp(prefix="pin-bench-scraping-"))
-    dagster_home = home / "dagster_home"
+    dagster_home = home / DAGSTER_HOME_DIR
     dagster_home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    shutil.copyfile(ROOT / DAGSTER_YAML, dagster_home / DAGSTER_YAML)
     env = {
         **os.environ,
         "PIN_DATABASE_URL": db_url,
@@ -199,7 +204,7 @@ def pipeline(
                 str(Path(sys.executable).parent / "dagster-daemon"),
                 "run",
                 "-w",
-                str(ROOT / "workspace.yaml"),
+                str(ROOT / WORKSPACE_YAML),
             ],
             env=env,
             cwd=ROOT,

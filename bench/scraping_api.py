@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
 from bench._machine import CpuTimes, cpu_shares_since  # noqa: E402
+from pin_orchestration.devstack.processes import no_survivors  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
-from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
-from tests.leftover_processes import no_survivors  # noqa: E402
+from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS_TOKEN = "bench-metrics-token"

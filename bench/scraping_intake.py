@@ -41,9 +41,9 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._machine import CpuTimes, cpu_shares_since  # noqa: E402
+from pin_orchestration.devstack.processes import no_survivors, stop_process_tree  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, resolve_database_url  # noqa: E402
 from pin_orchestration.platform.settings import Settings  # noqa: E402
-from tests.leftover_processes import no_survivors, stop_process_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "pin_bench_scraping_intake"

@@ -1,4 +1,4 @@
-"""The scraping model (tests/scraping/model.py) run long: one seeded history of --steps
+"""The scraping model (bench/models/scraping.py) run long: one seeded history of --steps
 steps per example, --examples examples, against a database of its own. The suite runs a
 few hundred steps (tests/scraping/test_state_machine.py); this is for hunting.
 
@@ -24,8 +24,8 @@ from hypothesis.stateful import run_state_machine_as_test
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
+from bench.models.scraping import machine_for  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
-from tests.scraping.model import machine_for  # noqa: E402
 
 
 def main() -> int:

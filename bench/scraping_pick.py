@@ -34,12 +34,13 @@ from sqlalchemy import Engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import backend_cpu_ms, fresh_bench_database, install_claim_0016  # noqa: E402
+from bench.fifo_claim import FIFO_CLAIM  # noqa: E402
 from pin_orchestration.migrations import upgrade_database  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, resolve_database_url  # noqa: E402
 from pin_orchestration.platform.settings import Settings  # noqa: E402
-from pin_orchestration.platform.sql import load_queries  # noqa: E402
-from pin_orchestration.scraping.repository import DomainDefaults, queue_stats  # noqa: E402
-from pin_orchestration.scraping.worker import claim_due_jobs  # noqa: E402
+from pin_orchestration.platform.sql import NamedQueries  # noqa: E402
+from pin_orchestration.scraping.store.leases import DomainDefaults, queue_stats  # noqa: E402
+from pin_orchestration.scraping.worker.run import claim_due_jobs  # noqa: E402
 
 DATABASE = "pin_bench_scraping_pick"
 TENANTS = 200
@@ -153,10 +154,10 @@ def finish_oldest(engine: Engine, n: int) -> None:
 def contenders(engine: Engine) -> dict[str, str]:
     """The claims compared, as the statement a worker sends: FIFO (`bench/fifo_claim.sql`),
     the claim of migrations 0011-0016 (`bench_0016.claim_jobs`) and the claim at head."""
-    head = load_queries("pin_orchestration.scraping", "queries.sql")["claim_due_jobs"]
+    head = NamedQueries("pin_orchestration.scraping", "queries.sql").sql("claim_due_jobs")
     baseline = install_claim_0016(engine)
     return {
-        "fifo": load_queries("bench", "fifo_claim.sql")["fifo_claim"],
+        "fifo": FIFO_CLAIM.sql("fifo_claim"),
         "0016": head.replace("scraping.claim_jobs(", f"{baseline}(", 1),
         "head": head,
     }

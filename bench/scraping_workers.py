@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._db import fresh_bench_database  # noqa: E402
 from bench.scraping import _serve_target, bare_loop, robots_seconds  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
-from pin_orchestration.scraping.repository import create_tenant  # noqa: E402
+from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

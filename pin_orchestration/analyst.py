@@ -8,10 +8,10 @@ import uuid
 from urllib.parse import urlsplit
 
 import pandas as pd
-from sqlalchemy import Engine, TextClause, text
+from sqlalchemy import Engine
 
 from pin_orchestration.platform.frames import FrameColumn
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 RECONCILE_COLUMNS = [
     "run_id",
@@ -65,8 +65,7 @@ def column_names(schema: tuple[FrameColumn, ...]) -> list[str]:
     return [column.name for column in schema]
 
 
-def _query(name: str) -> TextClause:
-    return text(load_queries("pin_orchestration", "analyst.sql")[name])
+_query = NamedQueries("pin_orchestration", "analyst.sql")
 
 
 class ReconcileValueMissing(LookupError):

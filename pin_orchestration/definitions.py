@@ -1,8 +1,8 @@
 """The code location: every area's Dagster definitions, merged, plus shared resources.
 
-An area's jobs live in jobs/<area>.py together with the sensor or schedule that launches
-each, so a job reads from its trigger to the domain call in one file; sensors/ and
-schedules/ hold only what spans every area (record_failed_runs, pin_alert_checks)."""
+An area's sensors live in sensors/<area>.py, its schedules (and the asset jobs they
+launch) in schedules/<area>.py, its jobs and ops in jobs/<area>.py, its assets and checks
+in assets/<area>.py (docs/layout.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pin_orchestration.assets.analyst import (
     DRIFT_BY_POST_STATUS,
     SCRAPING_DAILY_OUTCOMES,
     daily_drift_by_post_status,
-    pin_analyst_automation,
     project_building_free_share,
     scraping_daily_outcomes,
 )
@@ -45,34 +44,22 @@ from pin_orchestration.jobs.chessboard import (
     chessboard_divergence_check,
     chessboard_force_recalc,
     chessboard_project_recalc_drain,
-    chessboard_project_recalc_sensor,
     chessboard_publish_outbox,
     chessboard_reset_poison_row,
 )
 from pin_orchestration.jobs.locks import pin_release_lock
-from pin_orchestration.jobs.news_reconcile import (
-    build_full_sweep_schedule,
-    news_comment_reconcile_daily,
-    news_comment_reconcile_health_hourly,
-    news_comment_reconcile_health_job,
-    news_comment_reconcile_job,
-)
 from pin_orchestration.jobs.news_snapshot_detach import (
-    news_snapshot_detach_outbox_sensor,
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
-from pin_orchestration.jobs.retention import pin_retention, pin_retention_job
+from pin_orchestration.jobs.retention import pin_retention_job
 from pin_orchestration.jobs.scraping import (
-    scraping_jobs_sensor,
     scraping_requeue,
-    scraping_stuck_sweeper,
     scraping_sweep_expired_leases,
     scraping_webhook_delivery,
-    scraping_webhooks_sensor,
     scraping_worker,
 )
-from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
+from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.analyst_io import ParquetFrameIOManager, PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
@@ -82,7 +69,20 @@ from pin_orchestration.schedules.alerts import (
     pin_alert_checks_every_5_minutes,
     pin_alert_checks_job,
 )
+from pin_orchestration.schedules.news_reconcile import (
+    build_full_sweep_schedule,
+    news_comment_reconcile_daily,
+    news_comment_reconcile_health_hourly,
+    news_comment_reconcile_health_job,
+    news_comment_reconcile_job,
+)
+from pin_orchestration.schedules.retention import pin_retention
+from pin_orchestration.schedules.scraping import scraping_stuck_sweeper
+from pin_orchestration.sensors.analyst import pin_analyst_automation
+from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor
+from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 from pin_orchestration.sensors.run_failures import asset_job_code, record_failed_runs
+from pin_orchestration.sensors.scraping import scraping_jobs_sensor, scraping_webhooks_sensor
 
 
 def news_comment_reconcile_definitions(settings: Settings) -> Definitions:
@@ -115,7 +115,7 @@ def chessboard_project_recalc_definitions() -> Definitions:
             no_failed_runs_check(
                 RECALC_HEALTH,
                 [
-                    DRAIN_JOB,
+                    DRAIN_JOB.code,
                     asset_job_code(PROJECT_AGGREGATES.to_user_string()),
                     asset_job_code(BUILDING_FREE_SHARE.to_user_string()),
                 ],
@@ -135,7 +135,7 @@ def chessboard_project_recalc_definitions() -> Definitions:
 def news_snapshot_detach_definitions() -> Definitions:
     return Definitions(
         assets=[snapshot_detach_outbox],
-        asset_checks=[*OUTBOX_CHECKS, no_failed_runs_check(OUTBOX_ASSET_KEY, [DETACH_JOB_CODE])],
+        asset_checks=[*OUTBOX_CHECKS, no_failed_runs_check(OUTBOX_ASSET_KEY, [DETACH_JOB.code])],
         jobs=[news_snapshot_detach_retry, news_snapshot_detach_requeue],
         sensors=[news_snapshot_detach_outbox_sensor],
         resources={"selections": SelectionsResource()},
@@ -150,7 +150,7 @@ def scraping_definitions() -> Definitions:
             *JOBS_HEALTH_CHECKS,
             no_failed_runs_check(
                 JOBS_HEALTH,
-                [WORKER_JOB, asset_job_code(SCRAPING_DAILY_OUTCOMES.to_user_string())],
+                [WORKER_JOB.code, asset_job_code(SCRAPING_DAILY_OUTCOMES.to_user_string())],
             ),
         ],
         jobs=[

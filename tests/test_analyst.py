@@ -51,7 +51,7 @@ from pin_orchestration.resources.analyst_io import (
     FrameNotMaterialized,
     declared_arrow_schema,
 )
-from pin_orchestration.scraping.store import s3_client
+from pin_orchestration.scraping.store.results import s3_client
 from tests.chessboard.world import add_building, add_object, add_project
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post

@@ -142,12 +142,12 @@ def test_locks_release_takes_the_job_code_the_runbook_names(db_url: str) -> None
     """docs/runbooks.md: `pin locks release news-comment-reconcile` — what an operator
     types is the job code, not the lock's full key."""
     from pin_orchestration.coordination.locks import try_acquire_lock
-    from pin_orchestration.news.reconcile import LOCK_KEY
+    from pin_orchestration.news.reconcile import RECONCILE_JOB
 
-    assert try_acquire_lock(create_db_engine(db_url), LOCK_KEY, 600, "stuck-pod")
+    assert try_acquire_lock(create_db_engine(db_url), RECONCILE_JOB.lock_key, 600, "stuck-pod")
     released = pin("locks", "release", "news-comment-reconcile", url=db_url)
     assert released.returncode == 0, released.stderr
-    assert f"released {LOCK_KEY}" in released.stdout
+    assert f"released {RECONCILE_JOB.lock_key}" in released.stdout
     assert pin("locks", "list", url=db_url).stdout == ""
 
 

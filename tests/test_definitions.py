@@ -254,7 +254,7 @@ def test_backfills_and_automation_runs_cost_one_process_and_yield_to_operators()
     import yaml
     from dagster import in_process_executor
 
-    from pin_orchestration.assets.analyst import pin_analyst_automation
+    from pin_orchestration.sensors.analyst import pin_analyst_automation
 
     repo = build_definitions().get_repository_def()
     implicit = next(j for j in repo.get_all_jobs() if j.name.startswith("__ASSET_JOB"))

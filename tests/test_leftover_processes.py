@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.leftover_processes import MARKER_VARIABLE, no_survivors, stuck_state
+from pin_orchestration.devstack.processes import MARKER_VARIABLE, no_survivors, stuck_state
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import time
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.leftover_processes import stuck_state
+from pin_orchestration.devstack.processes import stuck_state
 
 # The names exactly as seeds 000, 001 and 002 write them (the scraping service's, seed 004,
 # are the scraping area's own).
@@ -89,8 +89,8 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
 
     from sqlalchemy import text
 
+    from pin_orchestration.areas import metrics_registry
     from pin_orchestration.platform.ids import uuid7
-    from pin_orchestration.platform.metrics import build_registry
 
     with db_engine.begin() as conn:
         # Reconcile runs: durations 50, 700 and 40,000 ms; a skipped run is no duration. A
@@ -174,7 +174,7 @@ def test_metric_values_follow_the_state_they_report(db_engine) -> None:
                 },
             )
 
-    registry = build_registry(db_engine)
+    registry = metrics_registry(db_engine)
     value = registry.get_sample_value
     assert value("news_comment_reconcile_backlog_remaining") == 1
     assert value("news_comment_reconcile_owed_posts") == 2

@@ -43,7 +43,7 @@ def test_an_unknown_option_name_is_refused() -> None:
 def test_a_worker_run_config_takes_the_worker_options_and_the_settings_they_take_over() -> None:
     from pin_orchestration.jobs.scraping import WorkerRunConfig
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
+    from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
     fields = WorkerRunConfig.model_fields  # type: ignore[attr-defined]
     assert list(fields) == list(WORKER_RUN_OPTIONS)
@@ -62,7 +62,7 @@ def test_a_worker_run_config_takes_the_worker_options_and_the_settings_they_take
 
 def test_a_setting_taken_over_is_empty_on_the_command_line_unless_given() -> None:
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
+    from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
     @click.command()
     @click_options(WorkerOptions, WORKER_RUN_OPTIONS)

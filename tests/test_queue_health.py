@@ -11,16 +11,12 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 from sqlalchemy import Engine, text
 
 from pin_orchestration.chessboard.drain import drain_tick
-from pin_orchestration.chessboard.metrics import record_outcomes
+from pin_orchestration.chessboard.metrics import chessboard_recalc_counters, record_outcomes
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.coordination.jobruns import record_failed_run, record_job_run
-from pin_orchestration.coordination.queue_health import (
-    chessboard_recalc_counters,
-    counter_increase,
-    quantile_upper_bound,
-)
+from pin_orchestration.coordination.queue_health import counter_increase, quantile_upper_bound
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.news.snapshot_detach.policy import JOB_CODE as DETACH_JOB_CODE
+from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB
 from pin_orchestration.platform.ids import uuid7
 
 # The checks on their assets, as the UI names them.
@@ -291,7 +287,7 @@ def test_detach_pending_growing_and_failed_calls_spike(
     add_outbox_entry(db_engine, minutes_old=30)
     record_job_run(
         db_engine,
-        job_code=DETACH_JOB_CODE,
+        job_code=DETACH_JOB.code,
         run_id="r1",
         status="succeeded",
         started_at=datetime.now(UTC) - timedelta(minutes=1),
@@ -303,7 +299,7 @@ def test_detach_pending_growing_and_failed_calls_spike(
     add_outbox_entry(db_engine, minutes_old=61)
     record_job_run(
         db_engine,
-        job_code=DETACH_JOB_CODE,
+        job_code=DETACH_JOB.code,
         run_id="r2",
         status="succeeded",
         started_at=datetime.now(UTC) - timedelta(minutes=1),
@@ -319,7 +315,7 @@ def test_a_failed_run_fails_its_areas_errors_check(
     failed_runs = {
         "chessboard/recalc_health:no_failed_runs_in_1h": "chessboard_project_recalc_drain",
         "scraping/jobs_health:no_failed_runs_in_1h": "scraping_worker",
-        "news/snapshot_detach_outbox:no_failed_runs_in_1h": DETACH_JOB_CODE,
+        "news/snapshot_detach_outbox:no_failed_runs_in_1h": DETACH_JOB.code,
         RECONCILE_ERRORS: "news-comment-reconcile",
     }
     checks = alert_checks(db_url, monkeypatch)
@@ -345,7 +341,8 @@ def test_the_demos_quarantines_say_they_are_on_purpose(
     db_url: str, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pin_orchestration.assets.news_snapshot_detach import QUARANTINE_CHECK, outbox_evaluations
-    from pin_orchestration.devstack.demo import demo_quarantined_ids, seed_snapshot_detach_outbox
+    from pin_orchestration.devstack.demo import seed_snapshot_detach_outbox
+    from pin_orchestration.news.snapshot_detach.monitoring import demo_quarantined_ids
 
     seed_snapshot_detach_outbox(db_engine)
     demo_ids = demo_quarantined_ids(db_engine)

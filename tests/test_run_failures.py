@@ -9,14 +9,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
-from pin_orchestration.sensors.run_failures import record_failed_runs
+from pin_orchestration.sensors.run_failures import job_code_of_run, record_failed_runs
 
 
 def reconcile_errors_total(engine: Engine) -> float:
-    families = text_string_to_metric_families(generate_latest(build_registry(engine)).decode())
+    families = text_string_to_metric_families(generate_latest(metrics_registry(engine)).decode())
     return next(
         sample.value
         for family in families
@@ -112,3 +112,20 @@ def test_failed_asset_job_runs_count_in_their_areas_check(
     with db_engine.connect() as conn:
         codes = conn.execute(text("SELECT job_code FROM pin.job_runs ORDER BY job_code")).scalars()
         assert list(codes) == ["chessboard__building_free_share", "chessboard__project_aggregates"]
+
+
+def test_a_run_of_an_asset_jobs_asset_counts_as_the_jobs_run() -> None:
+    """A backfill of an asset job's asset (the implicit asset job, no `pin/job` tag) is
+    counted under the job's code: every tagged asset job of the code location is known to
+    the sensor through its identity, none through a copy of its name."""
+    repo = build_definitions().get_repository_def()
+    tagged_asset_jobs = [
+        job
+        for job in repo.get_all_jobs()
+        if "pin/job" in job.tags and job.asset_layer.executable_asset_keys
+    ]
+    assert tagged_asset_jobs, "the reconcile is an asset job with a pin/job tag"
+    for job in tagged_asset_jobs:
+        for key in job.asset_layer.executable_asset_keys:
+            code = job_code_of_run("__ASSET_JOB", {}, [key.to_user_string()])
+            assert code == job.tags["pin/job"], job.name

@@ -10,23 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from pin_orchestration.cli.configuration_doc import with_tables
 from pin_orchestration.platform.options import POSITIVE, setting
-from pin_orchestration.platform.settings import Settings, SettingsError, read_settings, with_tables
+from pin_orchestration.platform.settings import Settings, SettingsError, read_settings
 from pin_orchestration.scraping.settings import ScrapingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
 
 # Set by `pin up` for the processes it starts, not by an operator (PIN_UP_STACK: the
-# marker every process of one stack carries, devstack/up.py).
-NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT", "PIN_UP_STACK"}
+# marker every process of one stack carries, devstack/up.py), or by a test session or a
+# bench for its own (PIN_TEST_SESSION, devstack/processes.py).
+NOT_SETTINGS = {"PIN_API_HOST", "PIN_API_PORT", "PIN_UP_STACK", "PIN_TEST_SESSION"}
 
 
 def test_the_committed_configuration_doc_is_what_the_declarations_produce() -> None:
     committed = DOC.read_text()
     assert with_tables(committed) == committed, (
-        "docs/configuration.md is out of date: run `python -m pin_orchestration.platform.settings` "
-        "in the repository root"
+        "docs/configuration.md is out of date: run "
+        "`python -m pin_orchestration.cli.configuration_doc` in the repository root"
     )
 
 

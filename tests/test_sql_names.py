@@ -9,8 +9,10 @@ from collections import defaultdict
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 import pin_orchestration
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries, UnknownQueryError
 from tests.source_trees import parse_source
 
 PACKAGE_DIR = Path(pin_orchestration.__file__).parent
@@ -20,8 +22,8 @@ def _modules() -> dict[Path, ast.Module]:
     return {p: parse_source(p) for p in PACKAGE_DIR.rglob("*.py")}
 
 
-def _sql_files() -> dict[str, dict[str, str]]:
-    """'package/file.sql' → its queries, for every .sql file under the package."""
+def _sql_files() -> dict[str, list[str]]:
+    """'package/file.sql' → its query names, for every .sql file under the package."""
     files = {}
     for path in PACKAGE_DIR.rglob("*.sql"):
         # Schema, not named queries: function definitions (scraping/sql/) and the frozen
@@ -29,16 +31,16 @@ def _sql_files() -> dict[str, dict[str, str]]:
         if path.parent.name == "sql" or "migrations" in path.parts:
             continue
         package = ".".join(path.parent.relative_to(PACKAGE_DIR.parent).parts)
-        files[f"{package}/{path.name}"] = load_queries(package, path.name)
+        files[f"{package}/{path.name}"] = list(NamedQueries(package, path.name))
     return files
 
 
-def _load_call(node: ast.AST) -> str | None:
-    """'package/file.sql' when `node` is load_queries("package", "file.sql")."""
+def _binding(node: ast.AST) -> str | None:
+    """'package/file.sql' when `node` is NamedQueries("package", "file.sql")."""
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id == "load_queries"
+        and node.func.id == "NamedQueries"
         and len(node.args) == 2
         and all(isinstance(a, ast.Constant) for a in node.args)
     ):
@@ -47,17 +49,20 @@ def _load_call(node: ast.AST) -> str | None:
     return None
 
 
-def _accessor_functions(modules: dict[Path, ast.Module]) -> dict[Path, dict[str, str]]:
-    """Per module, its functions whose body loads a .sql file (several modules may each
-    have a `_q` of their own: names are resolved module by module)."""
-    accessors: dict[Path, dict[str, str]] = defaultdict(dict)
+def _module_bindings(modules: dict[Path, ast.Module]) -> dict[Path, dict[str, str]]:
+    """Per module, its module-level names bound to a .sql file (several modules each have
+    a `_q` of their own: names are resolved module by module)."""
+    bindings: dict[Path, dict[str, str]] = defaultdict(dict)
     for path, tree in modules.items():
-        for fn in ast.walk(tree):
-            if isinstance(fn, ast.FunctionDef):
-                loaded = {f for n in ast.walk(fn) if (f := _load_call(n))}
-                if len(loaded) == 1:
-                    accessors[path][fn.name] = loaded.pop()
-    return accessors
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and (f := _binding(node.value))
+            ):
+                bindings[path][node.targets[0].id] = f
+    return bindings
 
 
 def _module_path(module: str) -> Path | None:
@@ -71,59 +76,46 @@ def _module_path(module: str) -> Path | None:
     return None
 
 
-def _visible_accessors(
-    path: Path, tree: ast.Module, accessors: dict[Path, dict[str, str]]
+def _visible_bindings(
+    path: Path, tree: ast.Module, bindings: dict[Path, dict[str, str]]
 ) -> dict[str, str]:
-    """The module's own accessors plus those it imports by name from package modules."""
-    visible = dict(accessors.get(path, {}))
+    """The module's own bindings plus those it imports by name from package modules."""
+    visible = dict(bindings.get(path, {}))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             source = _module_path(node.module)
             for alias in node.names:
-                if source is not None and alias.name in accessors.get(source, {}):
-                    visible[alias.asname or alias.name] = accessors[source][alias.name]
+                if source is not None and alias.name in bindings.get(source, {}):
+                    visible[alias.asname or alias.name] = bindings[source][alias.name]
     return visible
 
 
-def _file_of(node: ast.AST, names: dict[str, str]) -> str | None:
-    """The .sql file behind `load_queries(...)`, `accessor()` or a variable holding one."""
-    if loaded := _load_call(node):
-        return loaded
-    if isinstance(node, ast.Name):
-        return names.get(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
-        return names.get(node.func.id)
+def _asked_name(node: ast.AST, names: dict[str, str]) -> tuple[str, str] | None:
+    """(file, query name) for `binding("name")` or `binding.sql("name")`."""
+    if not (
+        isinstance(node, ast.Call)
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return None
+    target = node.func
+    if isinstance(target, ast.Attribute) and target.attr == "sql":
+        target = target.value
+    if isinstance(target, ast.Name) and target.id in names:
+        return names[target.id], node.args[0].value
     return None
 
 
 def _uses(modules: dict[Path, ast.Module]) -> dict[str, set[tuple[str, Path]]]:
-    """'package/file.sql' → {(query name, module)} for every name the code asks it for:
-    `accessor("name")`, `accessor()["name"]` and `variable["name"]`."""
-    accessors = _accessor_functions(modules)
+    """'package/file.sql' → {(query name, module)} for every name the code asks it for."""
+    bindings = _module_bindings(modules)
     uses: dict[str, set[tuple[str, Path]]] = defaultdict(set)
     for path, tree in modules.items():
-        functions = _visible_accessors(path, tree, accessors)
-        names = dict(functions)
-        for node in ast.walk(tree):  # module-local variables bound to a file's queries
-            if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
-                if isinstance(target, ast.Name) and (f := _file_of(node.value, names)):
-                    names[target.id] = f
+        names = _visible_bindings(path, tree, bindings)
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in functions
-                and len(node.args) == 1
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                uses[functions[node.func.id]].add((node.args[0].value, path))
-            elif (
-                isinstance(node, ast.Subscript)
-                and isinstance(node.slice, ast.Constant)
-                and (f := _file_of(node.value, names))
-            ):
-                uses[f].add((node.slice.value, path))
+            if asked := _asked_name(node, names):
+                uses[asked[0]].add((asked[1], path))
     return uses
 
 
@@ -167,3 +159,32 @@ def test_every_named_query_is_used() -> None:
         if name not in {n for n, _ in uses.get(sql_file, ())} and name not in literals
     ]
     assert unused == []
+
+
+def test_every_query_file_is_bound_once_at_module_level() -> None:
+    """`NamedQueries("package", "file.sql")` bound to a module-level name, with the file
+    spelled out: the form the scan above reads (a binding inside a function, or built from
+    variables, would hide its uses from it)."""
+    modules = _modules()
+    bound = {
+        id(n.value) for tree in modules.values() for n in tree.body if isinstance(n, ast.Assign)
+    }
+    elsewhere = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
+        for path, tree in modules.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "NamedQueries"
+        and (id(node) not in bound or _binding(node) is None)
+    ]
+    assert elsewhere == []
+
+
+def test_an_unknown_name_fails_naming_the_file_and_its_queries() -> None:
+    queries = NamedQueries("pin_orchestration.coordination", "raisers.sql")
+    with pytest.raises(
+        UnknownQueryError, match=r"raisers\.sql has no query 'role_exits'.*role_exists"
+    ):
+        queries("role_exits")
+    assert queries("role_exists") is queries("role_exists")  # one TextClause per name

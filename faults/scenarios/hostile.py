@@ -88,7 +88,8 @@ EXECUTE FUNCTION public.faults_log_requeue();
 )
 def hostile_peer(ctx: FaultContext) -> Outcome:
     from pin_orchestration.devstack.standins.hostile_peer import CORPUS, HostilePeer
-    from pin_orchestration.scraping.repository import JobRequest, create_tenant, submit_job
+    from pin_orchestration.scraping.store.repository import JobRequest, submit_job
+    from pin_orchestration.scraping.store.tenancy import create_tenant
 
     outcome = Outcome(job="scraping", fault="hostile target and webhook receiver (malformed HTTP)")
     behaviours = sorted(CORPUS)

@@ -49,7 +49,7 @@ def _start_stack(world: World, number: int) -> Popen[bytes]:
     full_only=True,
 )
 def pin_up_killed(ctx: FaultContext) -> Outcome:
-    from pin_orchestration.scraping.repository import create_tenant
+    from pin_orchestration.scraping.store.tenancy import create_tenant
 
     outcome = Outcome(job="platform", fault="SIGKILL of pin up's whole tree")
     if not (REPOSITORY / "dagster.yaml").exists():

@@ -328,7 +328,7 @@ def _forever(world: World, every: float, step: Callable[[], None], name: str) ->
 
 def _start_service(world: World, jobs: int, feed_seconds: float) -> None:
     """The feeder, then the service's loops (`_start_loops`)."""
-    from pin_orchestration.scraping.repository import create_tenant
+    from pin_orchestration.scraping.store.tenancy import create_tenant
 
     tenant, _ = create_tenant(world.engine, "faults")
     world.feeding.set()
@@ -345,10 +345,11 @@ def _start_loops(world: World) -> None:
         webhook_fetch_policy_from,
         webhook_policy_from,
     )
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.repository import sweep_expired_leases
+    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.webhooks import DeliveryOptions, run_deliveries
+    from pin_orchestration.scraping.store.leases import sweep_expired_leases
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
+    from pin_orchestration.scraping.webhooks.options import DeliveryOptions
 
     settings = ScrapingSettings.from_env(world.env)
 
@@ -388,7 +389,7 @@ def _start_loops(world: World) -> None:
 def _feed(world: World, tenant_id: uuid.UUID, jobs: int, feed_seconds: float) -> None:
     """Submit `jobs` jobs spread over `feed_seconds`. Each has an Idempotency-Key, so a submit
     whose answer was lost (the database restarting) is retried without a second job."""
-    from pin_orchestration.scraping.repository import JobRequest, submit_job
+    from pin_orchestration.scraping.store.repository import JobRequest, submit_job
 
     try:
         for i in range(jobs):
@@ -463,16 +464,19 @@ def _overlapping_fetches(served: list[Any]) -> list[str]:
 def _sweep_attempt_objects(world: World) -> int:
     """pin-retention's sweep of the objects jobs ended without, run now for every ended job
     (not after its two days): what is left in the bucket must then be exactly the results."""
+    from dataclasses import replace
     from datetime import UTC, datetime, timedelta
 
+    from pin_orchestration.areas import retention_rules
     from pin_orchestration.coordination.retention import KINDS, delete_batch
-    from pin_orchestration.scraping.store import S3ResultStore
+    from pin_orchestration.scraping.store.results import S3ResultStore
 
     [kind] = [k for k in KINDS if k.name == "scraping_attempt_objects"]
     store = S3ResultStore(world.s3.client(), world.bucket)
     cutoff = datetime.now(UTC) + timedelta(days=1)
     deleted = 0
-    while batch := delete_batch(world.engine, kind, cutoff, 1000, lambda: store):
+    rules = replace(retention_rules(), result_store=lambda: store)
+    while batch := delete_batch(world.engine, kind, cutoff, 1000, rules):
         deleted += batch
     return deleted
 
@@ -681,14 +685,12 @@ def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
 def run_worker_on_a_jumping_clock(clock_file: str) -> None:
     """What `pin scraping work` runs, with the wall clock read through the clock file."""
     from pin_orchestration.platform.db import engine_from_env
-    from pin_orchestration.resources.scraping import (
-        fetch_policy_from,
-        result_store_from,
-        retry_policy_from,
-    )
-    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from pin_orchestration.scraping.store.local import result_store_from
+    from pin_orchestration.scraping.worker.options import WorkerOptions
+    from pin_orchestration.scraping.worker.run import run_worker
 
     settings = ScrapingSettings.from_env()
     options = WorkerOptions(

@@ -1,5 +1,6 @@
 """The analysts' derived assets, one per area, materialized by automation as soon as their
-upstream partition is, lineage shown in the asset graph."""
+upstream partition is (sensor `pin_analyst_automation`, sensors/analyst.py), lineage shown
+in the asset graph."""
 
 from datetime import timedelta
 
@@ -8,10 +9,7 @@ from dagster import (
     AssetExecutionContext,
     AssetIn,
     AssetKey,
-    AssetSelection,
     AutomationCondition,
-    AutomationConditionSensorDefinition,
-    DefaultSensorStatus,
     FreshnessPolicy,
     asset,
 )
@@ -104,19 +102,3 @@ def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
 )
 def scraping_daily_outcomes(jobs: pd.DataFrame) -> pd.DataFrame:
     return scraping_outcomes(jobs)
-
-
-# Dagster's default automation sensor starts stopped; this one runs from the start so the
-# derived assets follow their upstream without an operator switching anything on.
-pin_analyst_automation = AutomationConditionSensorDefinition(
-    name="pin_analyst_automation",
-    target=AssetSelection.assets(
-        DRIFT_BY_POST_STATUS, BUILDING_FREE_SHARE, SCRAPING_DAILY_OUTCOMES
-    ),
-    default_status=DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=30,
-    # Derived tables can wait: an operator's backfill or Launchpad run (priority 0) leaves
-    # the queue first; dagster.yaml runs at most two of these at a time.
-    run_tags={"dagster/priority": "-1"},
-    description="Materializes the analysts' derived assets after their upstream partitions",
-)

@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 from pin_orchestration.chessboard.drain import POISON_ALERT, force_recalc_project
 from pin_orchestration.chessboard.queue import poison_rows
 from pin_orchestration.chessboard.recalc import RecalcResult, find_divergence, missing_projects
+from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
@@ -43,9 +44,10 @@ PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])
 # page (a check on the per-project asset reads "Not evaluated" after the next recalc).
 RECALC_HEALTH = AssetKey(["chessboard", "recalc_health"])
 DIVERGENCE_CHECK = "aggregates_match_source_of_truth"
-# The drain job's name, which the health asset reports on; here, not in jobs/chessboard.py,
-# because jobs import assets and never the reverse.
-DRAIN_JOB = "chessboard_project_recalc_drain"
+# The drain job, which the health asset reports on; here, not in jobs/chessboard.py,
+# because jobs import assets and never the reverse. Its runs record nothing themselves
+# (each recalc is a materialization): a failed one is counted under its Dagster name.
+DRAIN_JOB = JobIdentity("chessboard_project_recalc_drain", records_runs=False)
 POISON_CHECK = "no_poison_recalc_requests"
 
 chessboard_projects = DynamicPartitionsDefinition(name="chessboard_projects")

@@ -23,13 +23,9 @@ from pydantic import Field
 
 from pin_orchestration.assets.alert_checks import last_successful_run, observed_before
 from pin_orchestration.assets.chessboard import DRAIN_JOB, RECALC_HEALTH
+from pin_orchestration.chessboard.metrics import RecalcCounters, chessboard_recalc_counters
 from pin_orchestration.chessboard.queue import queue_stats
-from pin_orchestration.coordination.queue_health import (
-    RecalcCounters,
-    chessboard_recalc_counters,
-    counter_increase,
-    quantile_upper_bound,
-)
+from pin_orchestration.coordination.queue_health import counter_increase, quantile_upper_bound
 from pin_orchestration.resources.database import DatabaseResource
 
 BACKLOG_CHECK = "CHESSBOARD_RECALC_BACKLOG"
@@ -101,7 +97,9 @@ def chessboard_recalc_backlog(
             "due_backlog": stats.due,
             "oldest_due_age_seconds": round(age, 1),
             "max_oldest_due_seconds": config.max_oldest_due_seconds,
-            f"last_successful_{DRAIN_JOB}_run": last_successful_run(context.instance, DRAIN_JOB),
+            f"last_successful_{DRAIN_JOB.name}_run": last_successful_run(
+                context.instance, DRAIN_JOB.name
+            ),
         },
     )
 

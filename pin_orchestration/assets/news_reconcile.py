@@ -31,8 +31,7 @@ from pin_orchestration.coordination.jobruns import RunStatus as JobRunStatus
 from pin_orchestration.coordination.jobruns import count_runs_since, last_successful_run_at
 from pin_orchestration.coordination.locks import default_holder
 from pin_orchestration.news.reconcile import (
-    JOB_CODE,
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileConfigError,
     ReconcileOptions,
     ReconcileResult,
@@ -43,7 +42,7 @@ from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.resources.analyst_io import PostgresAssetReader
 from pin_orchestration.resources.database import DatabaseResource
 
-POST_COMMENT_COUNTS = AssetKey(["news", "post_comment_counts"])
+POST_COMMENT_COUNTS = AssetKey(RECONCILE_JOB.asset)
 # Unpartitioned, so the run-history alerts show their state on its page (on the daily asset
 # they read "Not evaluated" once another day is materialized).
 RECONCILE_HEALTH = AssetKey(["news", "comment_reconcile_health"])
@@ -101,7 +100,7 @@ def _result_metadata(result: ReconcileResult) -> dict[str, object]:
     # One reconcile at a time across every kind of run (schedule, Launchpad, backfill):
     # dagster.yaml gives pools a limit of 1 at run granularity, so overlapping runs wait in
     # the queue instead of skipping on the distributed lock.
-    pool="news_comment_reconcile",
+    pool=RECONCILE_JOB.name,
     # Analysts load a day's value (its reconcile runs) as a DataFrame from PostgreSQL.
     # Bundled, so any Definitions holding the asset (tests, subsets) can load it.
     io_manager_def=PostgresAssetReader(),
@@ -148,7 +147,7 @@ def post_comment_counts(
             "pending), which reconciles it whatever its window",
             metadata={
                 "skipped": "lock held",
-                "lock_key": LOCK_KEY,
+                "lock_key": RECONCILE_JOB.lock_key,
                 "lock_holder": result.lock_holder or "",
                 "owed_posts": result.owed_posts,
                 "backlog_remaining": result.backlog_remaining,
@@ -158,7 +157,7 @@ def post_comment_counts(
     if result.status in (RunStatus.FAILED, RunStatus.CANCELLED):
         # CANCELLED here: stopped without a signal to deliver (none is sent otherwise).
         raise Failure(
-            description=f"{JOB_CODE} {result.status.value}: {result.error or 'stopped'}; "
+            description=f"{RECONCILE_JOB.code} {result.status.value}: {result.error or 'stopped'}; "
             "committed batches stay, the rest is owed to the next run",
             metadata=_result_metadata(result),
         )
@@ -192,13 +191,13 @@ def post_comment_counts(
 )
 def comment_reconcile_health(database: DatabaseResource) -> Iterator[ObserveResult]:
     engine = database.get_engine()
-    last = last_successful_run_at(engine, JOB_CODE)
+    last = last_successful_run_at(engine, RECONCILE_JOB.code)
     yield ObserveResult(
         asset_key=RECONCILE_HEALTH,
         metadata={
             "last_success_at": last.isoformat() if last else "never",
             "failed_runs_26h": count_runs_since(
-                engine, JOB_CODE, JobRunStatus.FAILED, STALE_AFTER_SECONDS
+                engine, RECONCILE_JOB.code, JobRunStatus.FAILED, STALE_AFTER_SECONDS
             ),
         },
     )
@@ -220,7 +219,7 @@ def reconciled_within_26h(
     config: ReconcileStaleAlertConfig,
     database: DatabaseResource,
 ) -> AssetCheckResult:
-    last = last_successful_run_at(database.get_engine(), JOB_CODE)
+    last = last_successful_run_at(database.get_engine(), RECONCILE_JOB.code)
     age = (datetime.now(UTC) - last).total_seconds() if last else None
     return AssetCheckResult(
         passed=age is not None and age <= config.max_age_hours * 3600,
@@ -250,7 +249,7 @@ def no_failed_runs_in_26h(
     database: DatabaseResource,
 ) -> AssetCheckResult:
     failed = count_runs_since(
-        database.get_engine(), JOB_CODE, JobRunStatus.FAILED, config.window_hours * 3600
+        database.get_engine(), RECONCILE_JOB.code, JobRunStatus.FAILED, config.window_hours * 3600
     )
     return AssetCheckResult(
         passed=failed <= config.max_failed_runs,

@@ -29,14 +29,15 @@ from pydantic import Field
 from sqlalchemy import Engine
 
 from pin_orchestration.coordination.queue_health import detach_failed_calls_since
-from pin_orchestration.devstack.demo import DEMO_QUARANTINE_NOTE, demo_quarantined_ids
 from pin_orchestration.news.snapshot_detach.monitoring import (
+    DEMO_QUARANTINE_NOTE,
     STALLED_AFTER_SECONDS,
     SensorState,
+    demo_quarantined_ids,
     outbox_state,
     sensor_state,
 )
-from pin_orchestration.news.snapshot_detach.policy import JOB_CODE
+from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB
 from pin_orchestration.resources.database import DatabaseResource
 
 OUTBOX_ASSET_KEY = AssetKey(["news", "snapshot_detach_outbox"])
@@ -211,7 +212,9 @@ class FailedCallsAlertConfig(Config):
 def no_failed_calls_spike(
     context: AssetCheckExecutionContext, config: FailedCallsAlertConfig, database: DatabaseResource
 ) -> AssetCheckResult:
-    failed = detach_failed_calls_since(database.get_engine(), JOB_CODE, config.window_seconds)
+    failed = detach_failed_calls_since(
+        database.get_engine(), DETACH_JOB.code, config.window_seconds
+    )
     spike = failed > config.max_failed_calls
     return AssetCheckResult(
         passed=not spike,

@@ -7,10 +7,13 @@ results for), so it is declared as a spec: no Dagster run ever "computes" the by
 
 from dagster import AssetKey, AssetSpec, DailyPartitionsDefinition
 
+from pin_orchestration.coordination.job_identity import JobIdentity
+
 SCRAPING_RESULTS = AssetKey(["scraping", "results"])
-# The worker job's name, which the health asset reports on; here, not in jobs/scraping.py,
-# because jobs import assets and never the reverse.
-WORKER_JOB = "scraping_worker"
+# The worker job, which the health asset reports on; here, not in jobs/scraping.py,
+# because jobs import assets and never the reverse. Its runs record nothing in
+# pin.job_runs themselves: a failed one is counted under its Dagster name.
+WORKER_JOB = JobIdentity("scraping_worker", records_runs=False)
 # end_offset=1: the running day is a partition too, so what workers stored today shows
 # (and loads) while the day runs, not only after midnight.
 RESULT_DAYS = DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)

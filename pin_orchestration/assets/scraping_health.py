@@ -87,7 +87,9 @@ def scraping_queue_not_stalled(
         metadata={
             "due": backlog.due,
             "oldest_age_seconds": round(backlog.oldest_age_seconds(now), 1),
-            f"last_successful_{WORKER_JOB}_run": last_successful_run(context.instance, WORKER_JOB),
+            f"last_successful_{WORKER_JOB.name}_run": last_successful_run(
+                context.instance, WORKER_JOB.name
+            ),
         },
     )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -166,3 +168,28 @@ class ChessboardRecalcCollector(Collector):
             "Delivery lag of pin.chessboard.*-upserted.v1: age of the oldest unpublished event",
             value=float(outbox.oldest_pending_age_seconds or 0.0),
         )
+
+
+# What the alert checks compare between two observations (coordination/queue_health.py:
+# quantile_upper_bound, counter_increase).
+@dataclass(frozen=True)
+class RecalcCounters:
+    """The chessboard drain's persisted counters (chessboard.recalc_metrics)."""
+
+    failed: float  # chessboard_recalc_runs_total{result="failed"}
+    duration_buckets: dict[str, float]  # chessboard_recalc_process_duration_seconds, {le: n}
+    last_tick_at: datetime | None
+    # Seconds since the last tick by the database's clock (None: never ticked).
+    last_tick_age_seconds: float | None = None
+
+
+def chessboard_recalc_counters(engine: Engine) -> RecalcCounters:
+    with engine.connect() as conn:
+        rows = conn.execute(query("read_metrics")).all()
+    tick = next((r for r in rows if r.name == LAST_TICK), None)
+    return RecalcCounters(
+        failed=next((r.value for r in rows if (r.name, r.label) == (RUNS, "failed")), 0.0),
+        duration_buckets={r.label: r.value for r in rows if r.name == DURATION_BUCKET},
+        last_tick_at=tick.updated_at if tick else None,
+        last_tick_age_seconds=(tick.read_at - tick.updated_at).total_seconds() if tick else None,
+    )

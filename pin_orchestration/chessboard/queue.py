@@ -14,18 +14,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 # Tenant recorded for a forced recalc of a project whose row has no tenant_id.
 UNKNOWN_TENANT = uuid.UUID(int=0)
 
 
-def query(name: str) -> Any:
-    """A named statement of chessboard/queries.sql as a SQLAlchemy text clause."""
-    return text(load_queries("pin_orchestration.chessboard", "queries.sql")[name])
+# The named statements of chessboard/queries.sql, used across the area.
+query = NamedQueries("pin_orchestration.chessboard", "queries.sql")
 
 
 class RecalcTriggerReason(StrEnum):

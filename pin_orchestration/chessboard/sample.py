@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from pin_orchestration.chessboard.queue import request_project_recalc
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
+
+_query = NamedQueries("pin_orchestration.chessboard", "sample.sql")
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,13 @@ def generate_world(
 ) -> dict[str, int]:
     """Insert the world (idempotent per prefix). New projects get a recalc request, as
     their upstream writer would raise one, so the drain fills their counters."""
-    queries = load_queries("pin_orchestration.chessboard", "sample.sql")
     params = {"prefix": prefix, **asdict(shape)}
     counts: dict[str, int] = {}
     with engine.begin() as conn:
-        new_projects = conn.execute(text(queries["projects"]), params).all()
+        new_projects = conn.execute(_query("projects"), params).all()
         counts["projects"] = len(new_projects)
         for table in ("buildings", "layout_groups", "layouts", "property_objects"):
-            counts[table] = conn.execute(text(queries[table]), params).rowcount
+            counts[table] = conn.execute(_query(table), params).rowcount
         if enqueue_new:
             for project in new_projects:
                 request_project_recalc(conn, project.id, project.tenant_id, "Crud")

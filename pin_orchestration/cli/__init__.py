@@ -1,7 +1,7 @@
 """`pin`: the operators' command line. One module per area, each a click group (or a few
 commands) added to `main` here: platform (up, db, demo, locks, metrics), news_reconcile
 (`pin news`), news_snapshot_detach (`pin detach`), chessboard, retention, scraping
-(`pin api`, `pin tenant`, `pin scraping`), faults (`pin faults`), env (`pin env`)."""
+(`pin api`, `pin scraping`), tenant (`pin tenant`), faults (`pin faults`), env (`pin env`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pin_orchestration.cli.news_reconcile import news
 from pin_orchestration.cli.news_snapshot_detach import detach
 from pin_orchestration.cli.platform import db, demo, locks, metrics, up
 from pin_orchestration.cli.retention import retention
-from pin_orchestration.cli.scraping import api, scraping, tenant
+from pin_orchestration.cli.scraping import api, scraping
+from pin_orchestration.cli.tenant import tenant
 from pin_orchestration.platform.db import describe_database
 from pin_orchestration.platform.settings import Settings, SettingsError
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict
 
 import click
@@ -159,21 +156,3 @@ def publish(once: bool, poll_interval_seconds: float) -> None:
             holder=default_holder(),
             poll_interval_seconds=poll_interval_seconds,
         )
-
-
-def start_publisher_process(env: dict[str, str]) -> Callable[[], None]:
-    """For `pin up`: the long-running outbox publisher as a child process (Kafka when
-    PIN_KAFKA_BOOTSTRAP_SERVERS is set, else the JSONL sink under PIN_HOME); returns how
-    to stop it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pin_orchestration.cli", "chessboard", "publish"], env=env
-    )
-
-    def stop() -> None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-    return stop

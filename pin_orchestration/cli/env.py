@@ -13,6 +13,7 @@ import shlex
 import click
 
 from pin_orchestration.platform.db import dagster_storage_url
+from pin_orchestration.platform.defaults import DAGSTER_HOME_DIR, DAGSTER_YAML, PGDATA_DIR
 from pin_orchestration.platform.settings import Settings
 
 # Passed through when set: where the derived frames and results live (docs/configuration.md).
@@ -28,7 +29,7 @@ def analyst_environment(settings: Settings, environ: dict[str, str]) -> dict[str
         "PIN_DAGSTER_PG_URL": settings.dagster_pg_url or dagster_storage_url(database_url),
         "PIN_HOME": str(settings.home),
         # What `pin up` gives Dagster (devstack.prepare_dagster_home).
-        "DAGSTER_HOME": environ.get("DAGSTER_HOME") or str(settings.home / "dagster_home"),
+        "DAGSTER_HOME": environ.get("DAGSTER_HOME") or str(settings.home / DAGSTER_HOME_DIR),
     }
     variables.update({name: environ[name] for name in RESULTS_STORE_VARIABLES if environ.get(name)})
     return variables
@@ -37,7 +38,7 @@ def analyst_environment(settings: Settings, environ: dict[str, str]) -> dict[str
 def _running_embedded_url(settings: Settings) -> str:
     from pin_orchestration.platform.embedded import running_embedded_url
 
-    url = running_embedded_url(settings.home / "pgdata")
+    url = running_embedded_url(settings.home / PGDATA_DIR)
     if url is None:
         raise click.ClickException(
             f"no embedded PostgreSQL is running under PIN_HOME={settings.home}: start the "
@@ -52,7 +53,7 @@ def env() -> None:
     """Print `export …` lines for the running stack: `eval "$(pin env)"`."""
     variables = analyst_environment(Settings.from_env(), dict(os.environ))
     dagster_home = variables["DAGSTER_HOME"]
-    if not os.path.isfile(os.path.join(dagster_home, "dagster.yaml")):
+    if not os.path.isfile(os.path.join(dagster_home, DAGSTER_YAML.name)):
         click.echo(
             f"warning: {dagster_home} holds no dagster.yaml yet; `pin up` writes it",
             err=True,

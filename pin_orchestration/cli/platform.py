@@ -11,16 +11,24 @@ import click
 
 from pin_orchestration.cli.logs import LOG_LEVELS, configure_logging
 from pin_orchestration.platform.db import create_db_engine, engine_from_env, resolve_database_url
+from pin_orchestration.platform.defaults import (
+    API_PORT,
+    DAGSTER_UI_PORT,
+    DAGSTER_YAML,
+    LOOPBACK,
+    METRICS_PORT,
+    WORKSPACE_YAML,
+)
 from pin_orchestration.platform.settings import Settings
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=3000, show_default=True, help="Dagster UI port")
-@click.option("--metrics-port", default=9108, show_default=True)
-@click.option("--api-port", default=8000, show_default=True, help="Scraping API port")
-@click.option("--dagster-yaml", type=click.Path(path_type=Path), default=Path("dagster.yaml"))
-@click.option("--workspace", type=click.Path(path_type=Path), default=Path("workspace.yaml"))
+@click.option("--host", default=LOOPBACK, show_default=True)
+@click.option("--port", default=DAGSTER_UI_PORT, show_default=True, help="Dagster UI port")
+@click.option("--metrics-port", default=METRICS_PORT, show_default=True)
+@click.option("--api-port", default=API_PORT, show_default=True, help="Scraping API port")
+@click.option("--dagster-yaml", type=click.Path(path_type=Path), default=DAGSTER_YAML)
+@click.option("--workspace", type=click.Path(path_type=Path), default=WORKSPACE_YAML)
 @click.option("--no-demo", is_flag=True, help="Do not load demo data")
 @click.option(
     "--log-level",
@@ -158,15 +166,16 @@ def metrics() -> None:
 
 
 @metrics.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=9108, show_default=True)
+@click.option("--host", default=LOOPBACK, show_default=True)
+@click.option("--port", default=METRICS_PORT, show_default=True)
 def metrics_serve(host: str, port: int) -> None:
     """Serve /metrics until interrupted."""
     import threading
 
+    from pin_orchestration.areas import metric_collectors
     from pin_orchestration.platform.metrics import serve_metrics
 
-    server = serve_metrics(engine_from_env(), host, port)
+    server = serve_metrics(metric_collectors(engine_from_env()), host, port)
     click.echo(f"serving http://{host}:{port}/metrics")
     try:
         threading.Event().wait()

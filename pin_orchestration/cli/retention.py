@@ -25,9 +25,14 @@ def retention() -> None:
 @click_options(RetentionOptions)
 def retention_run(**fields: object) -> None:
     """Delete what is older than the configured ages now, in batches, under the lock."""
+    # Here, not at the top: every area's code, which `pin`'s other commands do not load.
+    from pin_orchestration.areas import retention_rules
+
     options = RetentionOptions(**fields)  # type: ignore[arg-type]
     try:
         options.validate()
     except RetentionConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-    run_once_and_exit(functools.partial(run_retention, engine_from_env(), options))
+    run_once_and_exit(
+        functools.partial(run_retention, engine_from_env(), options, retention_rules())
+    )

@@ -1,4 +1,5 @@
-"""`pin api`, `pin tenant …`, `pin scraping …`: the scraping service from the shell."""
+"""`pin api`, `pin scraping …`: the scraping service from the shell (its tenants:
+`pin tenant …`, cli/tenant.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pin_orchestration.platform.db import engine_from_env
+from pin_orchestration.platform.defaults import API_PORT, LOOPBACK
 from pin_orchestration.platform.options import click_options
 from pin_orchestration.platform.settings import Settings, SettingsError
-from pin_orchestration.scraping.webhooks import DeliveryOptions
-from pin_orchestration.scraping.worker import WORKER_RUN_OPTIONS, WorkerOptions
+from pin_orchestration.scraping.webhooks.options import DeliveryOptions
+from pin_orchestration.scraping.worker.options import WORKER_RUN_OPTIONS, WorkerOptions
 
 if TYPE_CHECKING:
-    from pin_orchestration.scraping.repository import DomainDefaults
+    from pin_orchestration.scraping.store.leases import DomainDefaults
 
 
 # How long uvicorn's supervisor waits for an API worker to answer its health check before
@@ -31,8 +33,8 @@ WORKER_HEALTHCHECK_SECONDS = 60
 
 
 @click.command("api")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default=LOOPBACK, show_default=True)
+@click.option("--port", default=API_PORT, show_default=True, type=int)
 @click.option(
     "--workers",
     default=1,
@@ -62,7 +64,7 @@ def api(host: str, port: int, workers: int) -> None:
         # does; the workers connect to it instead of each starting it.
         os.environ["PIN_DATABASE_URL"] = resolve_database_url(settings)
     uvicorn.run(
-        "pin_orchestration.scraping.api:app_from_env",
+        "pin_orchestration.scraping.api.app:app_from_env",
         factory=True,
         host=host,
         port=port,
@@ -74,102 +76,6 @@ def api(host: str, port: int, workers: int) -> None:
 
 
 @click.group()
-def tenant() -> None:
-    """Tenants of the scraping API and their keys."""
-
-
-@tenant.command("create")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
-def tenant_create(name: str, as_json: bool) -> None:
-    """Create a tenant and print its API key (shown once; only a hash is kept)."""
-    from pin_orchestration.scraping.repository import TenantError, create_tenant
-
-    try:
-        created, key = create_tenant(engine_from_env(), name)
-    except TenantError as exc:
-        raise click.ClickException(str(exc)) from exc
-    _print_key(created.id, created.name, key, as_json)
-
-
-@tenant.command("rotate-key")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "api_key"}')
-def tenant_rotate_key(name: str, as_json: bool) -> None:
-    """Give a tenant a new API key; the old one stops working at once."""
-    from pin_orchestration.scraping.repository import TenantError, rotate_tenant_key
-
-    try:
-        rotated, key = rotate_tenant_key(engine_from_env(), name)
-    except TenantError as exc:
-        raise click.ClickException(str(exc)) from exc
-    _print_key(rotated.id, rotated.name, key, as_json)
-
-
-def _print_key(tenant_id: uuid.UUID, name: str, key: str, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"id": str(tenant_id), "name": name, "api_key": key}))
-    else:
-        click.echo(f"tenant {name} ({tenant_id})\nAPI key (shown once): {key}")
-
-
-@tenant.command("list")
-def tenant_list() -> None:
-    """Tenants, their key prefixes and job counts."""
-    from pin_orchestration.scraping.repository import list_tenants
-
-    for t in list_tenants(engine_from_env()):
-        click.echo(
-            f"{t['name']}\t{t['id']}\tkey {t['api_key_prefix']}…\t{t['jobs']} job(s)\t"
-            f"weight {t['weight']:g}\tkey rotated {t['key_rotated_at'].isoformat()}"
-        )
-
-
-@tenant.command("set-weight")
-@click.argument("name")
-@click.argument("weight", type=float)
-def tenant_set_weight(name: str, weight: float) -> None:
-    """Give a tenant WEIGHT times the default share of picks inside each priority class."""
-    from pin_orchestration.scraping.repository import TenantError, set_tenant_weight
-
-    try:
-        changed = set_tenant_weight(engine_from_env(), name, weight)
-    except TenantError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"tenant {changed.name}: weight {weight:g}")
-
-
-@tenant.command("webhook-secret")
-@click.argument("name")
-@click.option("--rotate", is_flag=True, help="Replace it with a new secret first")
-@click.option("--json", "as_json", is_flag=True, help='Print {"id", "name", "webhook_secret"}')
-def tenant_webhook_secret(name: str, rotate: bool, as_json: bool) -> None:
-    """Show (or rotate) the `whsec_<base64>` secret the tenant's completion webhooks are
-    signed with (Standard Webhooks: give it to `standardwebhooks` / `svix` as it is).
-
-    After --rotate, deliveries carry two signatures, with the new and the replaced secret,
-    for PIN_WEBHOOK_SECRET_OVERLAP_SECONDS (default one day): a receiver keeps verifying
-    with the old secret until it has the new one (docs/integration.md)."""
-    from pin_orchestration.scraping.webhooks import tenant_webhook_secret as read_secret
-
-    try:
-        row = read_secret(engine_from_env(), name, rotate=rotate)
-    except KeyError as exc:
-        raise click.ClickException(exc.args[0]) from exc
-    if as_json:
-        click.echo(
-            json.dumps(
-                {"id": str(row["id"]), "name": row["name"], "webhook_secret": row["webhook_secret"]}
-            )
-        )
-    else:
-        click.echo(
-            f"tenant {row['name']} ({row['id']})\nwebhook secret: {row['webhook_secret']}\n"
-            f"(since {row['webhook_secret_rotated_at'].isoformat()})"
-        )
-
-
-@click.group()
 def scraping() -> None:
     """Scraping jobs: failed ones, requeue, a worker or sweep from the shell; domain limits."""
 
@@ -178,7 +84,7 @@ def scraping() -> None:
 @click.option("--limit", default=100, show_default=True)
 def scraping_failed(limit: int) -> None:
     """Failed jobs (attempts spent or a permanent error), newest first."""
-    from pin_orchestration.scraping.repository import list_failed_jobs
+    from pin_orchestration.scraping.store.leases import list_failed_jobs
 
     for j in list_failed_jobs(engine_from_env(), limit):
         click.echo(
@@ -191,7 +97,7 @@ def scraping_failed(limit: int) -> None:
 @click.argument("job_ids", nargs=-1, required=True)
 def scraping_requeue(job_ids: tuple[str, ...]) -> None:
     """Put failed jobs back in the queue with a fresh attempt budget."""
-    from pin_orchestration.scraping.repository import requeue_failed_jobs
+    from pin_orchestration.scraping.store.leases import requeue_failed_jobs
 
     try:
         ids = [uuid.UUID(i) for i in job_ids]
@@ -207,8 +113,8 @@ def scraping_requeue(job_ids: tuple[str, ...]) -> None:
 @scraping.command("sweep")
 def scraping_sweep() -> None:
     """Return jobs whose lease expired to the queue (what the every-minute schedule does)."""
-    from pin_orchestration.scraping.repository import sweep_expired_leases
     from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.store.leases import sweep_expired_leases
 
     swept = sweep_expired_leases(
         engine_from_env(), max_attempts=ScrapingSettings.from_env().max_attempts
@@ -222,14 +128,12 @@ def scraping_sweep() -> None:
 def scraping_work(**given: Any) -> None:
     """Run one worker from the shell (what a scraping_worker run does)."""
     from pin_orchestration.coordination.cancellation import stop_requested_on_signals
-    from pin_orchestration.resources.scraping import (
-        fetch_policy_from,
-        result_store_from,
-        retry_policy_from,
-    )
-    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
+    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.worker import WorkerConfigError, run_worker
+    from pin_orchestration.scraping.store.local import result_store_from
+    from pin_orchestration.scraping.worker.options import WorkerConfigError
+    from pin_orchestration.scraping.worker.run import run_worker
 
     try:
         settings = ScrapingSettings.from_env()
@@ -279,7 +183,7 @@ def scraping_domain() -> None:
 @click.option("--concurrency", type=int, default=None, help="Connections open at once")
 def scraping_domain_set(host: str, rps: float | None, concurrency: int | None) -> None:
     """Override HOST's limits; every worker obeys them from its next claim."""
-    from pin_orchestration.scraping.repository import DomainError, set_domain_limits
+    from pin_orchestration.scraping.store.politeness import DomainError, set_domain_limits
 
     try:
         row = set_domain_limits(engine_from_env(), host, rps=rps, concurrency=concurrency)
@@ -293,7 +197,7 @@ def scraping_domain_set(host: str, rps: float | None, concurrency: int | None) -
 @click.argument("host")
 def scraping_domain_unset(host: str) -> None:
     """Drop HOST's overrides: back to the defaults."""
-    from pin_orchestration.scraping.repository import DomainError, clear_domain_limits
+    from pin_orchestration.scraping.store.politeness import DomainError, clear_domain_limits
 
     try:
         cleared = clear_domain_limits(engine_from_env(), host)
@@ -334,8 +238,8 @@ class _Duration(click.ParamType):
 )
 def scraping_domain_pause(host: str, duration: float) -> None:
     """No worker sends HOST anything for a while (what a 429 from it does)."""
-    from pin_orchestration.scraping.repository import DomainError, pause_domain
     from pin_orchestration.scraping.settings import ScrapingSettings
+    from pin_orchestration.scraping.store.politeness import DomainError, pause_domain
 
     try:
         cap = ScrapingSettings.from_env().max_pause_seconds
@@ -350,7 +254,7 @@ def scraping_domain_pause(host: str, duration: float) -> None:
 @click.argument("host")
 def scraping_domain_resume(host: str) -> None:
     """Lift HOST's pause (a 429's or an operator's): workers take its jobs again now."""
-    from pin_orchestration.scraping.repository import DomainError, resume_domain
+    from pin_orchestration.scraping.store.politeness import DomainError, resume_domain
 
     try:
         was_paused = resume_domain(engine_from_env(), host)
@@ -362,8 +266,8 @@ def scraping_domain_resume(host: str) -> None:
 @scraping_domain.command("list")
 def scraping_domain_list() -> None:
     """Domains with an override, a pause in force, or queued or running jobs."""
-    from pin_orchestration.scraping.repository import list_domains
-    from pin_orchestration.scraping.robots import list_robots
+    from pin_orchestration.scraping.fetch.robots import list_robots
+    from pin_orchestration.scraping.store.politeness import list_domains
 
     defaults = _domain_defaults()
     engine = engine_from_env()
@@ -416,8 +320,8 @@ def scraping_domain_robots(host: str, mode: str | None, reason: str, set_by: str
     hosts without a setting; tenants cannot change either."""
     import getpass
 
-    from pin_orchestration.scraping.repository import DomainError
-    from pin_orchestration.scraping.robots import set_robots_mode
+    from pin_orchestration.scraping.fetch.robots import set_robots_mode
+    from pin_orchestration.scraping.store.politeness import DomainError
 
     if mode is None:
         raise click.UsageError("give --ignore or --obey")
@@ -461,7 +365,7 @@ def scraping_job_explain(job_id: uuid.UUID) -> None:
     """Why JOB_ID waits and until when (what GET /jobs/{id} says in `wait`), or how it
     ended."""
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.wait_reasons import explain
+    from pin_orchestration.scraping.worker.wait_reasons import explain
 
     try:
         settings = ScrapingSettings.from_env()
@@ -495,9 +399,10 @@ def scraping_deliver(**fields: object) -> None:
         webhook_fetch_policy_from,
         webhook_policy_from,
     )
-    from pin_orchestration.scraping.fetch import Fetcher
+    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
-    from pin_orchestration.scraping.webhooks import WebhookConfigError, run_deliveries
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
+    from pin_orchestration.scraping.webhooks.options import WebhookConfigError
 
     options = DeliveryOptions(**fields)  # type: ignore[arg-type]
     try:

@@ -1,7 +1,8 @@
 """Alerts without Dagster, read from PostgreSQL so any process can evaluate them: scraping
-jobs due or running past their lease, the scraping SLOs, failed detach calls, and the
-chessboard recalc figures an alert compares between two observations (seed 002: p99 over
-the SLO, runs_total{result=error} growing, liveness).
+jobs due or running past their lease, the scraping SLOs, failed detach calls, and how an
+alert compares two observations of a counter or histogram (the chessboard recalc figures
+it compares are read by pin_orchestration/chessboard/metrics.py: seed 002, p99 over the
+SLO, runs_total{result=error} growing, liveness).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, TextClause, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 # A drain takes due work within a sensor tick or two (scraping: 95 % of jobs start within a
 # minute); ten minutes is no run at all.
@@ -32,8 +33,7 @@ class Backlog:
         return (now - self.oldest_due).total_seconds() if self.oldest_due else 0.0
 
 
-def _query(name: str) -> TextClause:
-    return text(load_queries("pin_orchestration.coordination", "queue_health.sql")[name])
+_query = NamedQueries("pin_orchestration.coordination", "queue_health.sql")
 
 
 def scraping_backlog(engine: Engine) -> Backlog:
@@ -134,29 +134,3 @@ def counter_increase(now: Mapping[str, float], before: Mapping[str, float]) -> d
     """now - before per key; a counter that went down was reset, so it counts from zero."""
     increase = {k: v - before.get(k, 0.0) for k, v in now.items()}
     return dict(now) if any(v < 0 for v in increase.values()) else increase
-
-
-@dataclass(frozen=True)
-class RecalcCounters:
-    """The chessboard drain's persisted counters (chessboard.recalc_metrics)."""
-
-    failed: float  # chessboard_recalc_runs_total{result="failed"}
-    duration_buckets: dict[str, float]  # chessboard_recalc_process_duration_seconds, {le: n}
-    last_tick_at: datetime | None
-    # Seconds since the last tick by the database's clock (None: never ticked).
-    last_tick_age_seconds: float | None = None
-
-
-def chessboard_recalc_counters(engine: Engine) -> RecalcCounters:
-    from pin_orchestration.chessboard.metrics import DURATION_BUCKET, LAST_TICK, RUNS
-    from pin_orchestration.chessboard.queue import query
-
-    with engine.connect() as conn:
-        rows = conn.execute(query("read_metrics")).all()
-    tick = next((r for r in rows if r.name == LAST_TICK), None)
-    return RecalcCounters(
-        failed=next((r.value for r in rows if (r.name, r.label) == (RUNS, "failed")), 0.0),
-        duration_buckets={r.label: r.value for r in rows if r.name == DURATION_BUCKET},
-        last_tick_at=tick.updated_at if tick else None,
-        last_tick_age_seconds=(tick.read_at - tick.updated_at).total_seconds() if tick else None,
-    )

@@ -12,9 +12,9 @@ needs; `grant_raiser` gives exactly that (plus USAGE on their schemas to name th
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 RAISER_FUNCTIONS = (
     "chessboard.request_project_recalc(uuid, uuid, text)",
@@ -27,22 +27,19 @@ class RaiserRoleError(ValueError):
     """The role to grant does not exist."""
 
 
-def _query(name: str) -> str:
-    return load_queries("pin_orchestration.coordination", "raisers.sql")[name]
+_query = NamedQueries("pin_orchestration.coordination", "raisers.sql")
 
 
 def grant_raiser(engine: Engine, role: str) -> list[str]:
     """Grant `role` USAGE on the schemas and EXECUTE on the raising functions; return the
     statements run. The role must exist (it belongs to the other service's deployment)."""
     with engine.begin() as conn:
-        if not conn.execute(text(_query("role_exists")), {"role": role}).scalar_one():
+        if not conn.execute(_query("role_exists"), {"role": role}).scalar_one():
             raise RaiserRoleError(
                 f"role {role!r} does not exist: create it first "
                 f"(e.g. CREATE ROLE {role} LOGIN PASSWORD '…'), then grant again"
             )
-        statements = list(
-            conn.execute(text(_query("grant_raiser_statements")), {"role": role}).scalars()
-        )
+        statements = list(conn.execute(_query("grant_raiser_statements"), {"role": role}).scalars())
         for statement in statements:
             conn.exec_driver_sql(statement)
     return statements

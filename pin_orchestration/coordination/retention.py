@@ -5,7 +5,10 @@ scraping results — keeping whatever a metric or a check still reads.
 A kind of row is one `RetentionKind`: a named batch-delete statement in retention.sql
 (oldest first, SKIP LOCKED, one transaction per batch, retiring what the rows contributed
 to counters into pin.retired_totals) and the option holding its age in days. Adding a
-kind is adding a statement, an option and an entry in `KINDS`.
+kind is adding a statement, an option and an entry in `KINDS`. What the areas own — the
+bucket bounds of their histograms, the scraping results store and its default age — they
+hand in as `RetentionRules` (pin_orchestration/areas.py lists them): this module imports
+no area.
 """
 
 from __future__ import annotations
@@ -13,28 +16,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
+from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.coordination.jobruns import (
     RUN_DURATION_BUCKETS_MS,
     RunStatus,
     record_job_run,
 )
 from pin_orchestration.coordination.locks import renewed_lock
-from pin_orchestration.news.snapshot_detach.monitoring import LAG_BUCKETS_SECONDS
 from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
-if TYPE_CHECKING:
-    from pin_orchestration.scraping.store import ResultStore
-
-JOB_CODE = "pin-retention"
-LOCK_KEY = "Pin:lock:job:scheduled:pin-retention"
+RETENTION_JOB = JobIdentity("pin_retention")
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +88,34 @@ class RetentionOptions:
         if problems:
             raise RetentionConfigError("invalid pin-retention config: " + "; ".join(problems))
 
-    def resolved(self) -> RetentionOptions:
+    def resolved(self, rules: RetentionRules) -> RetentionOptions:
         """The options with an empty scraping_results_days read from the environment."""
         if self.scraping_results_days is not None:
             return self
-        from pin_orchestration.scraping.settings import ScrapingSettings
+        return replace(self, scraping_results_days=rules.scraping_results_days())
 
-        days = ScrapingSettings.from_env().result_retention_days
-        return replace(self, scraping_results_days=days)
+
+class ObjectStore(Protocol):
+    """What retention needs of the scraping results store (scraping/store/results.py)."""
+
+    def delete_many(self, keys: Sequence[str]) -> int: ...
+
+
+# Builds the results store when a batch first has objects to delete (not before: a run
+# with nothing expired needs no S3 client).
+StoreProvider = Callable[[], ObjectStore]
+
+
+@dataclass(frozen=True)
+class RetentionRules:
+    """What the areas hand pin-retention: read by the statements, owned by an area."""
+
+    # Bucket bounds, by the statements' parameter, of the histograms whose counts a
+    # statement retires (those the metrics expose): news_snapshot_detach_lag_seconds'.
+    histogram_bounds: Mapping[str, Sequence[float]]
+    result_store: StoreProvider
+    # The age of stored scraping results when the option is empty (PIN_RESULT_RETENTION_DAYS).
+    scraping_results_days: Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -107,13 +126,11 @@ class RetentionKind:
     # results store in its transaction, instead of a count of deleted rows.
     deletes_stored_objects: bool = False
 
-    def params(self) -> dict[str, Any]:
+    def params(self, rules: RetentionRules) -> dict[str, Any]:
         """Bucket bounds the statement retires histogram counts into (those the metrics
         expose), so the statement itself stays free of Python constants."""
-        return {
-            "lag_bounds": [float(b) for b in LAG_BUCKETS_SECONDS],
-            "duration_bounds": [float(b) for b in RUN_DURATION_BUCKETS_MS],
-        }
+        bounds = {**rules.histogram_bounds, "duration_bounds": RUN_DURATION_BUCKETS_MS}
+        return {name: [float(b) for b in values] for name, values in bounds.items()}
 
 
 KINDS: tuple[RetentionKind, ...] = (
@@ -125,17 +142,6 @@ KINDS: tuple[RetentionKind, ...] = (
         "scraping_attempt_objects", "scraping_attempt_objects_days", deletes_stored_objects=True
     ),
 )
-
-# Builds the results store when a batch first has objects to delete (not before: a run
-# with nothing expired needs no S3 client).
-StoreProvider = Callable[[], "ResultStore"]
-
-
-def result_store_from_env() -> ResultStore:
-    from pin_orchestration.resources.scraping import result_store_from
-    from pin_orchestration.scraping.settings import ScrapingSettings
-
-    return result_store_from(ScrapingSettings.from_env())
 
 
 @dataclass
@@ -153,8 +159,7 @@ class RetentionResult:
         return data
 
 
-def _query(name: str) -> Any:
-    return text(load_queries("pin_orchestration.coordination", "retention.sql")[name])
+_query = NamedQueries("pin_orchestration.coordination", "retention.sql")
 
 
 def delete_batch(
@@ -162,65 +167,67 @@ def delete_batch(
     kind: RetentionKind,
     cutoff: datetime,
     batch_size: int,
-    store: StoreProvider = result_store_from_env,
+    rules: RetentionRules,
 ) -> int:
     """Delete up to batch_size rows (or stored objects) of `kind` older than `cutoff`; one
     transaction. Stored objects are deleted from the store before the transaction that
     marks them commits: a failed store delete marks nothing, and a commit lost after the
     delete only repeats it (deleting a missing key is no error)."""
-    params = {"cutoff": cutoff, "batch_size": batch_size, **kind.params()}
+    params = {"cutoff": cutoff, "batch_size": batch_size, **kind.params(rules)}
     with engine.begin() as conn:
         answer = conn.execute(_query(kind.name), params)
         if not kind.deletes_stored_objects:
             return int(answer.scalar_one())
         keys = list(answer.scalars())
         if keys:
-            store().delete_many(keys)
+            rules.result_store().delete_many(keys)
         return len(keys)
 
 
 def run_retention(
     engine: Engine,
     options: RetentionOptions,
+    rules: RetentionRules,
     *,
     run_id: str,
     holder: str,
     now: datetime | None = None,
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
-    result_store: StoreProvider = result_store_from_env,
 ) -> RetentionResult:
     """One run under the distributed lock (renewed while it works): each kind in turn,
     batch after batch, until nothing older than its age is left, the run's time is up,
     a stop is requested or the lock is lost."""
-    options = options.resolved()
+    options = options.resolved(rules)
     options.validate()
-    store = _once(result_store)
+    rules = replace(rules, result_store=_once(rules.result_store))
     started_at = datetime.now(UTC)
     started = time.monotonic()
     now = now or started_at
     result = RetentionResult()
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, RETENTION_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
-            logger.info("%s skipped, lock held (key=%s)", JOB_CODE, LOCK_KEY)
+            logger.info(
+                "%s skipped, lock held (key=%s)", RETENTION_JOB.code, RETENTION_JOB.lock_key
+            )
             result.status = RunStatus.SKIPPED
         else:
             try:
                 _delete_all(
-                    engine, options, now, started, stop_requested, lease.lost, result, store
+                    engine, options, now, started, stop_requested, lease.lost, result, rules
                 )
             except Exception as exc:  # noqa: BLE001 — recorded, then re-raised
                 result.status = RunStatus.FAILED
                 result.error = f"{type(exc).__name__}: {exc}"[:512]
                 result.backlog_remaining = True
-                logger.exception("%s failed; the batches before stay deleted", JOB_CODE)
+                logger.exception("%s failed; the batches before stay deleted", RETENTION_JOB.code)
             if lease.lost.is_set():
                 result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
+                result.error = f"lost the lock {RETENTION_JOB.lock_key}; stopped"
         result.duration_ms = int((time.monotonic() - started) * 1000)
         record_job_run(
             engine,
-            job_code=JOB_CODE,
+            job_code=RETENTION_JOB.code,
             run_id=run_id,
             status=result.status.value,
             started_at=started_at,
@@ -228,7 +235,7 @@ def run_retention(
         )
     logger.info(
         "%s %s: deleted=%s batches=%d backlogRemaining=%s",
-        JOB_CODE,
+        RETENTION_JOB.code,
         result.status.value,
         result.deleted,
         result.batches,
@@ -245,7 +252,7 @@ def _delete_all(
     stop_requested: threading.Event | None,
     lost: threading.Event,
     result: RetentionResult,
-    store: StoreProvider,
+    rules: RetentionRules,
 ) -> None:
     for kind in KINDS:
         cutoff = now - timedelta(days=getattr(options, kind.days_option))
@@ -256,7 +263,7 @@ def _delete_all(
                 if not lost.is_set():
                     result.status = RunStatus.CANCELLED
                 return
-            deleted = delete_batch(engine, kind, cutoff, options.batch_size, store)
+            deleted = delete_batch(engine, kind, cutoff, options.batch_size, rules)
             result.deleted[kind.name] += deleted
             result.batches += 1
             if deleted < options.batch_size:
@@ -267,9 +274,9 @@ def _delete_all(
 
 
 def _once(provider: StoreProvider) -> StoreProvider:
-    built: list[ResultStore] = []
+    built: list[ObjectStore] = []
 
-    def get() -> ResultStore:
+    def get() -> ObjectStore:
         if not built:
             built.append(provider())
         return built[0]

@@ -14,14 +14,13 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
+from pin_orchestration.news.snapshot_detach.monitoring import DEMO_ERROR_PREFIX
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest, Tenant
+from pin_orchestration.scraping.store import repository, tenancy
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.tenancy import Tenant
 
 DEMO_POSTS = 200
-# What the demo's deliberate failures say about themselves (check descriptions, pin up's log).
-DEMO_QUARANTINE_NOTE = "demo: quarantined on purpose; `pin detach requeue …` clears it"
-_DEMO_ERROR_PREFIX = "DEMO: "
 _DEMO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -111,7 +110,7 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
                 "status": "Quarantined" if quarantined else "Pending",
                 "attempts": 12 if quarantined else 0,
                 "last_error": (
-                    f"{_DEMO_ERROR_PREFIX}quarantined on purpose to show the "
+                    f"{DEMO_ERROR_PREFIX}quarantined on purpose to show the "
                     "no_quarantined_entries alert (was transient:http_503); "
                     "`pin detach requeue ENTRY_ID` clears it"
                     if quarantined
@@ -132,21 +131,6 @@ def seed_snapshot_detach_outbox(engine: Engine) -> dict[str, int]:
             rows,
         ).rowcount
     return {"snapshot_detach_outbox": inserted}
-
-
-def demo_quarantined_ids(engine: Engine) -> list[uuid.UUID]:
-    """The Quarantined detach entries the demo made on purpose (still Quarantined)."""
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                text(
-                    "SELECT id FROM news.snapshot_detach_outbox "
-                    "WHERE status = 'Quarantined' AND starts_with(last_error, :prefix) "
-                    "ORDER BY id"
-                ),
-                {"prefix": _DEMO_ERROR_PREFIX},
-            ).scalars()
-        )
 
 
 def seed_demo_data(engine: Engine) -> dict[str, dict[str, int]]:
@@ -173,15 +157,15 @@ def ensure_demo_tenant(engine: Engine, home: Path) -> tuple[Tenant, str]:
     if key_file.is_file():
         key = key_file.read_text().strip()
         with engine.connect() as conn:
-            tenant = repository.tenant_for_api_key(conn, key)
+            tenant = tenancy.tenant_for_api_key(conn, key)
         if tenant is not None:
             return tenant, key
     with engine.connect() as conn:
-        exists = repository.tenant_by_name(conn, DEMO_TENANT) is not None
+        exists = tenancy.tenant_by_name(conn, DEMO_TENANT) is not None
     if exists:
-        tenant, key = repository.rotate_tenant_key(engine, DEMO_TENANT)
+        tenant, key = tenancy.rotate_tenant_key(engine, DEMO_TENANT)
     else:
-        tenant, key = repository.create_tenant(engine, DEMO_TENANT)
+        tenant, key = tenancy.create_tenant(engine, DEMO_TENANT)
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.touch(mode=0o600)
     key_file.write_text(key + "\n")

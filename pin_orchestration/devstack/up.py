@@ -24,11 +24,8 @@ import psutil
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
-from pin_orchestration.devstack.demo import (
-    DEMO_QUARANTINE_NOTE,
-    demo_quarantined_ids,
-    seed_demo_data,
-)
+from pin_orchestration.areas import metric_collectors
+from pin_orchestration.devstack.demo import seed_demo_data
 from pin_orchestration.devstack.stack_recovery import (
     STACK_VARIABLE,
     clear_previous_stack,
@@ -40,12 +37,17 @@ from pin_orchestration.devstack.stack_recovery import (
     stack_processes,
 )
 from pin_orchestration.migrations import upgrade_database
+from pin_orchestration.news.snapshot_detach.monitoring import (
+    DEMO_QUARANTINE_NOTE,
+    demo_quarantined_ids,
+)
 from pin_orchestration.platform.dagster_warnings import pythonwarnings_value
 from pin_orchestration.platform.db import (
     create_db_engine,
     dagster_storage_url,
     resolve_database_url,
 )
+from pin_orchestration.platform.defaults import API_PORT, DAGSTER_HOME_DIR, DAGSTER_YAML, PGDATA_DIR
 from pin_orchestration.platform.metrics import serve_metrics
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.sensors.run_failures import RUN_STATUS_SENSOR_PROCESS_LIMIT
@@ -75,14 +77,14 @@ def prepare_dagster_home(
             f"{dagster_yaml} not found: run `pin up` from the repository root or pass "
             "--dagster-yaml PATH"
         )
-    home = settings.home / "dagster_home"
+    home = settings.home / DAGSTER_HOME_DIR
     home.mkdir(parents=True, exist_ok=True)
     text = dagster_yaml.read_text()
     if "python_logs:" not in text:
         # The runs' system loggers (run and step events) print at this level; the event log,
         # hence the UI, keeps every event.
         text += f"\npython_logs:\n  python_log_level: {run_log_level}\n"
-    (home / "dagster.yaml").write_text(text)
+    (home / DAGSTER_YAML.name).write_text(text)
     return home
 
 
@@ -94,8 +96,6 @@ def start_local_services(
     An area whose external service is unset adds its stand-in here and exports its URL
     into `env`, so the Dagster processes started afterwards use it.
     """
-    from pin_orchestration.cli.chessboard import start_publisher_process
-
     stoppers: list[Callable[[], None]] = []
     if settings.selections_url is None:
         from pin_orchestration.devstack.standins.selections import DEFAULT_PORT, SelectionsStandIn
@@ -117,8 +117,23 @@ def start_local_services(
     # The chessboard outbox publisher: to Kafka when PIN_KAFKA_BOOTSTRAP_SERVERS is set,
     # else to $PIN_HOME/chessboard-events.jsonl (it logs which at start). Started after the
     # stand-ins so it inherits their URLs.
-    stoppers.append(start_publisher_process(env))
+    stoppers.append(start_pin_command(["chessboard", "publish"], env))
     return stoppers
+
+
+def start_pin_command(args: list[str], env: dict[str, str]) -> Callable[[], None]:
+    """`pin ARGS…` as a child process; returns how to stop it (SIGTERM, then SIGKILL
+    after 10 s)."""
+    process = subprocess.Popen([sys.executable, "-m", "pin_orchestration.cli", *args], env=env)
+
+    def stop() -> None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+    return stop
 
 
 def start_scraping_services(
@@ -131,28 +146,8 @@ def start_scraping_services(
 
     api_host, api_port = env["PIN_API_HOST"], env["PIN_API_PORT"]
     env.setdefault("PIN_API_PUBLIC_URL", f"http://{api_host}:{api_port}")
-    api = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pin_orchestration.cli",
-            "api",
-            "--host",
-            api_host,
-            "--port",
-            api_port,
-        ],
-        env=env,
-    )
+    stop_api = start_pin_command(["api", "--host", api_host, "--port", api_port], env)
     api_url = env["PIN_API_PUBLIC_URL"]
-
-    def stop_api() -> None:
-        api.terminate()
-        try:
-            api.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            api.kill()
-
     log.info("scraping API on %s (OpenAPI docs %s/docs)", api_url, api_url)
     if not seed_demo:
         return [stop_api]
@@ -203,24 +198,57 @@ def run_stack(
     host: str,
     port: int,
     metrics_port: int,
-    api_port: int = 8000,
+    api_port: int = API_PORT,
     seed_demo: bool = True,
     log_level: str = "info",
 ) -> int:
     # First: beside a live stack nothing else may start (StackAlreadyRunning).
     previous_stack_died = clear_previous_stack(settings.home)
     database_url = resolve_database_url(settings)
+    engine = prepare_database(settings, database_url, seed_demo=seed_demo)
+    # An idle stack stays quiet: Dagster's daemon logs every sensor tick at INFO and a run
+    # prints its DEBUG events; the UI keeps them all. `pin --log-level debug up` shows them.
+    dagster_level = "debug" if log_level == "debug" else "warning"
+    env = stack_environment(
+        settings, database_url, dagster_yaml, dagster_level, host=host, api_port=api_port
+    )
+    if previous_stack_died:
+        fail_runs_left_behind(_dagster_instance(env))
+    stoppers = start_local_services(settings, env, seed_demo=seed_demo)
+    metrics_server = serve_metrics(metric_collectors(engine), host, metrics_port)
+    log.info("metrics on http://%s:%d/metrics", host, metrics_port)
+    stoppers.append(metrics_server.shutdown)  # stopped first
+    log.info("Dagster UI on http://%s:%d", host, port)
+    return run_dagster(
+        settings,
+        env,
+        dagster_dev_command(workspace_yaml, host, port, dagster_level),
+        stoppers,
+    )
+
+
+def prepare_database(settings: Settings, database_url: str, *, seed_demo: bool) -> Engine:
+    """The database migrated to head, with the demo data unless told not to."""
     if settings.database_url is None:
-        log.info("embedded PostgreSQL running, data in %s", settings.home / "pgdata")
+        log.info("embedded PostgreSQL running, data in %s", settings.home / PGDATA_DIR)
     upgrade_database(database_url)
     engine = create_db_engine(database_url)
     if seed_demo:
         log.info("demo data: %s", seed_demo_data(engine))
         log_demo_failures(engine)
+    return engine
 
-    # An idle stack stays quiet: Dagster's daemon logs every sensor tick at INFO and a run
-    # prints its DEBUG events; the UI keeps them all. `pin --log-level debug up` shows them.
-    dagster_level = "debug" if log_level == "debug" else "warning"
+
+def stack_environment(
+    settings: Settings,
+    database_url: str,
+    dagster_yaml: Path,
+    dagster_level: str,
+    *,
+    host: str,
+    api_port: int,
+) -> dict[str, str]:
+    """The environment of every process the stack starts."""
     env = dict(os.environ)
     env.update(
         {
@@ -238,13 +266,11 @@ def run_stack(
     env["PIN_RUN_LOG_LEVEL"] = dagster_level.upper()
     # The daemon reads this: how many failed runs record_failed_runs takes per tick.
     env.setdefault("DAGSTER_RUN_STATUS_SENSOR_PROCESS_LIMIT", str(RUN_STATUS_SENSOR_PROCESS_LIMIT))
-    if previous_stack_died:
-        fail_runs_left_behind(_dagster_instance(env))
-    stoppers = start_local_services(settings, env, seed_demo=seed_demo)
-    metrics_server = serve_metrics(engine, host, metrics_port)
-    log.info("metrics on http://%s:%d/metrics", host, metrics_port)
-    dagster_home = Path(env["DAGSTER_HOME"])
-    dagster = [
+    return env
+
+
+def dagster_dev_command(workspace_yaml: Path, host: str, port: int, level: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "dagster",
@@ -256,11 +282,20 @@ def run_stack(
         "-p",
         str(port),
         "--log-level",
-        dagster_level,
+        level,
         "--code-server-log-level",
-        dagster_level,
+        level,
     ]
-    log.info("Dagster UI on http://%s:%d", host, port)
+
+
+def run_dagster(
+    settings: Settings,
+    env: dict[str, str],
+    command: list[str],
+    stoppers: list[Callable[[], None]],
+) -> int:
+    """Run dagster dev until it exits or the stack is told to stop; then stop Dagster, then
+    what `stoppers` stop (the last first). Returns the exit code of `pin up`."""
     # Its own session: a terminal's Ctrl-C reaches only `pin up`, which then stops Dagster
     # exactly once, the same way as for a signal sent to `pin up`'s PID alone. Every Dagster
     # process carries the stack's id (STACK_VARIABLE): see end_dagster.
@@ -269,9 +304,9 @@ def run_stack(
     # inherits an ignored SIGINT: give it the default back so it can be stopped.
     stack_id = new_stack_id()
     dagster_dev = subprocess.Popen(
-        dagster,
+        command,
         env={**env, STACK_VARIABLE: stack_id},
-        cwd=dagster_home,
+        cwd=Path(env["DAGSTER_HOME"]),
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -301,7 +336,6 @@ def run_stack(
         return dagster_dev.returncode
     finally:
         forget_stack(settings.home)
-        metrics_server.shutdown()
         for stop in reversed(stoppers):
             stop()
         if stopping:

@@ -1,38 +1,24 @@
-"""Jobs of chessboard project-aggregates-recalc: the drain run with the sensor that launches
-it (`chessboard_project_recalc_sensor`), and the runbook actions (force recalc, reset a
-poison row, publish the outbox once) launchable from the UI with config. The drain op calls
-`chessboard.drain.drain_loop`, which claims with the named queries of
+"""Jobs of chessboard project-aggregates-recalc: the drain run (launched by
+`chessboard_project_recalc_sensor`, sensors/chessboard.py), and the runbook actions (force
+recalc, reset a poison row, publish the outbox once) launchable from the UI with config.
+The drain op calls `chessboard.drain.drain_loop`, which claims with the named queries of
 `chessboard/queries.sql` (through `chessboard.queue.query`).
 
-The sensor watches chessboard.project_recalc_requests and launches drain runs — never one
-run per project (a run costs seconds; a drain run takes rows with FOR UPDATE SKIP LOCKED and
-logs one materialization per project).
-
-A drain run stays up to its max duration, waking as rows fall due, so the sensor's job is
-to keep runs alive while there is work: one per 50 due rows up to the cap, and — when
-nothing is due yet but a row falls due before the next evaluation — one run started ahead
-of it (it sleeps until the row is due). Launching ahead keeps the first row after a quiet
-spell from waiting for a tick + run launch, and a second live run covers the gap when the
-other reaches its max duration."""
+A drain run takes rows with FOR UPDATE SKIP LOCKED, logs one materialization per project
+and stays up to its max duration, waking as rows fall due."""
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at definition time.
 
-import math
 import time
 
 from dagster import (
     AssetMaterialization,
     Config,
-    DefaultSensorStatus,
     Failure,
     OpExecutionContext,
-    SensorEvaluationContext,
-    SensorResult,
-    SkipReason,
     in_process_executor,
     job,
     op,
-    sensor,
 )
 from pydantic import Field
 
@@ -51,31 +37,21 @@ from pin_orchestration.chessboard.drain import drain_loop
 from pin_orchestration.chessboard.outbox.publisher import LOCK_KEY, make_sink, publish_once
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
 from pin_orchestration.chessboard.queue import (
-    DEFAULT_POLICY,
     DRAIN_RUN_OPTIONS,
     RecalcConfigError,
     RecalcPolicy,
     force_recalc_now,
     poison_rows,
-    queue_stats,
     reset_poison_row,
 )
 from pin_orchestration.coordination.cancellation import stop_requested_on_signals
 from pin_orchestration.coordination.locks import LockLost, default_holder
-from pin_orchestration.jobs.drain_runs import drain_run_requests, runs_in_flight
 from pin_orchestration.platform.options import dagster_config
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
 
 # dagster.yaml caps concurrent runs per value of this tag (pin/drain: limit 2).
 DRAIN_TAGS = {"pin/drain": "chessboard-project-recalc"}
-# Drain runs in flight at once (dagster.yaml's pin/drain tag limit enforces the same cap
-# at launch; counting here keeps the sensor from piling runs into the queue).
-MAX_CONCURRENT_DRAIN_RUNS = 2
-SENSOR_INTERVAL_SECONDS = 5
-# A row falling due within this is worth a run now: it would otherwise wait for the next
-# evaluation and then for the run to start.
-LAUNCH_AHEAD_SECONDS = SENSOR_INTERVAL_SECONDS
 
 
 # The drain run's config: the drain fields of RecalcPolicy, their defaults and help.
@@ -140,7 +116,7 @@ def drain_chessboard_project_recalc_queue(
 
 
 @job(
-    name=DRAIN_JOB,
+    name=DRAIN_JOB.name,
     executor_def=in_process_executor,
     tags=DRAIN_TAGS,
     description="Drain chessboard.project_recalc_requests (seed 002, AGG-2). Launched by "
@@ -148,47 +124,6 @@ def drain_chessboard_project_recalc_queue(
 )
 def chessboard_project_recalc_drain() -> None:
     drain_chessboard_project_recalc_queue()
-
-
-def drain_runs_wanted(
-    due: int, seconds_until_next_due: float | None, in_flight: int, batch_size: int
-) -> int:
-    """How many drain runs to launch now: one per `batch_size` due rows, or one ahead of a
-    row that falls due before the next evaluation — never beyond the cap in flight."""
-    free = MAX_CONCURRENT_DRAIN_RUNS - in_flight
-    if due > 0:
-        return max(0, min(free, math.ceil(due / batch_size)))
-    if seconds_until_next_due is not None and seconds_until_next_due <= LAUNCH_AHEAD_SECONDS:
-        return max(0, min(free, 1))
-    return 0
-
-
-@sensor(
-    name="chessboard_project_recalc_sensor",
-    job=chessboard_project_recalc_drain,
-    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-    default_status=DefaultSensorStatus.RUNNING,
-    description="Every 5 s: if project recalc requests are due (or fall due within 5 s), "
-    "launch drain runs (one per 50 due rows, at most 2 in flight); a run keeps draining as "
-    "rows fall due for up to its max duration. Evaluation is one count/min(due_at) query.",
-)
-def chessboard_project_recalc_sensor(
-    context: SensorEvaluationContext, database: DatabaseResource
-) -> SensorResult | SkipReason:
-    with database.get_engine().connect() as conn:
-        stats = queue_stats(conn)
-    until_due = stats.next_due_in_seconds
-    if stats.due == 0 and (until_due is None or until_due > LAUNCH_AHEAD_SECONDS):
-        next_due = stats.next_due_at.isoformat() if stats.next_due_at else "none queued"
-        return SkipReason(
-            f"no due recalc requests (depth {stats.depth}, poison {stats.poison}, "
-            f"next due {next_due})"
-        )
-    in_flight = runs_in_flight(context.instance, chessboard_project_recalc_drain.name)
-    wanted = drain_runs_wanted(stats.due, until_due, in_flight, DEFAULT_POLICY.batch_size)
-    if wanted <= 0:
-        return SkipReason(f"{stats.due} due, {in_flight} drain run(s) already in flight")
-    return drain_run_requests("drain", wanted, {**DRAIN_TAGS, "pin/due_rows": str(stats.due)})
 
 
 class ProjectsConfig(Config):

@@ -1,53 +1,34 @@
-"""Jobs of news-snapshot-detach-retry (seed 001): the drain run with the sensor that
-launches it (`news_snapshot_detach_outbox_sensor`), and the runbook re-enqueue. The work
-itself is in the `pin_orchestration.news.snapshot_detach` package: the drain op calls
-`worker.run_detach_retry`, which claims through `outbox.py` with the named queries of
-`news/snapshot_detach/queries.sql`.
-
-Each sensor evaluation is one cheap query (ix_sdo_due). At most one drain run is launched
-per polling window (PIN_SNAPSHOT_DETACH_POLLING_SECONDS, default 5 min, read at evaluation
-time); its run_key is the window, so a window never gets two runs. The outbox's alert
-checks are reported whenever their outcome changes."""
+"""Jobs of news-snapshot-detach-retry (seed 001): the drain run (launched by
+`news_snapshot_detach_outbox_sensor`, sensors/news_snapshot_detach.py) and the runbook
+re-enqueue. The work itself is in the `pin_orchestration.news.snapshot_detach` package: the
+drain op calls `worker.run_detach_retry`, which claims through `outbox.py` with the named
+queries of `news/snapshot_detach/queries.sql`."""
 
 # No `from __future__ import annotations`: Dagster reads config/resource types from the
 # annotations at decoration time.
 
-import json
 import uuid
-from datetime import UTC, datetime
 
 from dagster import (
     AssetObservation,
     Config,
-    DefaultSensorStatus,
     Failure,
     OpExecutionContext,
-    RunRequest,
-    SensorEvaluationContext,
-    SensorResult,
-    SkipReason,
     in_process_executor,
     job,
     op,
-    sensor,
 )
 from pydantic import Field
 
-from pin_orchestration.assets.news_snapshot_detach import (
-    OUTBOX_ASSET_KEY,
-    check_evaluations,
-    outbox_evaluations,
-)
+from pin_orchestration.assets.news_snapshot_detach import OUTBOX_ASSET_KEY, outbox_evaluations
 from pin_orchestration.coordination.cancellation import stop_requested_on_signals
 from pin_orchestration.coordination.jobruns import RunStatus
 from pin_orchestration.coordination.locks import default_holder
-from pin_orchestration.devstack.demo import demo_quarantined_ids
-from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, sensor_state
+from pin_orchestration.news.snapshot_detach.monitoring import outbox_state
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
-from pin_orchestration.news.snapshot_detach.policy import JOB_CODE, DetachOptions
+from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB, DetachOptions
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
 from pin_orchestration.platform.options import dagster_config
-from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
 
@@ -104,69 +85,18 @@ def drain_snapshot_detach_outbox(
         for evaluation in outbox_evaluations(engine):
             context.log_event(evaluation)
     if result.status == RunStatus.FAILED:
-        raise Failure(f"{JOB_CODE} failed: {result.error}", metadata=result.summary())
+        raise Failure(f"{DETACH_JOB.code} failed: {result.error}", metadata=result.summary())
 
 
 @job(
-    name="news_snapshot_detach_retry",
+    name=DETACH_JOB.name,
     executor_def=in_process_executor,
     description="Drain news.snapshot_detach_outbox: retry selections detach with backoff "
     "(seed 001). Launched by news_snapshot_detach_outbox_sensor when rows are due.",
-    tags={"pin/job": JOB_CODE},
+    tags=DETACH_JOB.tags,
 )
 def news_snapshot_detach_retry() -> None:
     drain_snapshot_detach_outbox()
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-@sensor(
-    name="news_snapshot_detach_outbox_sensor",
-    job=news_snapshot_detach_retry,
-    minimum_interval_seconds=30,
-    default_status=DefaultSensorStatus.RUNNING,
-    description="Launches one drain run per polling window while due Pending rows exist.",
-)
-def news_snapshot_detach_outbox_sensor(
-    context: SensorEvaluationContext, database: DatabaseResource
-) -> SensorResult:
-    interval = Settings.from_env().snapshot_detach_polling_seconds
-    now = _now()
-    engine = database.get_engine()
-    state = sensor_state(engine)
-    cursor = json.loads(context.cursor) if context.cursor else {}
-
-    demo_ids = demo_quarantined_ids(engine) if state.quarantined else []
-    evaluations = check_evaluations(state, demo_ids)
-    alerts = {e.check_name: e.passed for e in evaluations}
-    asset_events = evaluations if alerts != cursor.get("alerts") else []
-
-    window_start = int(now.timestamp() // interval * interval)
-    run_requests: list[RunRequest] = []
-    skip: SkipReason | None = None
-    if state.due == 0:
-        skip = SkipReason("no due Pending rows in news.snapshot_detach_outbox")
-    elif cursor.get("window_start") == window_start:
-        skip = SkipReason(
-            f"{state.due} rows due; this polling window ({interval:g} s) already has its run"
-        )
-    else:
-        window = datetime.fromtimestamp(window_start, UTC).isoformat()
-        run_requests.append(
-            RunRequest(
-                run_key=f"news-snapshot-detach-retry:{window}",
-                tags={"pin/due_rows": str(state.due), "pin/polling_window": window},
-            )
-        )
-        cursor = {**cursor, "window_start": window_start}
-    return SensorResult(
-        run_requests=run_requests,
-        skip_reason=skip,
-        asset_events=asset_events,
-        cursor=json.dumps({**cursor, "alerts": alerts}),
-    )
 
 
 class RequeueConfig(Config):

@@ -1,7 +1,8 @@
 """news-comment-reconcile (seed 000): keep news.posts.comments_count equal to the number of
 the post's Visible comments.
 
-Read top to bottom: options and their validation, the checkpoint and the pass plan, then
+The run's options, result and pass plan are news/reconcile_plan.py; its records (the
+checkpoint, the owed work, the run's row) news/reconcile_records.py. Here:
 `run_reconcile`, which takes the distributed lock, drains the posts owed by earlier runs,
 resumes from the checkpoint and walks posts in id order one batch (one statement, one
 transaction) at a time — the loop runs server-side, in a procedure (reconcile.sql), a
@@ -18,192 +19,73 @@ is recorded as begun before its first batch, so a run that dies leaves it owed t
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
+from pin_orchestration.coordination.jobruns import RunStatus
 from pin_orchestration.coordination.locks import LockLease, list_locks, renewed_lock
+from pin_orchestration.news.reconcile_plan import (
+    OWED,
+    OWED_LEG,
+    RECONCILE_JOB,
+    START_CURSOR,
+    Leg,
+    ReconcileConfigError,
+    ReconcileOptions,
+    ReconcileResult,
+    Scope,
+    Window,
+    checkpoint_key,
+    plan_pass,
+)
+from pin_orchestration.news.reconcile_records import (
+    begin_run,
+    finish_run,
+    owe_skipped_run,
+    read_backlog,
+    read_checkpoint,
+    read_checkpoint_state,
+    statement,
+    take_owed_full_sweep,
+)
 from pin_orchestration.platform import tracing
-from pin_orchestration.platform.options import option
-from pin_orchestration.platform.sql import load_queries
 
-JOB_CODE = "news-comment-reconcile"
-LOCK_KEY = "Pin:lock:job:scheduled:news-comment-reconcile"
-# The keyset cursor before the first post.
-START_CURSOR = uuid.UUID(int=0)
-# The keyset bound after the last post.
-END_CURSOR = uuid.UUID(int=2**128 - 1)
+# The job's interface, wherever its parts are declared: what the assets, the CLI, the
+# metrics and the tests import from here.
+__all__ = [
+    "RECONCILE_JOB",
+    "SLICE_SECONDS",
+    "START_CURSOR",
+    "ReconcileConfigError",
+    "ReconcileOptions",
+    "ReconcileResult",
+    "RunStatus",
+    "Scope",
+    "read_backlog",
+    "read_checkpoint",
+    "reconcile_slice",
+    "run_reconcile",
+]
+
 # The client hands the server a slice of batches at a time: it checks for a stop request
 # and the run's budget between slices, and pays one round trip per slice.
 SLICE_SECONDS = 0.25
 # How many individual corrections a run keeps for people to look at (its metadata, the
 # `corrections` column analysts see); its totals are kept in full.
 CORRECTIONS_REPORTED = 50
-# A run's record (news.comment_reconcile_runs) until it records its end.
-RUNNING = "running"
-# The sweep over the owed posts (news.comment_reconcile_owed), which every run does first.
-OWED = "owed"
 
 log = logging.getLogger(__name__)
 
 _SET_CONFIG = text("SELECT set_config(:name, :value, false)")
-
-
-class Scope(StrEnum):
-    DAILY_WINDOW = "DailyWindow"
-    FULL_SWEEP = "FullSweep"
-
-
-class ReconcileConfigError(ValueError):
-    """The run's options are invalid; raised before any work is done."""
-
-
-@dataclass(frozen=True)
-class ReconcileOptions:
-    scope: Scope = option(
-        Scope.DAILY_WINDOW,
-        "DailyWindow (posts with comment activity in the lookback window) "
-        "or FullSweep (every post that is not Archived)",
-    )
-    batch_size: int = option(500, "Posts per batch (> 0)")
-    max_run_duration_seconds: float = option(
-        20 * 60, "Stop after this long; the next run resumes from the checkpoint"
-    )
-    window_lookback_hours: float = option(
-        26, "DailyWindow: comment activity at or after the window's end minus this"
-    )
-    lock_ttl_seconds: float = option(
-        30 * 60, "TTL of the distributed lock, renewed every third of it while the run works"
-    )
-    drift_alert_threshold: int = option(
-        100, "Corrections in one run above this fail the drift check"
-    )
-
-    def validate(self) -> None:
-        problems: list[str] = []
-        if self.scope not in tuple(Scope):
-            problems.append(
-                f"scope must be one of {', '.join(s.value for s in Scope)} (got {self.scope!r})"
-            )
-        if self.batch_size <= 0:
-            problems.append(f"batch_size must be > 0 (got {self.batch_size}); default is 500")
-        if self.max_run_duration_seconds <= 0:
-            problems.append(
-                "max_run_duration_seconds must be > 0 "
-                f"(got {self.max_run_duration_seconds}); default is 1200"
-            )
-        if self.scope == Scope.DAILY_WINDOW and self.window_lookback_hours <= 0:
-            problems.append(
-                "window_lookback_hours must be > 0 for scope DailyWindow "
-                f"(got {self.window_lookback_hours}); default is 26"
-            )
-        if self.lock_ttl_seconds <= 0:
-            problems.append(
-                f"lock_ttl_seconds must be > 0 (got {self.lock_ttl_seconds}); default is 1800"
-            )
-        if self.drift_alert_threshold < 0:
-            problems.append(
-                f"drift_alert_threshold must be >= 0 (got {self.drift_alert_threshold})"
-            )
-        if problems:
-            raise ReconcileConfigError(
-                "invalid news-comment-reconcile config: " + "; ".join(problems)
-            )
-
-
-@dataclass
-class ReconcileResult:
-    status: RunStatus
-    scope: Scope
-    start_after_post_id: uuid.UUID | None = None
-    posts_reconciled: int = 0
-    drift_corrected: int = 0
-    batches_processed: int = 0
-    last_post_id: uuid.UUID | None = None
-    backlog_remaining: bool = False
-    duration_ms: int = 0
-    error: str | None = None
-    # Drifted posts this run could not lock (a hot-path writer held or changed them): owed.
-    posts_skipped: int = 0
-    # Posts owed a reconcile when the run ended (news.comment_reconcile_owed), whoever
-    # left them; backlog_remaining is true while any is, or a pass is unfinished.
-    owed_posts: int = 0
-    # Skipped: who held the lock.
-    lock_holder: str | None = None
-    # The Dagster partition (day) the run reconciled, when it ran for one: what analysts
-    # load `news/post_comment_counts` by.
-    partition: str | None = None
-    corrections: list[dict[str, Any]] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The seed's run result, as plain JSON-able values."""
-        data = asdict(self)
-        data.pop("corrections")
-        for key in ("start_after_post_id", "last_post_id"):
-            data[key] = str(data[key]) if data[key] else None
-        data["status"] = self.status.value
-        data["scope"] = self.scope.value
-        return data
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Where an interrupted pass stands: the last post done and, for DailyWindow, the
-    window the pass was started with (what it still owes)."""
-
-    last_id: uuid.UUID
-    window_start: datetime | None
-    window_end: datetime | None
-
-
-@dataclass(frozen=True)
-class Window:
-    """DailyWindow: comment activity at or after `start` and before `end`."""
-
-    start: datetime
-    end: datetime
-
-    def union(self, other: Window) -> Window:
-        return Window(min(self.start, other.start), max(self.end, other.end))
-
-
-@dataclass(frozen=True)
-class Leg:
-    """Posts after `after` up to `upper` (inclusive); at its end the checkpoint becomes
-    `end_cursor` (None: the pass is complete). The owed leg walks the owed posts and has
-    no checkpoint: the owed table is its own record of what is left."""
-
-    after: uuid.UUID
-    upper: uuid.UUID
-    end_cursor: uuid.UUID | None
-    owed: bool = False
-
-
-OWED_LEG = Leg(START_CURSOR, END_CURSOR, None, owed=True)
-
-
-@dataclass(frozen=True)
-class Backlog:
-    """What is owed, durably: posts (news.comment_reconcile_owed) and unfinished passes
-    (a checkpoint with a cursor: cut by the time limit, stopped, failed, crashed)."""
-
-    owed_posts: int
-    pending_passes: tuple[Scope, ...]
-
-    @property
-    def remaining(self) -> bool:
-        return self.owed_posts > 0 or bool(self.pending_passes)
 
 
 @dataclass(frozen=True)
@@ -225,19 +107,6 @@ class _Slice:
     error: str | None
 
 
-def checkpoint_key(scope: Scope) -> str:
-    return f"{JOB_CODE}:{scope.value}"
-
-
-# The mark a FullSweep skipped on the held lock leaves: a whole pass owed, which the next
-# FullSweep holding the lock takes (reconcile.sql, owe_full_sweep).
-OWED_FULL_SWEEP_KEY = f"{checkpoint_key(Scope.FULL_SWEEP)}:owed"
-
-
-def _queries() -> dict[str, str]:
-    return load_queries("pin_orchestration.news", "reconcile.sql")
-
-
 # A sweep procedure per kind of leg: its name and its candidate and Visible-count fragments.
 _SWEEPS = {
     Scope.FULL_SWEEP: ("full_sweep", "full_sweep_candidates", "visible_in_id_range"),
@@ -252,49 +121,18 @@ def _procedure_name(kind: str) -> str:
 
 @functools.cache
 def _procedure_source(kind: str) -> str:
-    queries = _queries()
     _, candidates, visible = _SWEEPS[kind]
     # Only SQL fragments are composed here; every value is a parameter of the procedure.
-    return queries["sweep_procedure"].format(
+    return statement.sql("sweep_procedure").format(
         procedure=_procedure_name(kind),
-        candidates=queries[candidates],
-        visible_filter=queries[visible],
+        candidates=statement.sql(candidates),
+        visible_filter=statement.sql(visible),
     )
 
 
 @functools.cache
 def _call_statement(kind: str) -> TextClause:
-    return text(_queries()["call_sweep_procedure"].format(procedure=_procedure_name(kind)))
-
-
-def _statement(name: str) -> TextClause:
-    return text(_queries()[name])
-
-
-def read_backlog(engine: Engine) -> Backlog:
-    with engine.connect() as conn:
-        row = conn.execute(
-            _statement("backlog"),
-            {"checkpoint_keys": [*(checkpoint_key(s) for s in Scope), OWED_FULL_SWEEP_KEY]},
-        ).one()
-    keys = {checkpoint_key(s): s for s in Scope} | {OWED_FULL_SWEEP_KEY: Scope.FULL_SWEEP}
-    pending = dict.fromkeys(keys[k] for k in row.pending_passes)
-    return Backlog(int(row.owed_posts), tuple(pending))
-
-
-def read_checkpoint_state(engine: Engine, scope: Scope) -> Checkpoint | None:
-    with engine.connect() as conn:
-        row = conn.execute(
-            text(_queries()["read_checkpoint"]), {"checkpoint_key": checkpoint_key(scope)}
-        ).first()
-    if row is None or row.last_id is None:
-        return None
-    return Checkpoint(row.last_id, row.window_start, row.window_end)
-
-
-def read_checkpoint(engine: Engine, scope: Scope) -> uuid.UUID | None:
-    state = read_checkpoint_state(engine, scope)
-    return state.last_id if state else None
+    return text(statement.sql("call_sweep_procedure").format(procedure=_procedure_name(kind)))
 
 
 @contextmanager
@@ -332,7 +170,7 @@ def sweep_connection(engine: Engine, scope: Scope) -> Iterator[Connection]:
 
 
 @tracing.traced(
-    f"{JOB_CODE}.batches",
+    f"{RECONCILE_JOB.code}.batches",
     lambda a: {"cursor": str(a["cursor"]), "batchSize": a["batch_size"]},
     lambda piece: {
         "batches": piece.batches,
@@ -389,33 +227,8 @@ def reconcile_slice(
     )
 
 
-def plan_pass(
-    scope: Scope, checkpoint: Checkpoint | None, own_window: Window | None
-) -> tuple[list[Leg], Window | None]:
-    """The legs this run walks and the window it uses.
-
-    A fresh pass walks every post once. A resumed FullSweep goes on to the end (seed). A
-    resumed DailyWindow goes on to the end, then wraps around to where it resumed, with
-    the union of its own window and the interrupted pass's: every post is then looked at
-    with every window owed since the last completed pass, however many runs were cut.
-    """
-    if checkpoint is None:
-        return [Leg(START_CURSOR, END_CURSOR, None)], own_window
-    if scope == Scope.FULL_SWEEP or own_window is None:
-        return [Leg(checkpoint.last_id, END_CURSOR, None)], own_window
-    window = own_window
-    if checkpoint.window_start is not None and checkpoint.window_end is not None:
-        window = own_window.union(Window(checkpoint.window_start, checkpoint.window_end))
-    if checkpoint.last_id == START_CURSOR:
-        return [Leg(START_CURSOR, END_CURSOR, None)], window
-    return [
-        Leg(checkpoint.last_id, END_CURSOR, START_CURSOR),
-        Leg(START_CURSOR, checkpoint.last_id, None),
-    ], window
-
-
 @tracing.traced(
-    JOB_CODE,
+    RECONCILE_JOB.code,
     lambda a: {
         "jobRunId": a["run_id"],
         "scope": str(a["options"].scope),
@@ -453,51 +266,38 @@ def run_reconcile(
     started = time.monotonic()
     scope = Scope(options.scope)
     result = ReconcileResult(status=RunStatus.SUCCEEDED, scope=scope, partition=partition)
-    own_window = None
-    if scope == Scope.DAILY_WINDOW:
-        end = window_anchor or started_at
-        own_window = Window(end - timedelta(hours=options.window_lookback_hours), end)
+    own_window = _own_window(scope, options, window_anchor or started_at)
 
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, RECONCILE_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
             result.status = RunStatus.SKIPPED
-            result.lock_holder = _holder_of(engine, LOCK_KEY)
-            run_ref = _owe_skipped_run(engine, result, run_id, own_window, started_at)
+            result.lock_holder = _holder_of(engine, RECONCILE_JOB.lock_key)
+            run_ref = owe_skipped_run(engine, result, run_id, own_window, started_at)
             logger.info(
                 "%s skipped, lock held (key=%s, holder=%s, run=%s); owed to the next run",
-                JOB_CODE,
-                LOCK_KEY,
+                RECONCILE_JOB.code,
+                RECONCILE_JOB.lock_key,
                 result.lock_holder,
                 run_id,
             )
-            _finish(engine, result, run_id, run_ref, started, started_at)
+            finish_run(engine, result, run_id, run_ref, started, started_at)
             return result
 
         if scope == Scope.FULL_SWEEP:
-            _take_owed_full_sweep(engine, lease)
+            take_owed_full_sweep(engine, lease)
         checkpoint = read_checkpoint_state(engine, scope)
         legs, window = plan_pass(scope, checkpoint, own_window)
         result.start_after_post_id = checkpoint.last_id if checkpoint else None
-        run_ref = _begin_run(engine, lease, result, run_id, scope, checkpoint, window, started_at)
+        run_ref = begin_run(engine, lease, result, run_id, scope, checkpoint, window, started_at)
         if read_backlog(engine).owed_posts:
             # The owed posts first: they are the oldest debt. (Posts owed from here on, by
             # a run skipped meanwhile, wait for the next run.)
             legs = [OWED_LEG, *legs]
-        logger.info(
-            "%s started: jobRunId=%s scope=%s cursor=%s window=%s legs=%d batch_size=%d",
-            JOB_CODE,
-            run_id,
-            scope.value,
-            result.start_after_post_id,
-            f"[{window.start.isoformat()}, {window.end.isoformat()})" if window else None,
-            len(legs),
-            options.batch_size,
-        )
+        _log_started(logger, run_id, result, window, legs, options.batch_size)
         with sweep_connection(engine, scope) as conn:
-            _sweep(
+            _Sweep(
                 conn,
                 scope,
-                legs,
                 window,
                 options,
                 started,
@@ -507,243 +307,181 @@ def run_reconcile(
                 result,
                 run_ref,
                 run_id,
-            )
+            ).walk(legs)
 
-        _finish(engine, result, run_id, run_ref, started, started_at)
-        logger.info(
-            "%s completed: status=%s postsReconciled=%d driftCorrected=%d batches=%d "
-            "postsSkipped=%d owedPosts=%d backlogRemaining=%s durationMs=%d",
-            JOB_CODE,
-            result.status.value,
-            result.posts_reconciled,
-            result.drift_corrected,
-            result.batches_processed,
-            result.posts_skipped,
-            result.owed_posts,
-            result.backlog_remaining,
-            result.duration_ms,
-        )
+        finish_run(engine, result, run_id, run_ref, started, started_at)
+        _log_completed(logger, result)
         return result
+
+
+def _own_window(scope: Scope, options: ReconcileOptions, end: datetime) -> Window | None:
+    """A DailyWindow run's own window: comment activity in [end - lookback, end)."""
+    if scope != Scope.DAILY_WINDOW:
+        return None
+    return Window(end - timedelta(hours=options.window_lookback_hours), end)
 
 
 def _holder_of(engine: Engine, key: str) -> str | None:
     return next((lock.holder for lock in list_locks(engine) if lock.lock_key == key), None)
 
 
-def _record_run(
-    engine: Engine,
+def _log_started(
+    logger: logging.Logger | logging.LoggerAdapter[Any],
     run_id: str,
-    partition: str | None,
-    scope: Scope,
-    status: str,
-    started_at: datetime,
-) -> int:
-    with engine.begin() as conn:
-        return int(
-            conn.execute(
-                _statement("begin_run"),
-                {
-                    "run_id": run_id,
-                    "partition": partition,
-                    "scope": scope.value,
-                    "status": status,
-                    "started_at": started_at,
-                },
-            ).scalar_one()
-        )
-
-
-def _owe_skipped_run(
-    engine: Engine,
     result: ReconcileResult,
-    run_id: str,
-    own_window: Window | None,
-    started_at: datetime,
-) -> int:
-    """A run skipped on the held lock owes its work: a DailyWindow its window's posts, a
-    FullSweep its pass. Returns its run record."""
-    with engine.begin() as conn:
-        if own_window is not None:
-            conn.execute(
-                _statement("owe_window"),
-                {"run_id": run_id, "window_start": own_window.start, "window_end": own_window.end},
-            )
-        else:
-            conn.execute(
-                _statement("owe_full_sweep"),
-                {"owed_key": OWED_FULL_SWEEP_KEY, "start_cursor": START_CURSOR},
-            )
-    return _record_run(
-        engine, run_id, result.partition, result.scope, RunStatus.SKIPPED.value, started_at
+    window: Window | None,
+    legs: list[Leg],
+    batch_size: int,
+) -> None:
+    logger.info(
+        "%s started: jobRunId=%s scope=%s cursor=%s window=%s legs=%d batch_size=%d",
+        RECONCILE_JOB.code,
+        run_id,
+        result.scope.value,
+        result.start_after_post_id,
+        f"[{window.start.isoformat()}, {window.end.isoformat()})" if window else None,
+        len(legs),
+        batch_size,
     )
 
 
-def _take_owed_full_sweep(engine: Engine, lease: LockLease) -> None:
-    """Under the lock, before the checkpoint is read: a pass owed by a skipped FullSweep
-    makes this run's pass start from the first post."""
-    with engine.begin() as conn:
-        conn.execute(
-            _statement("take_owed_full_sweep"),
-            {
-                "owed_key": OWED_FULL_SWEEP_KEY,
-                "checkpoint_key": checkpoint_key(Scope.FULL_SWEEP),
-                "start_cursor": START_CURSOR,
-                "lock_key": lease.key,
-                "lock_token": lease.token,
-            },
-        )
-
-
-def _begin_run(
-    engine: Engine,
-    lease: LockLease,
-    result: ReconcileResult,
-    run_id: str,
-    scope: Scope,
-    checkpoint: Checkpoint | None,
-    window: Window | None,
-    started_at: datetime,
-) -> int:
-    """Under the lock, before any batch: runs left 'running' by a dead process are ended,
-    owed posts since archived or deleted forgiven, this run's record drawn, and a fresh
-    pass recorded as begun (so a run that dies before its first batch still owes it)."""
-    with engine.begin() as conn:
-        conn.execute(_statement("end_dead_runs"))
-        conn.execute(_statement("forgive_gone_posts"))
-        if checkpoint is None:
-            conn.execute(
-                _statement("begin_pass"),
-                {
-                    "checkpoint_key": checkpoint_key(scope),
-                    "start_cursor": START_CURSOR,
-                    "window_start": window.start if window else None,
-                    "window_end": window.end if window else None,
-                    "lock_key": lease.key,
-                    "lock_token": lease.token,
-                },
-            )
-    return _record_run(engine, run_id, result.partition, scope, RUNNING, started_at)
-
-
-def _sweep(
-    conn: Connection,
-    scope: Scope,
-    legs: list[Leg],
-    window: Window | None,
-    options: ReconcileOptions,
-    started: float,
-    stop_requested: threading.Event | None,
-    lease: LockLease,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    result: ReconcileResult,
-    run_ref: int,
-    run_id: str,
+def _log_completed(
+    logger: logging.Logger | logging.LoggerAdapter[Any], result: ReconcileResult
 ) -> None:
-    """Walk the legs slice by slice until done, the budget is spent, a stop is requested
-    or the lock is lost. What is left needs no flag here: the checkpoint and the owed
-    posts say it, and `_finish` reads backlog_remaining from them."""
-    for leg in legs:
+    logger.info(
+        "%s completed: status=%s postsReconciled=%d driftCorrected=%d batches=%d "
+        "postsSkipped=%d owedPosts=%d backlogRemaining=%s durationMs=%d",
+        RECONCILE_JOB.code,
+        result.status.value,
+        result.posts_reconciled,
+        result.drift_corrected,
+        result.batches_processed,
+        result.posts_skipped,
+        result.owed_posts,
+        result.backlog_remaining,
+        result.duration_ms,
+    )
+
+
+@dataclass
+class _Sweep:
+    """A run's walk over its legs, slice by slice, until done, the budget is spent, a
+    stop is requested or the lock is lost. What is left needs no flag here: the
+    checkpoint and the owed posts say it, and `finish_run` reads backlog_remaining from
+    them. Each step updates `result`."""
+
+    conn: Connection
+    scope: Scope
+    window: Window | None
+    options: ReconcileOptions
+    started: float
+    stop_requested: threading.Event | None
+    lease: LockLease
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+    result: ReconcileResult
+    run_ref: int
+    run_id: str
+
+    def walk(self, legs: list[Leg]) -> None:
+        for leg in legs:
+            if not self._walk_leg(leg):
+                return
+
+    def _walk_leg(self, leg: Leg) -> bool:
+        """Slices of `leg` to its end (True) or until the run stops (False)."""
         cursor = leg.after
         while True:
-            if lease.lost.is_set():
-                # Another runner may hold the lock now: not one more batch.
-                result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
-                logger.error("%s lost its lock; stopped, committed work kept", JOB_CODE)
-                return
-            if stop_requested is not None and stop_requested.is_set():
-                result.status = RunStatus.CANCELLED
-                logger.warning("%s cancelled between batches; committed work kept", JOB_CODE)
-                return
-            remaining = options.max_run_duration_seconds - (time.monotonic() - started)
-            piece = reconcile_slice(
-                conn,
-                lease,
-                scope,
-                leg,
-                cursor,
-                options.batch_size,
-                window,
-                slice_seconds=max(min(SLICE_SECONDS, remaining), 0.0),
-                corrections_kept=max(CORRECTIONS_REPORTED - len(result.corrections), 0),
-                run_ref=run_ref,
-                run_id=run_id,
-            )
-            result.batches_processed += piece.batches
-            result.posts_reconciled += piece.candidates - piece.skipped_locked
-            result.posts_skipped += piece.skipped_locked
-            result.drift_corrected += piece.corrections_count
-            result.last_post_id = piece.last_id or result.last_post_id
-            result.corrections.extend(piece.corrections)
-            if piece.batches:
-                logger.info(
-                    "%s batches processed: batches=%d rows=%d corrected=%d skipped_locked=%d",
-                    JOB_CODE,
-                    piece.batches,
-                    piece.candidates,
-                    piece.corrections_count,
-                    piece.skipped_locked,
-                )
-            if piece.lock_lost:
-                lease.mark_lost("a batch found the lock expired or taken over")
-                result.status = RunStatus.FAILED
-                result.error = f"lost the lock {LOCK_KEY}; stopped"
-                logger.error("%s lost its lock; the batch changed nothing, stopped", JOB_CODE)
-                return
-            if piece.error is not None:
-                result.status = RunStatus.FAILED
-                result.error = piece.error[:512]
-                logger.error(
-                    "%s batch after %s failed (%s); earlier batches stay committed",
-                    JOB_CODE,
-                    piece.cursor,
-                    piece.error,
-                )
-                return
+            if self._stopped_before_slice():
+                return False
+            piece = self._slice(leg, cursor)
+            self._count(piece)
+            if self._failed(piece):
+                return False
             if piece.reached_end:
-                break
+                return True
             cursor = piece.cursor
             # Checked after a slice (at least one batch), so even a tiny budget makes
             # progress every run.
-            if time.monotonic() - started >= options.max_run_duration_seconds:
-                logger.warning(
-                    "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
-                    JOB_CODE,
-                    options.max_run_duration_seconds,
-                    cursor,
-                )
-                return
+            if self._out_of_time(cursor):
+                return False
 
+    def _stopped_before_slice(self) -> bool:
+        if self.lease.lost.is_set():
+            # Another runner may hold the lock now: not one more batch.
+            self.result.status = RunStatus.FAILED
+            self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
+            self.logger.error("%s lost its lock; stopped, committed work kept", RECONCILE_JOB.code)
+            return True
+        if self.stop_requested is not None and self.stop_requested.is_set():
+            self.result.status = RunStatus.CANCELLED
+            self.logger.warning(
+                "%s cancelled between batches; committed work kept", RECONCILE_JOB.code
+            )
+            return True
+        return False
 
-def _finish(
-    engine: Engine,
-    result: ReconcileResult,
-    run_id: str,
-    run_ref: int,
-    started: float,
-    started_at: datetime,
-) -> None:
-    result.duration_ms = int((time.monotonic() - started) * 1000)
-    # What is owed when the run ends, whoever owes it: the durable state, not this run's
-    # view of its own pass (a crash, another scope's cut pass and owed posts count too).
-    backlog = read_backlog(engine)
-    result.owed_posts = backlog.owed_posts
-    result.backlog_remaining = backlog.remaining
-    with engine.begin() as conn:
-        conn.execute(
-            _statement("end_run"),
-            {
-                "run_ref": run_ref,
-                "status": result.status.value,
-                "corrections": json.dumps(result.corrections),
-            },
+    def _slice(self, leg: Leg, cursor: uuid.UUID) -> _Slice:
+        remaining = self.options.max_run_duration_seconds - (time.monotonic() - self.started)
+        return reconcile_slice(
+            self.conn,
+            self.lease,
+            self.scope,
+            leg,
+            cursor,
+            self.options.batch_size,
+            self.window,
+            slice_seconds=max(min(SLICE_SECONDS, remaining), 0.0),
+            corrections_kept=max(CORRECTIONS_REPORTED - len(self.result.corrections), 0),
+            run_ref=self.run_ref,
+            run_id=self.run_id,
         )
-    record_job_run(
-        engine,
-        job_code=JOB_CODE,
-        run_id=run_id,
-        status=result.status.value,
-        started_at=started_at,
-        # The kept corrections too: analysts read them back per partition.
-        result={**result.summary(), "corrections": result.corrections},
-    )
+
+    def _count(self, piece: _Slice) -> None:
+        result = self.result
+        result.batches_processed += piece.batches
+        result.posts_reconciled += piece.candidates - piece.skipped_locked
+        result.posts_skipped += piece.skipped_locked
+        result.drift_corrected += piece.corrections_count
+        result.last_post_id = piece.last_id or result.last_post_id
+        result.corrections.extend(piece.corrections)
+        if piece.batches:
+            self.logger.info(
+                "%s batches processed: batches=%d rows=%d corrected=%d skipped_locked=%d",
+                RECONCILE_JOB.code,
+                piece.batches,
+                piece.candidates,
+                piece.corrections_count,
+                piece.skipped_locked,
+            )
+
+    def _failed(self, piece: _Slice) -> bool:
+        if piece.lock_lost:
+            self.lease.mark_lost("a batch found the lock expired or taken over")
+            self.result.status = RunStatus.FAILED
+            self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
+            self.logger.error(
+                "%s lost its lock; the batch changed nothing, stopped", RECONCILE_JOB.code
+            )
+            return True
+        if piece.error is not None:
+            self.result.status = RunStatus.FAILED
+            self.result.error = piece.error[:512]
+            self.logger.error(
+                "%s batch after %s failed (%s); earlier batches stay committed",
+                RECONCILE_JOB.code,
+                piece.cursor,
+                piece.error,
+            )
+            return True
+        return False
+
+    def _out_of_time(self, cursor: uuid.UUID) -> bool:
+        if time.monotonic() - self.started < self.options.max_run_duration_seconds:
+            return False
+        self.logger.warning(
+            "%s reached max_run_duration_seconds=%s; the next run resumes after %s",
+            RECONCILE_JOB.code,
+            self.options.max_run_duration_seconds,
+            cursor,
+        )
+        return True

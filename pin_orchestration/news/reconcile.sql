@@ -377,3 +377,11 @@ SELECT (SELECT count(*) FROM news.comment_reconcile_owed AS o
        ARRAY(SELECT checkpoint_key FROM pin.job_checkpoints
              WHERE checkpoint_key = ANY(:checkpoint_keys) AND last_id IS NOT NULL
              ORDER BY checkpoint_key) AS pending_passes
+
+-- Posts reconciled and drift corrected, from each run's record (news.comment_reconcile_runs):
+-- each batch adds to it as it commits, so a cancelled, failed or crashed run's work counts,
+-- the same totals the analysts read; pin-retention never deletes it (news/metrics.py).
+-- name: reconcile_work
+SELECT coalesce(sum(posts_reconciled), 0) AS posts_reconciled,
+       coalesce(sum(drift_corrected), 0) AS drift_corrected
+FROM news.comment_reconcile_runs

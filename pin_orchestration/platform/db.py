@@ -7,6 +7,7 @@ import functools
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 
+from pin_orchestration.platform.defaults import PGDATA_DIR
 from pin_orchestration.platform.settings import Settings, SettingsError
 
 
@@ -64,7 +65,7 @@ def resolve_database_url(settings: Settings | None = None, *, create_embedded: b
         return settings.database_url
     from pin_orchestration.platform.embedded import start_embedded_postgres
 
-    if not create_embedded and not (settings.home / "pgdata").is_dir():
+    if not create_embedded and not (settings.home / PGDATA_DIR).is_dir():
         raise NoDatabaseHere(
             f"no database: PIN_DATABASE_URL is unset and PIN_HOME={settings.home} holds no "
             "embedded PostgreSQL (PIN_HOME defaults to .pin in the current directory). Run "
@@ -74,7 +75,7 @@ def resolve_database_url(settings: Settings | None = None, *, create_embedded: b
         )
 
     # Stopped when the last process using it exits: no server is left behind.
-    return start_embedded_postgres(settings.home / "pgdata", stop_on_exit=True)
+    return start_embedded_postgres(settings.home / PGDATA_DIR, stop_on_exit=True)
 
 
 def dagster_storage_url(sqlalchemy_url: str) -> str:

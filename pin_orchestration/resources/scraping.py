@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pin_orchestration.platform.settings import Settings
-from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
-from pin_orchestration.scraping.retry import RetryPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import ResultStore, build_result_store
-from pin_orchestration.scraping.webhooks import WebhookPolicy
+from pin_orchestration.scraping.store.local import result_store_from
+from pin_orchestration.scraping.store.results import ResultStore
+from pin_orchestration.scraping.webhooks.options import WebhookPolicy
+from pin_orchestration.scraping.worker.retry import RetryPolicy
 
 
 class ScrapingResource(ConfigurableResource):
@@ -34,16 +34,6 @@ class ScrapingResource(ConfigurableResource):
 
     def get_retry_policy(self, settings: ScrapingSettings | None = None) -> RetryPolicy:
         return retry_policy_from(settings or self.get_settings())
-
-
-def result_store_from(settings: ScrapingSettings) -> ResultStore:
-    return build_result_store(
-        bucket=settings.s3_bucket,
-        endpoint_url=settings.s3_endpoint_url,
-        region_name=settings.s3_region,
-        home=Settings.from_env().home,
-        public_base_url=settings.api_public_url,
-    )
 
 
 def fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:

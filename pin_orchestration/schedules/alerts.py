@@ -2,8 +2,9 @@
 area's health asset observed and its alert checks evaluated in one run, so their status on
 the asset pages is never older than a few minutes.
 
-Here, not in jobs/: it spans every area (an area's schedule lives with its job in
-jobs/<area>.py). The health assets are in assets/<area>_health.py (and the outbox's in
+An asset job (no op of its own: it selects every area's health asset), so it sits here
+with the schedule that launches it, as an area's asset jobs sit in schedules/<area>.py.
+The health assets are in assets/<area>_health.py (and the outbox's in
 assets/news_snapshot_detach.py); they read the queue figures through `queue_health.py` /
 `chessboard/queue.py` from their named queries."""
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from pin_orchestration.platform.sql import load_queries
-from pin_orchestration.scraping.cache import JobCache
+from pin_orchestration.platform.sql import NamedQueries
+from pin_orchestration.scraping.api.cache import JobCache
 
 # The window of time-to-first-attempt p95 and of the failure shares.
 RECENT_WINDOW_SECONDS = 15 * 60
@@ -30,8 +30,7 @@ RECENT_WINDOW_SECONDS = 15 * 60
 TOP_FAILING_DOMAINS = 20
 
 
-def _q(name: str) -> Any:
-    return text(load_queries("pin_orchestration.scraping", "metrics.sql")[name])
+_q = NamedQueries("pin_orchestration.scraping", "metrics.sql")
 
 
 def _window_start_id(window_seconds: float) -> uuid.UUID:

@@ -12,14 +12,13 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pin_orchestration.platform.defaults import API_URL
 from pin_orchestration.platform.options import NON_NEGATIVE, POSITIVE, Check, between, setting
 from pin_orchestration.platform.settings import http_url, read_settings
-from pin_orchestration.scraping.fetch import DEFAULT_USER_AGENT, parse_allowed_cidrs, product_token
-from pin_orchestration.scraping.repository import (
-    MAX_DOMAIN_RPS,
-    MIN_DOMAIN_RPS,
-    DomainDefaults,
-)
+from pin_orchestration.scraping.fetch.client import DEFAULT_USER_AGENT, product_token
+from pin_orchestration.scraping.fetch.guard import parse_allowed_cidrs
+from pin_orchestration.scraping.store.leases import DomainDefaults
+from pin_orchestration.scraping.store.politeness import MAX_DOMAIN_RPS, MIN_DOMAIN_RPS
 
 # Below this a refused client would be told to wait more than 1000 s.
 MIN_INTAKE_RPS = 0.001
@@ -240,12 +239,12 @@ class ScrapingSettings:
     )
     # The local results store signs URLs under it.
     api_public_url: str = setting(
-        "http://127.0.0.1:8000",
+        API_URL,
         env="PIN_API_PUBLIC_URL",
         help="where clients reach the API (local result URLs are signed under it)",
         parse=_public_url,
         accepts="the http(s):// base URL clients use to reach the API",
-        shown="`http://HOST:PORT` of `pin api` (elsewhere `http://127.0.0.1:8000`)",
+        shown=f"`http://HOST:PORT` of `pin api` (elsewhere `{API_URL}`)",
         group=API,
     )
     redis_url: str | None = setting(

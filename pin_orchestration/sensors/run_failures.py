@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
+from pin_orchestration.coordination.job_identity import JOB_CODE_TAG
 from pin_orchestration.coordination.jobruns import record_failed_run
+from pin_orchestration.news.reconcile import RECONCILE_JOB
 from pin_orchestration.resources.database import DatabaseResource
 
 # How many failed runs the daemon takes per tick (Dagster's default is 5).
@@ -22,10 +24,11 @@ RUN_STATUS_SENSOR_PROCESS_LIMIT = 50
 
 # Runs launched for an asset rather than through its job (backfills from the asset page,
 # the analysts' automation) run as Dagster's implicit asset job: the asset tells whose run
-# it was. The reconcile's asset is its job's; any other asset's runs are known by the
-# asset's step name (`chessboard__project_aggregates`), which its area's no_failed_runs
-# check counts (definitions.py).
-_JOB_CODE_BY_ASSET = {"news/post_comment_counts": "news-comment-reconcile"}
+# it was. An asset job's asset is the job's (its identity names it); any other asset's runs
+# are known by the asset's step name (`chessboard__project_aggregates`), which its area's
+# no_failed_runs check counts (definitions.py). Every asset job tagged with its code is here:
+# tests/test_run_failures.py reads them off the code location.
+ASSET_JOBS = (RECONCILE_JOB,)
 
 
 def asset_job_code(asset_key: str) -> str:
@@ -36,11 +39,11 @@ def asset_job_code(asset_key: str) -> str:
 def job_code_of_run(job_name: str, tags: dict[str, str], asset_keys: list[str]) -> str:
     """The job_code pin.job_runs knows the run by: its `pin/job` tag, else its asset's job,
     else (the implicit asset job) its first asset's code, else the Dagster job name."""
-    if "pin/job" in tags:
-        return tags["pin/job"]
-    for key in asset_keys:
-        if key in _JOB_CODE_BY_ASSET:
-            return _JOB_CODE_BY_ASSET[key]
+    if JOB_CODE_TAG in tags:
+        return tags[JOB_CODE_TAG]
+    for job in ASSET_JOBS:
+        if job.asset_key in asset_keys:
+            return job.code
     if asset_keys:
         return asset_job_code(sorted(asset_keys)[0])
     return job_name

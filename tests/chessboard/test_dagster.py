@@ -35,10 +35,9 @@ from pin_orchestration.jobs.chessboard import (
     DRAIN_TAGS,
     chessboard_divergence_check,
     chessboard_project_recalc_drain,
-    chessboard_project_recalc_sensor,
-    drain_runs_wanted,
 )
 from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.sensors.chessboard import chessboard_project_recalc_sensor, drain_runs_wanted
 from tests.chessboard.world import add_object, add_project, outbox, queue_row, row
 
 PROJECT_AGGREGATES = AssetKey(["chessboard", "project_aggregates"])

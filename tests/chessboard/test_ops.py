@@ -10,13 +10,13 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.chessboard.drain import drain_tick
 from pin_orchestration.chessboard.queue import request_project_recalc
 from pin_orchestration.chessboard.recalc import find_divergence
 from pin_orchestration.cli import main
 from pin_orchestration.definitions import build_definitions
 from pin_orchestration.devstack.demo import seed_demo_data
-from pin_orchestration.platform.metrics import build_registry
 from tests.chessboard.world import add_object, add_project, queue_row
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -31,7 +31,7 @@ def test_metrics_expose_the_seed_names_from_durable_state(db_engine: Engine) -> 
         request_project_recalc(conn, b, uuid.uuid4(), "Crud", now=T0 + timedelta(hours=1))
     drain_tick(db_engine, now=T0 + timedelta(minutes=1))
 
-    body = generate_latest(build_registry(db_engine)).decode()
+    body = generate_latest(metrics_registry(db_engine)).decode()
 
     assert "chessboard_recalc_queue_depth 1.0" in body
     assert "chessboard_recalc_due_backlog" in body
@@ -110,7 +110,7 @@ def test_code_location_has_the_chessboard_names() -> None:
 
 
 def _gauge(engine: Engine, name: str) -> float:
-    body = generate_latest(build_registry(engine)).decode()
+    body = generate_latest(metrics_registry(engine)).decode()
     (value,) = [line.split()[-1] for line in body.splitlines() if line.startswith(name + " ")]
     return float(value)
 

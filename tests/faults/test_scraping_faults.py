@@ -33,10 +33,11 @@ STORE_THEN_MARK = """        stored = store.put(
 # that window, which a loaded machine's timing often missed (the suite then held, and this
 # test failed for the wrong reason). Two seconds is a window every kill of the scenario
 # after the first success lands in.
-MARK_THEN_STORE = """        from io import BytesIO
+MARK_THEN_STORE = """        import threading
+        from io import BytesIO
         from time import sleep as sleep_before_the_put
 
-        from pin_orchestration.scraping.store import StoredObject
+        from pin_orchestration.scraping.store.results import StoredObject
 
         body = BytesIO(fetched.body.read())
         content_type = _storable_content_type(fetched.content_type)
@@ -53,7 +54,7 @@ MARK_THEN_STORE = """        from io import BytesIO
 
 
 def test_marking_succeeded_before_storing_loses_results(tmp_path: Path) -> None:
-    root = broken_copy(tmp_path, "scraping/worker.py", STORE_THEN_MARK, MARK_THEN_STORE)
+    root = broken_copy(tmp_path, "scraping/worker/attempt.py", STORE_THEN_MARK, MARK_THEN_STORE)
     result = run_suite(root, "scraping-sigkill")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "scraping.one_result_per_job" in result.stderr
@@ -65,7 +66,7 @@ def test_retry_times_from_the_workers_clock_stall_the_queue(tmp_path: Path) -> N
     # retries for an hour.
     root = broken_copy(
         tmp_path,
-        "scraping/repository.py",
+        "scraping/store/leases.py",
         "        return (moment - o.decided_at).total_seconds() - since\n",
         "        return (moment - datetime.now(UTC)).total_seconds() - since\n",
     )
@@ -88,7 +89,7 @@ def test_a_webhook_error_quoting_a_nul_is_never_recorded_and_never_closed(
     # webhook is sent again each time its lease ends, never given up.
     root = broken_copy(
         tmp_path,
-        "scraping/webhooks.py",
+        "scraping/webhooks/deliveries.py",
         "detail = _printable(detail)[:_MAX_DETAIL_CHARS]",
         "detail = detail[:_MAX_DETAIL_CHARS]",
     )

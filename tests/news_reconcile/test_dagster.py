@@ -21,14 +21,14 @@ from pin_orchestration.assets.news_reconcile import (
 )
 from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.definitions import build_definitions
-from pin_orchestration.jobs.news_reconcile import (
+from pin_orchestration.news import reconcile as reconcile_module
+from pin_orchestration.news.reconcile import RECONCILE_JOB
+from pin_orchestration.platform.settings import Settings
+from pin_orchestration.resources.database import DatabaseResource
+from pin_orchestration.schedules.news_reconcile import (
     news_comment_reconcile_daily,
     news_comment_reconcile_health_job,
 )
-from pin_orchestration.news import reconcile as reconcile_module
-from pin_orchestration.news.reconcile import LOCK_KEY
-from pin_orchestration.platform.settings import Settings
-from pin_orchestration.resources.database import DatabaseResource
 from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
 OP = "news__post_comment_counts"
@@ -80,7 +80,7 @@ def test_drift_over_threshold_fails_the_drift_check(db_url: str, db_engine: Engi
 
 def test_lock_held_skips_successfully_without_materializing(db_url: str, db_engine: Engine) -> None:
     post = add_post(db_engine, comments_count=5)
-    assert try_acquire_lock(db_engine, LOCK_KEY, 600, "other-pod")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 600, "other-pod")
     result = run_asset(db_url)
     assert result.success
     assert result.asset_materializations_for_node(OP) == []

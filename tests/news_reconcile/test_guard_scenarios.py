@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from pin_orchestration.news.reconcile import (
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileOptions,
     ReconcileResult,
     RunStatus,
@@ -74,7 +74,7 @@ class GateAfterLockTaken:
             self.pid = self.conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
             locked = self.conn.execute(
                 text("SELECT 1 FROM pin.distributed_locks WHERE lock_key = :k FOR UPDATE"),
-                {"k": LOCK_KEY},
+                {"k": RECONCILE_JOB.lock_key},
             ).scalar()
             assert locked == 1, "the run logged 'started' without its lock row"
             self.armed.set()

@@ -1,7 +1,7 @@
 """One invariant over randomized histories of the reconcile (issue 29): once the owed
 work has run, every counter owed a reconcile equals the truth, and the analysts' drift
 frames, the runs' stored corrections and the Prometheus counter agree with what the
-reconcile changed. The history and the checks: tests/news_reconcile/history.py; a longer
+reconcile changed. The history and the checks: bench/models/reconcile_history.py; a longer
 run with any seed: bench/reconcile_history.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from sqlalchemy import Engine
 
-from tests.news_reconcile.history import HISTORY, Step, World, check_history
+from bench.models.reconcile_history import HISTORY, Step, World, check_history
 
 
 @pytest.mark.parametrize("history_seed", [29, 2029, 4242])

@@ -15,18 +15,18 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration import analyst
 from pin_orchestration.analyst import drift_by_post_status, reconcile_runs_frame
+from pin_orchestration.areas import metrics_registry, retention_rules
 from pin_orchestration.assets.news_reconcile import DRIFT_CHECK, post_comment_counts
 from pin_orchestration.coordination.locks import try_acquire_lock
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileOptions,
     RunStatus,
     Scope,
     run_reconcile,
 )
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.database import DatabaseResource
 from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
@@ -40,7 +40,7 @@ def reconcile(engine: Engine, options: ReconcileOptions, **kwargs: Any):
 
 
 def metric(engine: Engine, name: str) -> float | None:
-    return build_registry(engine).get_sample_value(name)
+    return metrics_registry(engine).get_sample_value(name)
 
 
 def test_a_post_skipped_as_locked_is_owed_to_the_next_days_run(db_engine: Engine) -> None:
@@ -90,7 +90,7 @@ def test_a_day_skipped_on_a_held_lock_fails_its_check_and_is_owed(
 ) -> None:
     post = add_post(db_engine, comments_count=5)
     add_comments(db_engine, post, 2, at=datetime(2026, 11, 20, 12, tzinfo=UTC))
-    assert try_acquire_lock(db_engine, LOCK_KEY, 600, "other-pod")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 600, "other-pod")
     skipped = run_asset(db_url, "2026-11-20", {"scope": "DailyWindow"})
     assert skipped.success  # the seed: a held lock is no failure of the run
     assert skipped.asset_materializations_for_node(OP) == []
@@ -168,6 +168,7 @@ def test_retention_leaves_a_materialized_days_value_whole(db_engine: Engine) -> 
     run_retention(
         db_engine,
         RetentionOptions(scraping_results_days=30),
+        retention_rules(),
         run_id="retention",
         holder="test",
         now=datetime.now(UTC) + timedelta(days=200),

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
     ReconcileOptions,
@@ -21,7 +22,6 @@ from pin_orchestration.news.reconcile import (
     read_backlog,
     run_reconcile,
 )
-from pin_orchestration.platform.metrics import build_registry
 from tests.news_reconcile.factories import add_comments, add_post, comments_count
 
 SWEEP = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1)
@@ -115,7 +115,7 @@ def test_an_owed_post_deleted_or_archived_is_owed_nothing_in_the_gauges(
             )
     assert read_backlog(db_engine).owed_posts == 0
     assert read_backlog(db_engine).remaining is False
-    registry = build_registry(db_engine)
+    registry = metrics_registry(db_engine)
     assert registry.get_sample_value("news_comment_reconcile_owed_posts") == 0
     assert registry.get_sample_value("news_comment_reconcile_backlog_remaining") == 0
 
@@ -191,6 +191,6 @@ def test_a_day_run_twice_at_once_owes_exactly_what_the_running_one_passed(
     assert comments_count(db_engine, posts[0]) == 1
     assert (later.owed_posts, later.backlog_remaining) == (0, False)
     assert (
-        build_registry(db_engine).get_sample_value("news_comment_reconcile_drift_corrected_total")
+        metrics_registry(db_engine).get_sample_value("news_comment_reconcile_drift_corrected_total")
         == 2
     )

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, text
 from pin_orchestration.coordination.locks import list_locks, try_acquire_lock
 from pin_orchestration.news import reconcile as reconcile_module
 from pin_orchestration.news.reconcile import (
-    LOCK_KEY,
+    RECONCILE_JOB,
     ReconcileConfigError,
     ReconcileOptions,
     RunStatus,
@@ -256,21 +256,22 @@ def test_checkpoint_resume_after_max_run_duration(db_engine: Engine) -> None:
 
 def test_lock_contention_skips_without_work(db_engine: Engine) -> None:
     post = add_post(db_engine, comments_count=5)
-    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "other-pod")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "other-pod")
     result = reconcile(db_engine)
     assert result.status == RunStatus.SKIPPED
     assert result.batches_processed == 0
     assert comments_count(db_engine, post) == 5
     with db_engine.connect() as conn:
         holder = conn.execute(
-            text("SELECT holder FROM pin.distributed_locks WHERE lock_key = :k"), {"k": LOCK_KEY}
+            text("SELECT holder FROM pin.distributed_locks WHERE lock_key = :k"),
+            {"k": RECONCILE_JOB.lock_key},
         ).scalar_one()
     assert holder == "other-pod"
 
 
 def test_expired_lock_is_taken_over(db_engine: Engine) -> None:
     post = add_post(db_engine, comments_count=5)
-    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "dead-pod")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "dead-pod")
     with db_engine.begin() as conn:
         conn.execute(
             text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1 second'")
@@ -521,9 +522,9 @@ def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None
             while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
                 seconds=2 * options.lock_ttl_seconds
             ):
-                assert not try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"), (
-                    "a second runner took the lock while the first was working"
-                )
+                assert not try_acquire_lock(
+                    db_engine, RECONCILE_JOB.lock_key, 60, "second-runner"
+                ), "a second runner took the lock while the first was working"
                 assert time.monotonic() < deadline, "the lock was not renewed past two TTLs"
                 time.sleep(0.05)
         finally:
@@ -545,7 +546,7 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
     # An operator drops the lock (`pin locks release`) and another runner takes it.
     with db_engine.begin() as conn:
         conn.execute(text("DELETE FROM pin.distributed_locks"))
-    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "second-runner")
     lost_at = time.monotonic()
     worker.join(30)
     # The renewal (a third of the TTL) notices, and the run stops after its current slice.
@@ -573,7 +574,7 @@ def test_a_batch_after_a_takeover_changes_nothing_and_stops_the_run(
                     conn.execute(
                         text("UPDATE pin.distributed_locks SET expires_at = now() - interval '1s'")
                     )
-                assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+                assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "second-runner")
 
         def __getattr__(self, name: str):
             return lambda *a, **k: None

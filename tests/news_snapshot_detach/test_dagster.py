@@ -19,15 +19,15 @@ from pin_orchestration.assets.news_snapshot_detach import (
     snapshot_detach_outbox_checks,
 )
 from pin_orchestration.devstack.standins.selections import SelectionsStandIn
-from pin_orchestration.jobs import news_snapshot_detach as sensor_module
 from pin_orchestration.jobs.news_snapshot_detach import (
-    news_snapshot_detach_outbox_sensor,
     news_snapshot_detach_requeue,
     news_snapshot_detach_retry,
 )
 from pin_orchestration.news.snapshot_detach.outbox import enqueue_snapshot_detach
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.selections import SelectionsResource
+from pin_orchestration.sensors import news_snapshot_detach as sensor_module
+from pin_orchestration.sensors.news_snapshot_detach import news_snapshot_detach_outbox_sensor
 
 OP = "drain_snapshot_detach_outbox"
 

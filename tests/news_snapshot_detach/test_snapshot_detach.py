@@ -36,7 +36,7 @@ from pin_orchestration.news.snapshot_detach.outbox import (
     requeue_quarantined,
 )
 from pin_orchestration.news.snapshot_detach.policy import (
-    LOCK_KEY,
+    DETACH_JOB,
     DetachOptions,
     Reason,
     SnapshotDetachConfigError,
@@ -625,7 +625,7 @@ def test_hanging_selections_never_gets_a_row_twice_at_once_and_backs_off_from_th
 
 def test_lock_held_elsewhere_skips_the_run(db_engine: Engine, selections: Selections) -> None:
     enqueue(db_engine)
-    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "another-pod")
+    assert try_acquire_lock(db_engine, DETACH_JOB.lock_key, 60, "another-pod")
     result = run(db_engine, selections)
     assert result.status == RunStatus.SKIPPED
     assert selections.calls == []
@@ -788,10 +788,10 @@ def test_demo_rows_are_idempotent_and_drain_against_the_stand_in(db_engine: Engi
 def test_metrics_come_from_postgres(db_engine: Engine, selections: Selections) -> None:
     from prometheus_client import generate_latest
 
-    from pin_orchestration.platform.metrics import build_registry
+    from pin_orchestration.areas import metrics_registry
 
     def scrape() -> dict[str, float]:
-        text_format = generate_latest(build_registry(db_engine)).decode()
+        text_format = generate_latest(metrics_registry(db_engine)).decode()
         return {
             line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text_format.splitlines()
@@ -858,7 +858,7 @@ def test_lock_is_renewed_while_a_run_outlasts_its_ttl(
         while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
             seconds=2 * options.lock_ttl_seconds
         ):
-            assert not try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner"), (
+            assert not try_acquire_lock(db_engine, DETACH_JOB.lock_key, 60, "second-runner"), (
                 "a second runner took the lock while the first was working"
             )
             assert time.monotonic() < deadline, "the lock was not renewed past two TTLs"
@@ -886,7 +886,7 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine, selections: 
     # An operator drops the lock (`pin locks release`) and another runner takes it.
     with db_engine.begin() as conn:
         conn.execute(text("DELETE FROM pin.distributed_locks"))
-    assert try_acquire_lock(db_engine, LOCK_KEY, 60, "second-runner")
+    assert try_acquire_lock(db_engine, DETACH_JOB.lock_key, 60, "second-runner")
     lost_at = time.monotonic()
     worker.join(30)
     # The renewal (a third of the TTL) notices; calls in flight finish, no new claim.

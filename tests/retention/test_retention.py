@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import metrics_registry, retention_rules
 from pin_orchestration.coordination.jobruns import RunStatus, record_job_run
 from pin_orchestration.coordination.retention import (
     RetentionConfigError,
     RetentionOptions,
     run_retention,
 )
-from pin_orchestration.platform.metrics import build_registry
 
 NOW = datetime.now(UTC)
 
@@ -84,7 +84,14 @@ def job_run(
 
 
 def retain(engine: Engine, **options) -> object:
-    return run_retention(engine, RetentionOptions(**options), run_id="test", holder="test", now=NOW)
+    return run_retention(
+        engine,
+        RetentionOptions(**options),
+        retention_rules(),
+        run_id="test",
+        holder="test",
+        now=NOW,
+    )
 
 
 def remaining(engine: Engine, sql: str) -> Counter:
@@ -159,7 +166,7 @@ def test_the_newest_run_and_newest_success_of_each_job_stay_whatever_their_age(
 
 
 def scrape(engine: Engine) -> dict[str, float]:
-    exposition = generate_latest(build_registry(engine)).decode()
+    exposition = generate_latest(metrics_registry(engine)).decode()
     return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in exposition.splitlines()

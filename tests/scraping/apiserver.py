@@ -69,7 +69,7 @@ def api_process(
             sys.executable,
             "-m",
             "uvicorn",
-            "pin_orchestration.scraping.api:app_from_env",
+            "pin_orchestration.scraping.api.app:app_from_env",
             "--factory",
             "--host",
             "127.0.0.1",

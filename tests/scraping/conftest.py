@@ -21,16 +21,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.repository import DomainDefaults, Tenant, create_tenant
+from pin_orchestration.scraping.api.app import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import (
-    LocalResultStore,
-    ResultStore,
-    S3ResultStore,
-    load_or_create_signing_key,
-    s3_client,
-)
+from pin_orchestration.scraping.store.leases import DomainDefaults
+from pin_orchestration.scraping.store.local import LocalResultStore, load_or_create_signing_key
+from pin_orchestration.scraping.store.results import ResultStore, S3ResultStore, s3_client
+from pin_orchestration.scraping.store.tenancy import Tenant, create_tenant
 
 # Starlette opens result files with anyio.open_file, which anyio imports lazily on first
 # use — inside a worker thread, where pytest's assertion rewriter then parses the module
@@ -133,8 +129,9 @@ Worker = Callable[..., Any]
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.worker.options import WorkerOptions
+    from pin_orchestration.scraping.worker.run import run_worker
 
     def run(
         *,

@@ -14,9 +14,9 @@ import requests
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.api import create_app
+from pin_orchestration.scraping.api.app import create_app
 from pin_orchestration.scraping.settings import ScrapingSettings
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import TEST_SETTINGS, auth, checkouts_and_commits, limited_client
 
@@ -253,7 +253,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
     """What a client sees from `pin api` itself (uvicorn, httptools), not a TestClient."""
     import json
 
-    from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
+    from pin_orchestration.scraping.api.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
 
     _, key = make_tenant("shop")
     headers = {**auth(key), "Content-Type": "application/json"}
@@ -355,7 +355,7 @@ def test_a_rotated_key_is_refused_by_every_api_process_despite_their_key_caches(
     new key works on both at once."""
     import time
 
-    from pin_orchestration.scraping.repository import rotate_tenant_key
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
 
     _, old = make_tenant("shop")
     bound = 1.0
@@ -408,14 +408,10 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
     import random
 
     from pin_orchestration.resources.scraping import webhook_fetch_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.repository import rotate_tenant_key
-    from pin_orchestration.scraping.webhooks import (
-        DeliveryOptions,
-        WebhookPolicy,
-        run_deliveries,
-        tenant_webhook_secret,
-    )
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
+    from pin_orchestration.scraping.webhooks.deliveries import run_deliveries, tenant_webhook_secret
+    from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookPolicy
     from tests.scraping.conftest import _with_allowed
     from tests.scraping.test_webhooks import Receiver
     from tests.scraping.webhook_checks import assert_every_delivery_verifies

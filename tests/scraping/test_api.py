@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.job_models import URL_PATTERN
+from pin_orchestration.scraping.api.job_models import URL_PATTERN
 from tests.scraping.conftest import Worker, auth
 
 ENDPOINTS = [
@@ -276,8 +276,8 @@ def test_a_rotated_key_stops_working_within_the_key_cache_bound(
     the old key within that bound, and the new key works at once."""
     import time
 
-    from pin_orchestration.scraping.api import create_app
-    from pin_orchestration.scraping.repository import rotate_tenant_key
+    from pin_orchestration.scraping.api.app import create_app
+    from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
     from tests.scraping.conftest import TEST_SETTINGS
 
     _, old_key = make_tenant("shop")

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 
@@ -194,7 +194,7 @@ def _escaped_json_size(params: dict) -> int:
 def test_params_size_is_counted_as_escaped_json_whatever_the_characters(params: dict) -> None:
     from pydantic import ValidationError
 
-    from pin_orchestration.scraping.job_models import MAX_PARAMS_BYTES, JobCreate
+    from pin_orchestration.scraping.api.job_models import MAX_PARAMS_BYTES, JobCreate
 
     within = _escaped_json_size(params) <= MAX_PARAMS_BYTES
     try:
@@ -212,7 +212,7 @@ def test_params_size_is_counted_as_escaped_json_whatever_the_characters(params: 
 def test_whitespace_or_nul_anywhere_in_a_url_is_refused(char: str) -> None:
     from pydantic import ValidationError
 
-    from pin_orchestration.scraping.job_models import JobCreate
+    from pin_orchestration.scraping.api.job_models import JobCreate
 
     with pytest.raises(ValidationError, match="whitespace or control characters"):
         JobCreate(url=f"https://example.com/a{char}b")

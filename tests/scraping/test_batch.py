@@ -10,7 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import auth, checkouts_and_commits, limited_client
 
 
@@ -204,7 +204,7 @@ def test_a_batch_takes_the_fair_tags_and_queues_of_the_same_jobs_submitted_one_b
     once per (domain, class) (migration 0018): the scheduler's state it leaves is what the
     same jobs accepted one at a time leave, paused domains, new domains, weights and a
     tenant already ahead of the class clock included."""
-    from pin_orchestration.scraping import repository
+    from pin_orchestration.scraping.store import repository
 
     batcher, _ = make_tenant("batcher")
     single, _ = make_tenant("one-by-one")

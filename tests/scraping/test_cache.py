@@ -21,11 +21,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.cache import SHORT_TTL_SECONDS, JobCache, job_key
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.api.cache import SHORT_TTL_SECONDS, JobCache, job_key
+from pin_orchestration.scraping.store import leases, politeness, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
 from tests.scraping.conftest import TEST_SETTINGS, auth, free_loopback_port
 
 AppFactory = Callable[..., FastAPI]
@@ -220,7 +220,7 @@ def test_a_worker_finish_and_a_runbook_requeue_both_invalidate(
         assert hits == 1
 
         # failed → queued again (runbook): the long-lived terminal copy must go.
-        assert repository.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
+        assert leases.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
         wait_for_invalidations(cache, 2)
         assert client.get(f"/jobs/{job_id}", headers=auth(key)).json()["status"] == "queued"
         assert cache.stats().hits == hits
@@ -467,7 +467,7 @@ def test_a_reader_stalled_across_a_requeue_does_not_store_the_stale_failed_copy(
         )
         reader.start()
         assert read_done.wait(10)
-        assert repository.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
+        assert leases.requeue_failed_jobs(db_engine, [uuid.UUID(job_id)])
         wait_for_invalidations(cache, 2)
         deadline = time.monotonic() + 10
         while cache.ttl_seconds(tenant.id, uuid.UUID(job_id)) is not None:
@@ -548,12 +548,11 @@ def test_a_queued_jobs_cached_wait_never_outlives_its_until(
 ) -> None:
     """The copy of a job waiting for a pause that ends in 0.8 s lives at most that long, not
     the short TTL's 2 s: a cached wait is never one that has lifted."""
-    from pin_orchestration.scraping import repository
 
     tenant, key = make_tenant("shop")
     with live(cached_app()) as client:
         job_id = submit(client, key, "http://127.0.0.2/a")
-        until = repository.pause_domain(db_engine, "127.0.0.2", seconds=0.8, max_pause_seconds=3600)
+        until = politeness.pause_domain(db_engine, "127.0.0.2", seconds=0.8, max_pause_seconds=3600)
         wait = client.get(f"/jobs/{job_id}", headers=auth(key)).json()["wait"]
         assert (wait["reason"], wait["cause"]) == ("host_paused", "operator")
         # `left` is read first: read after the TTL, a descheduled test saw it shrink past

@@ -9,9 +9,9 @@ import uuid
 
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import leases, repository, tenancy
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 from tests.test_cli import pin
 
@@ -25,7 +25,7 @@ def test_tenant_create_prints_the_key_once_and_stores_only_its_hash(
     assert answer["name"] == "shop" and uuid.UUID(answer["id"])
     key = answer["api_key"]
     with db_engine.connect() as conn:
-        assert repository.tenant_for_api_key(conn, key).name == "shop"
+        assert tenancy.tenant_for_api_key(conn, key).name == "shop"
         stored = conn.execute(text("SELECT * FROM scraping.tenants")).one()._mapping
     assert key not in json.dumps({k: str(v) for k, v in stored.items()})
 
@@ -45,8 +45,8 @@ def test_rotate_key_ends_the_old_key_at_once(db_url: str, db_engine: Engine) -> 
     assert rotated.returncode == 0, rotated.stderr
     new = json.loads(rotated.stdout)["api_key"]
     with db_engine.connect() as conn:
-        assert repository.tenant_for_api_key(conn, old) is None
-        assert repository.tenant_for_api_key(conn, new).name == "shop"
+        assert tenancy.tenant_for_api_key(conn, old) is None
+        assert tenancy.tenant_for_api_key(conn, new).name == "shop"
     unknown = pin("tenant", "rotate-key", "nobody", url=db_url)
     assert unknown.returncode != 0 and "no tenant 'nobody'" in unknown.stderr
 
@@ -58,7 +58,7 @@ def test_failed_jobs_are_listed_and_requeued(db_url: str, db_engine: Engine, mak
     ).id
     claim_due_jobs(db_engine, worker="dead", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED)
     time.sleep(0.05)
-    repository.sweep_expired_leases(db_engine, max_attempts=1)
+    leases.sweep_expired_leases(db_engine, max_attempts=1)
 
     failed = pin("scraping", "failed", url=db_url)
     assert failed.returncode == 0 and str(job_id) in failed.stdout

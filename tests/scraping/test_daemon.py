@@ -15,11 +15,11 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from sqlalchemy import Engine, text
 
+from pin_orchestration.devstack.processes import stop_process_tree
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import dagster_storage_url
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from tests.leftover_processes import stop_process_tree
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,17 +22,16 @@ from pin_orchestration.definitions import build_definitions
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.jobs.scraping import (
     WORKER_TAGS,
-    scraping_jobs_sensor,
     scraping_requeue,
     scraping_sweep_expired_leases,
     scraping_worker,
-    worker_runs_wanted,
 )
 from pin_orchestration.resources.database import DatabaseResource
 from pin_orchestration.resources.scraping import ScrapingResource
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
+from pin_orchestration.sensors.scraping import scraping_jobs_sensor, worker_runs_wanted
 from tests.scraping.conftest import UNLIMITED
 from tests.scraping.webhook_checks import assert_every_delivery_verifies
 
@@ -214,11 +213,8 @@ def test_sweeper_job_and_requeue_job(
 def test_webhooks_sensor_launches_one_delivery_run_that_drains_them_all(
     instance, resources, db_engine: Engine, make_tenant, scraping_env
 ) -> None:
-    from pin_orchestration.jobs.scraping import (
-        WEBHOOK_DELIVERY_TAGS,
-        scraping_webhook_delivery,
-        scraping_webhooks_sensor,
-    )
+    from pin_orchestration.jobs.scraping import WEBHOOK_DELIVERY_TAGS, scraping_webhook_delivery
+    from pin_orchestration.sensors.scraping import scraping_webhooks_sensor
     from tests.scraping.test_webhooks import Receiver, finished_job
 
     repo = build_definitions().get_repository_def()

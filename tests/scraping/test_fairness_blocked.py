@@ -20,13 +20,13 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.platform.db import create_db_engine
-from pin_orchestration.scraping.repository import (
-    ClaimedJob,
+from pin_orchestration.scraping.store.leases import ClaimedJob
+from pin_orchestration.scraping.store.politeness import (
     pause_domain,
     resume_domain,
     set_domain_limits,
 )
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 
 PAUSED = "paused.example"

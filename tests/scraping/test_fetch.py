@@ -27,13 +27,9 @@ from pin_orchestration.devstack.standins.scraping_target import (
     body_bytes,
     make_tls_files,
 )
-from pin_orchestration.scraping.fetch import (
-    Fetcher,
-    FetchError,
-    FetchPolicy,
-    is_address_allowed,
-    parse_allowed_cidrs,
-)
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.fetch.errors import FetchError
+from pin_orchestration.scraping.fetch.guard import is_address_allowed, parse_allowed_cidrs
 
 LOOPBACK_ONE = parse_allowed_cidrs("127.0.0.1/32")
 

@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.repository import Tenant
+from pin_orchestration.scraping.store.tenancy import Tenant
 from tests.scraping.conftest import free_loopback_port
 
 PACKAGE = "pin_generated_client"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pin_orchestration.scraping.headers import (
+from pin_orchestration.scraping.fetch.headers import (
     content_length_error,
     parse_content_length,
     parse_retry_after,

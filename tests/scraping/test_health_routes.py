@@ -12,8 +12,8 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS
 
 # Nothing listens on port 1 of loopback: a database that refuses at once.

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from pin_orchestration.devstack.standins.hostile_peer import CORPUS, HostilePeer
-from pin_orchestration.scraping.fetch import Fetcher, FetchError, FetchPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.fetch.errors import FetchError
 
 TIMEOUT_SECONDS = 1.0
 POLICY = FetchPolicy(

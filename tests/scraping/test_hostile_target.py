@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 import pytest
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping.store import LocalResultStore, StoredObject
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.results import StoredObject
 from tests.scraping.conftest import TEST_SETTINGS, Worker
 from tests.scraping.test_worker import attempts, enqueue, job_row
 
@@ -198,7 +199,8 @@ def test_a_hostile_answer_is_a_fetch_error_or_an_answer_never_a_crash(
     raw_target: Any, name: str
 ) -> None:
     from pin_orchestration.resources.scraping import fetch_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher, FetchError
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.fetch.errors import FetchError
     from tests.scraping.conftest import _with_allowed
 
     target = raw_target(HOSTILE_ANSWERS[name])

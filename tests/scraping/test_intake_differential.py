@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration.scraping import hosts, repository
-from pin_orchestration.scraping.repository import JobRejected, JobRequest
+from pin_orchestration.scraping.fetch import hosts
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRejected, JobRequest
 from tests.scraping.conftest import auth
 
 # Each part is mostly well-formed (about half the URLs are accepted), sometimes not.

@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher, FetchError, FetchPolicy
-from pin_orchestration.scraping.repository import JobRequest
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.fetch.errors import FetchError
+from pin_orchestration.scraping.store import repository
+from pin_orchestration.scraping.store.repository import JobRequest
 from tests.scraping.conftest import auth
 from tests.scraping.test_scheduling import claim
 

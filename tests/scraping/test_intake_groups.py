@@ -1,4 +1,4 @@
-"""Issue 30: concurrent POST /jobs of one tenant are written together (scraping/intake.py),
+"""Issue 30: concurrent POST /jobs of one tenant are written together (scraping/api/intake.py),
 each request keeping its own answer."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.job_models import MAX_JOB_TIMEOUT_SECONDS
+from pin_orchestration.scraping.api.job_models import MAX_JOB_TIMEOUT_SECONDS
 from tests.scraping.conftest import Worker, auth
 
 

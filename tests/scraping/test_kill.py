@@ -15,9 +15,9 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
 from tests.scraping.conftest import TEST_SETTINGS, Worker, stored_objects
 
 
@@ -94,7 +94,7 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         )
 
     time.sleep(1.2)  # the 1 s leases run out: nobody renews them any more
-    swept = repository.sweep_expired_leases(db_engine, max_attempts=5)
+    swept = leases.sweep_expired_leases(db_engine, max_attempts=5)
     assert sorted(r.id for r in swept) == sorted(ids)
     assert {r.status for r in swept} == {"queued"}
 

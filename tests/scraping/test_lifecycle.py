@@ -24,9 +24,9 @@ from sqlalchemy import Engine, text
 
 from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import TEST_SETTINGS, Worker, auth, stored_objects
 
@@ -224,9 +224,7 @@ def test_a_late_workers_put_never_changes_the_object_a_job_reports(
             conn.execute(
                 text("UPDATE scraping.jobs SET lease_expires_at = now() - interval '1 second'")
             )
-        assert [r.id for r in repository.sweep_expired_leases(db_engine, max_attempts=5)] == [
-            job_id
-        ]
+        assert [r.id for r in leases.sweep_expired_leases(db_engine, max_attempts=5)] == [job_id]
         reports["b"] = work(settings=settings)
     finally:
         resume.set()

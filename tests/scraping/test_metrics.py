@@ -12,10 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.platform.ids import uuid7
-from pin_orchestration.platform.metrics import build_registry
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -144,7 +144,7 @@ def test_the_scraping_metrics_come_from_the_database(db_engine: Engine, make_ten
         add_attempt(conn, b1, 2, None)
         add_attempt(conn, b1, 3, "cancelled", "cancelled")
 
-    got = samples(generate_latest(build_registry(db_engine)).decode())
+    got = samples(generate_latest(metrics_registry(db_engine)).decode())
 
     def depth(tenant: str, priority: str) -> float:
         return got[("scraping_queue_depth", (("priority", priority), ("tenant", tenant)))]
@@ -253,6 +253,6 @@ def test_the_failure_shares_count_attempts_ended_in_the_window(
         add_attempt(conn, lost, 1, "lost", "lease_expired", started_ago=7200)
         running = add_job(conn, shop.id, url="http://slow.example/2", status="running", lease_in=30)
         add_attempt(conn, running, 1, None)
-    got = samples(generate_latest(build_registry(db_engine)).decode())
+    got = samples(generate_latest(metrics_registry(db_engine)).decode())
     assert got[("scraping_attempts_recent", ())] == 1
     assert got[("scraping_failure_share_by_class", (("error_class", "lease_expired"),))] == 1

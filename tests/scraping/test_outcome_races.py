@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.store import leases, politeness, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS
 from tests.scraping.test_worker import attempts, enqueue, job_row
 
@@ -116,8 +116,9 @@ def test_a_run_that_claims_its_own_swept_job_again_keeps_the_new_attempt(
     local_store: LocalResultStore,
 ) -> None:
     from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-    from pin_orchestration.scraping.fetch import Fetcher
-    from pin_orchestration.scraping.worker import WorkerOptions, run_worker
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.worker.options import WorkerOptions
+    from pin_orchestration.scraping.worker.run import run_worker
     from tests.scraping.conftest import _with_allowed
 
     tenant_id = make_tenant("shop")[0].id
@@ -197,7 +198,7 @@ def _blocked_for(engine: Engine, domain: str) -> float | None:
 def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_tenant: Any) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     tenant_id = make_tenant("shop")[0].id
@@ -206,11 +207,11 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
         db_engine, worker="w1", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
     )
     # Another worker's 429 paused the domain for 600 s.
-    repository.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "paused.example", seconds=600, max_pause_seconds=3600)
     # This worker's outcome asked for a 2 s pause, and was held 10 s (a database blip)
     # before it could be written: its pause is over, and must not touch the 600 s one.
     decided = datetime.now(UTC)
-    outcome = repository.AttemptOutcome(
+    outcome = leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="queued",
@@ -221,7 +222,7 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
         domain="paused.example",
         domain_paused_until=decided + timedelta(seconds=2),
     )
-    written = repository.finish_attempts(
+    written = leases.finish_attempts(
         db_engine,
         worker="w1",
         outcomes=[outcome],
@@ -240,7 +241,7 @@ def test_a_pause_written_late_never_lifts_a_longer_one(db_engine: Engine, make_t
     left = _blocked_for(db_engine, "paused.example")
     assert left is not None and left > 590
     # Only an operator's resume lifts it.
-    assert repository.resume_domain(db_engine, "paused.example") is True
+    assert politeness.resume_domain(db_engine, "paused.example") is True
     assert _blocked_for(db_engine, "paused.example") is None
 
 
@@ -250,7 +251,7 @@ def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
     """The cap bounds the pause a session writes, not one already in force: a worker (or
     the operator's CLI) whose PIN_SCRAPING_MAX_PAUSE_SECONDS is 600 must not cut another's
     50-minute pause to 10 minutes."""
-    repository.pause_domain(db_engine, "capped.example", seconds=3000, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "capped.example", seconds=3000, max_pause_seconds=3600)
     with db_engine.begin() as conn:
         conn.execute(text("SELECT set_config('pin.scraping_max_pause_seconds', '600', true)"))
         conn.execute(
@@ -263,8 +264,8 @@ def test_a_session_with_a_smaller_pause_cap_never_shortens_a_pause_in_force(
 def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     db_engine: Engine, make_tenant: Any
 ) -> None:
-    from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.store.leases import DomainDefaults, RedirectSlots
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
 
     limits = DomainDefaults(rps=1.0, concurrency=10)
     tenant_id = make_tenant("shop")[0].id
@@ -277,7 +278,7 @@ def test_a_redirect_hop_to_the_jobs_own_host_spends_a_token_of_it(
     wait = slots.take("one-rps.example")
     assert 0 < wait <= 1.0
     # A pause of its own host holds the hop too.
-    repository.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
+    politeness.pause_domain(db_engine, "one-rps.example", seconds=600, max_pause_seconds=3600)
     assert slots.take("ONE-RPS.example") > 590
     slots.release()
     with db_engine.connect() as conn:
@@ -333,7 +334,7 @@ def _running_jobs_on(
 ) -> dict[str, list[Any]]:
     """`per_domain` running jobs on each domain, and each domain's queue set aside for want
     of room (so a job leaving `running` updates the queue's row)."""
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     tenant_id = make_tenant("shop")[0].id
@@ -374,8 +375,8 @@ def _own(engine: Engine, job: Any, worker: str) -> None:
         )
 
 
-def _failed(job: Any) -> repository.AttemptOutcome:
-    return repository.AttemptOutcome(
+def _failed(job: Any) -> leases.AttemptOutcome:
+    return leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="failed",
@@ -387,7 +388,7 @@ def _failed(job: Any) -> repository.AttemptOutcome:
 
 
 def _two_gated_rounds(
-    engine: Engine, rounds: dict[str, list[repository.AttemptOutcome]]
+    engine: Engine, rounds: dict[str, list[leases.AttemptOutcome]]
 ) -> dict[str, Any]:
     """Workers A and B write their outcome rounds at once, each on its own connection, the
     gate holding each after its first statement until the other has made its own: what
@@ -403,7 +404,7 @@ def _two_gated_rounds(
 
     def finish(role: str) -> None:
         gate.local.role = role
-        written[role] = repository.finish_attempts(engine, worker=role, outcomes=rounds[role])
+        written[role] = leases.finish_attempts(engine, worker=role, outcomes=rounds[role])
 
     try:
         workers = [Worker(lambda role=role: finish(role)) for role in rounds]
@@ -439,7 +440,7 @@ def test_two_outcome_rounds_in_opposite_orders_do_not_deadlock(
 def _gated_against_a_round(
     db_engine: Engine,
     gate: _Gate,
-    round_outcomes: list[repository.AttemptOutcome],
+    round_outcomes: list[leases.AttemptOutcome],
     other: Any,
 ) -> tuple[Any, Any]:
     """Session A writes `round_outcomes` (x, then y); session B runs `other` once A has
@@ -450,7 +451,7 @@ def _gated_against_a_round(
 
     def finish() -> object:
         gate.local.role = "A"
-        return repository.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
+        return leases.finish_attempts(db_engine, worker="A", outcomes=round_outcomes)
 
     def run_other() -> object:
         gate.local.role = "B"
@@ -495,7 +496,7 @@ def test_the_sweeper_and_an_outcome_round_lock_domains_in_one_order(
         db_engine,
         gate,
         [_failed(xa), _failed(ya)],
-        lambda: repository.sweep_expired_leases(db_engine, max_attempts=5),
+        lambda: leases.sweep_expired_leases(db_engine, max_attempts=5),
     )
     for worker in (a, b):
         if worker.error is not None:
@@ -527,7 +528,7 @@ def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
         db_engine,
         gate,
         [_failed(xa), _failed(ya)],
-        lambda: repository.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
+        lambda: leases.requeue_failed_jobs(db_engine, [yf.id, xf.id]),
     )
     for worker in (a, b):
         if worker.error is not None:
@@ -536,8 +537,8 @@ def test_the_requeue_runbook_and_an_outcome_round_lock_domains_in_one_order(
     assert sorted(b.result) == sorted([xf.id, yf.id])
 
 
-def _retry(job: Any) -> repository.AttemptOutcome:
-    return repository.AttemptOutcome(
+def _retry(job: Any) -> leases.AttemptOutcome:
+    return leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="queued",
@@ -555,7 +556,7 @@ def test_two_retry_rounds_crossing_tenants_do_not_deadlock(
     before its domain's queue: rounds whose domains come in one order but whose tenants
     cross must still queue, not deadlock."""
 
-    from pin_orchestration.scraping.worker import claim_due_jobs
+    from pin_orchestration.scraping.worker.run import claim_due_jobs
     from tests.scraping.conftest import UNLIMITED
 
     one, two = make_tenant("one")[0].id, make_tenant("two")[0].id

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
-from pin_orchestration.scraping.store import LocalResultStore
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.api.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
+from pin_orchestration.scraping.store.local import LocalResultStore
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 

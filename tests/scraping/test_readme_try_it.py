@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping.repository import create_tenant
-from pin_orchestration.scraping.store import build_result_store
+from pin_orchestration.scraping.store.local import build_result_store
+from pin_orchestration.scraping.store.tenancy import create_tenant
 from tests.scraping.apiserver import api_process
 from tests.scraping.conftest import Worker
 

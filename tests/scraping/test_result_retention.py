@@ -8,16 +8,19 @@ import hashlib
 import io
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from pin_orchestration.areas import retention_rules
 from pin_orchestration.coordination.retention import RetentionOptions, run_retention
-from pin_orchestration.scraping.api import create_app
-from pin_orchestration.scraping.repository import JobRequest, Tenant, submit_job
-from pin_orchestration.scraping.store import ResultStore, result_key
+from pin_orchestration.scraping.api.app import create_app
+from pin_orchestration.scraping.store.repository import JobRequest, submit_job
+from pin_orchestration.scraping.store.results import ResultStore, result_key
+from pin_orchestration.scraping.store.tenancy import Tenant
 from tests.scraping.conftest import TEST_SETTINGS, auth
 
 NOW = datetime.now(UTC)
@@ -62,10 +65,10 @@ def retain(engine: Engine, store: ResultStore, **options: object) -> object:
     return run_retention(
         engine,
         RetentionOptions(**options),  # type: ignore[arg-type]
+        replace(retention_rules(), result_store=lambda: store),
         run_id="test",
         holder="test",
         now=NOW,
-        result_store=lambda: store,
     )
 
 
@@ -135,10 +138,10 @@ def test_a_failing_store_marks_nothing(
     result = run_retention(
         db_engine,
         RetentionOptions(scraping_results_days=30),
+        replace(retention_rules(), result_store=lambda: Broken()),
         run_id="test",
         holder="test",
         now=NOW,
-        result_store=lambda: Broken(),  # type: ignore[arg-type, return-value]
     )
     assert result.status.value == "failed"
     with db_engine.connect() as conn:

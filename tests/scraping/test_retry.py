@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pin_orchestration.scraping.retry import (
+from pin_orchestration.scraping.worker.retry import (
     MAX_ERROR_DETAIL_CHARS,
     Decision,
     RetryPolicy,

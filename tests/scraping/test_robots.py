@@ -19,22 +19,23 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, event, text
 
+from pin_orchestration.areas import metrics_registry
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.platform.metrics import build_registry
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.robots import (
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.fetch.robots_rules import (
     MAX_TTL_SECONDS,
     MIN_TTL_SECONDS,
     origin_of,
     ttl_seconds,
 )
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.wait_reasons import explain
-from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.store import leases, politeness, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
+from pin_orchestration.scraping.worker.wait_reasons import explain
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 from tests.scraping.test_metrics import samples
 
@@ -94,7 +95,7 @@ def test_a_disallowed_path_is_never_requested_and_an_allowed_one_is_fetched(
         assert "Disallow: /page/private" in attempt.error_detail
         assert "User-agent: pin-scraper" in attempt.error_detail
     # counted by class with every other failure: 2 of the 3 attempts
-    got = samples(generate_latest(build_registry(db_engine)).decode())
+    got = samples(generate_latest(metrics_registry(db_engine)).decode())
     share = got[("scraping_failure_share_by_class", (("error_class", "robots_disallowed"),))]
     assert share == pytest.approx(2 / 3)
 
@@ -218,7 +219,7 @@ def test_crawl_delay_spaces_the_starts_on_its_host_across_two_workers(
     assert len(starts) == 3
     gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 2.0, gaps
-    [host] = [d for d in repository.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
+    [host] = [d for d in politeness.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
     # 1 / Crawl-delay, the delay stretched by a tenth for the way from a turn to the host
     assert host["crawl_delay"] == 2.0
     assert abs(host["rps"] - 1 / 2.2) < 1e-9
@@ -246,7 +247,7 @@ def test_an_operator_exempts_a_host_and_its_jobs_are_fetched_despite_a_disallow(
 
     assert job(db_engine, allowed).status == "succeeded"
     assert site.count("/robots.txt") == 0
-    [host] = [d for d in repository.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
+    [host] = [d for d in politeness.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
     assert (host["robots_mode"], host["robots_reason"]) == ("ignore", "our own site")
     assert host["robots_set_by"]
 
@@ -430,7 +431,7 @@ def test_an_absurd_crawl_delay_is_stored_once_within_bounds(
     assert site.count("/robots.txt") == 1
     classes = {a.error_class for i in ids for a in attempts(db_engine, i)}
     assert "worker_error" not in classes, classes
-    hosts = [d for d in repository.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
+    hosts = [d for d in politeness.list_domains(db_engine) if d["domain"] == "127.0.0.1"]
     assert (hosts[0]["crawl_delay"] if hosts else None) == stored
     if rps is not None:
         assert hosts[0]["rps"] == rps
@@ -679,7 +680,7 @@ def test_a_redirect_to_a_host_whose_robots_txt_is_unreachable_pauses_that_host(
         ("retry", "robots_unreachable")
     ]
     explained = explain(
-        db_engine, job_id, domain_defaults=repository.DomainDefaults(1.0, 1), robots_mode="obey"
+        db_engine, job_id, domain_defaults=leases.DomainDefaults(1.0, 1), robots_mode="obey"
     )
     assert explained is not None and explained[1] is not None
     wait = explained[1]

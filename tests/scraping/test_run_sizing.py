@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import DomainDefaults, RedirectSlots
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.store.leases import DomainDefaults, RedirectSlots
 from tests.scraping.test_scheduling import claim, enqueue_many
 
 
@@ -23,7 +23,7 @@ def test_a_connection_held_by_a_redirect_hop_is_not_claimable(
     slots = RedirectSlots(db_engine, job, hold_seconds=60, domain_defaults=defaults)
     assert slots.take("hop.example") == 0
     with db_engine.connect() as conn:
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     assert (stats.due, stats.claimable) == (5, 1)
     assert len(claim(db_engine, 10, defaults)) == 1  # as the claim itself sees it
     slots.release()
@@ -36,10 +36,10 @@ def test_a_domain_is_claimable_only_up_to_the_tokens_its_bucket_holds(
     defaults = DomainDefaults(rps=2, concurrency=50)
     enqueue_many(db_engine, tenant.id, [f"http://slow.example/{i}" for i in range(30)])
     with db_engine.connect() as conn:
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     # A full bucket of a 2 rps domain holds 2 tokens: 2 could start now, not 30.
     assert (stats.due, stats.claimable) == (30, 2)
     assert len(claim(db_engine, 30, defaults)) == 2
     with db_engine.connect() as conn:
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     assert stats.claimable == 0  # the bucket is spent

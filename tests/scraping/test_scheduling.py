@@ -21,22 +21,16 @@ from pin_orchestration.cli import main
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.repository import (
-    ClaimedJob,
-    DomainDefaults,
-    JobRequest,
-    set_domain_limits,
-    set_tenant_weight,
-)
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import (
-    WorkerOptions,
-    WorkerReport,
-    claim_due_jobs,
-    run_worker,
-)
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.politeness import set_domain_limits
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.store.tenancy import set_tenant_weight
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.outcomes import WorkerReport
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
 from tests.chessboard.test_concurrency import wait_until_blocked
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, auth
 
@@ -418,12 +412,12 @@ def test_queue_stats_count_only_what_a_worker_could_claim(db_engine: Engine, mak
         conn.execute(
             text("SELECT scraping.pause_domain('paused.example', now() + interval '1 minute')")
         )
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     assert (stats.due, stats.claimable) == (33, 0)
 
     enqueue_many(db_engine, tenant.id, [f"http://free.example/{i}" for i in range(5)])
     with db_engine.connect() as conn:
-        stats = repository.queue_stats(conn, defaults)
+        stats = leases.queue_stats(conn, defaults)
     # free.example could take 2 now (its concurrency), not 5
     assert (stats.due, stats.claimable) == (38, 2)
     assert stats.oldest_claimable_age_seconds > 3000  # enqueue_many dates them an hour back
@@ -750,10 +744,10 @@ def test_a_job_with_a_cancel_request_is_never_claimed_again(db_engine: Engine, m
     [job] = claim(db_engine, 5)
     assert repository.cancel_job(db_engine, tenant.id, job_id) == ("running", True)
     # Its attempt ends as a retry (a worker that had not seen the request yet).
-    outcome = repository.AttemptOutcome(
+    outcome = leases.AttemptOutcome(
         job_id=job_id, attempt=job.attempt, status="queued", outcome="retry"
     )
-    repository.finish_attempts(db_engine, worker="w", outcomes=[outcome])
+    leases.finish_attempts(db_engine, worker="w", outcomes=[outcome])
     assert claim(db_engine, 5) == []
 
 

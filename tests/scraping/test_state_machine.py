@@ -1,5 +1,5 @@
 """The scraping service's promises checked by a model, not by cases (issue 30): the
-state machine of tests/scraping/model.py interleaves intake, two workers' claims (alone and
+state machine of bench/models/scraping.py interleaves intake, two workers' claims (alone and
 at once), outcomes, sweeps, cancels, requeues, pauses, weight changes and clock steps
 against real PostgreSQL, checking every invariant after every step. Seeded here (a few
 hundred steps); `python bench/scraping_model.py --seed N --steps M` runs it longer."""
@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from sqlalchemy import Engine, event
 
+from bench.models.scraping import machine_for
 from pin_orchestration.platform.db import create_db_engine
-from tests.scraping.model import machine_for
 
 
 def _statement_timeout(dbapi_connection: object, _record: object) -> None:

@@ -24,16 +24,18 @@ import requests
 import uvicorn
 from fastapi import FastAPI
 
-from pin_orchestration.scraping.store import (
-    DEFAULT_CONTENT_TYPE,
+from pin_orchestration.scraping.api.store_routes import local_results_router
+from pin_orchestration.scraping.store.local import (
     LocalResultStore,
-    S3ResultStore,
-    StoredObject,
     build_result_store,
     load_or_create_signing_key,
+)
+from pin_orchestration.scraping.store.results import (
+    DEFAULT_CONTENT_TYPE,
+    S3ResultStore,
+    StoredObject,
     result_key,
 )
-from pin_orchestration.scraping.store_routes import local_results_router
 
 MIB = 1024 * 1024
 # Every byte value, over 5 MiB (the multipart threshold of boto's transfer manager).
@@ -586,7 +588,7 @@ def test_a_hung_s3_store_fails_the_put_instead_of_holding_the_slot(
     from botocore.exceptions import ReadTimeoutError
 
     from faults.proxy import FaultProxy
-    from pin_orchestration.scraping import store as store_module
+    from pin_orchestration.scraping.store import results as store_module
 
     monkeypatch.setattr(store_module, "S3_READ_TIMEOUT_SECONDS", 0.3)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

@@ -15,10 +15,11 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import AttemptOutcome, ClaimedJob, JobRequest
-from pin_orchestration.scraping.robots import origin_of
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.fetch.robots_rules import origin_of
+from pin_orchestration.scraping.store import leases, politeness, repository
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker, auth
 
 
@@ -39,7 +40,7 @@ def robots_known(engine: Engine, url: str) -> None:
             ),
             {
                 "origin": origin_of(url),
-                "domain": repository.normalize_host(urlsplit(url).hostname or ""),
+                "domain": politeness.normalize_host(urlsplit(url).hostname or ""),
             },
         )
 
@@ -64,7 +65,7 @@ def moment(value: str) -> datetime:
 
 
 def finish(engine: Engine, job: ClaimedJob, **outcome: Any) -> None:
-    written = repository.finish_attempts(
+    written = leases.finish_attempts(
         engine,
         worker="probe",
         outcomes=[AttemptOutcome(job_id=job.id, attempt=job.attempt, **outcome)],
@@ -103,7 +104,7 @@ def test_host_paused_by_an_operator_and_by_a_retry_after_is_not_claimed_before_i
     operator_url, target_url = "http://127.0.0.2/a", "http://127.0.0.3/a"
     for url in (operator_url, target_url):
         robots_known(db_engine, url)
-    until = repository.pause_domain(db_engine, "127.0.0.2", seconds=30, max_pause_seconds=3600)
+    until = politeness.pause_domain(db_engine, "127.0.0.2", seconds=30, max_pause_seconds=3600)
     by_operator = submit(db_engine, tenant.id, operator_url)
 
     # a 429 with Retry-After on 127.0.0.3: its other job waits for the host
@@ -165,8 +166,8 @@ def test_host_rate_and_host_connections_hold_what_the_claim_holds(
     slow, busy = "http://127.0.0.2/a", "http://127.0.0.3/a"
     for url in (slow, busy):
         robots_known(db_engine, url)
-    repository.set_domain_limits(db_engine, "127.0.0.2", rps=0.01, concurrency=None)
-    repository.set_domain_limits(db_engine, "127.0.0.3", rps=None, concurrency=1)
+    politeness.set_domain_limits(db_engine, "127.0.0.2", rps=0.01, concurrency=None)
+    politeness.set_domain_limits(db_engine, "127.0.0.3", rps=None, concurrency=1)
     for url in (slow, busy):
         submit(db_engine, tenant.id, url)
     assert len(claim(db_engine, limit=10)) == 2  # one token, one connection: spent
@@ -241,7 +242,7 @@ def test_a_job_that_is_not_queued_has_no_wait_and_explain_shows_the_same(
     url = "http://127.0.0.2/a"
     robots_known(db_engine, url)
     waiting = submit(db_engine, tenant.id, url)
-    until = repository.pause_domain(db_engine, "127.0.0.2", seconds=30, max_pause_seconds=3600)
+    until = politeness.pause_domain(db_engine, "127.0.0.2", seconds=30, max_pause_seconds=3600)
 
     shown = CliRunner().invoke(
         cli,
@@ -250,7 +251,7 @@ def test_a_job_that_is_not_queued_has_no_wait_and_explain_shows_the_same(
     )
     assert shown.exit_code == 0, shown.output
     assert f"waiting: host_paused (operator)\tuntil {until.isoformat()}" in shown.output
-    repository.resume_domain(db_engine, "127.0.0.2")
+    politeness.resume_domain(db_engine, "127.0.0.2")
     [job] = claim(db_engine)
     answer = client.get(f"/jobs/{job.id}", headers=auth(key)).json()
     assert (answer["status"], answer["wait"]) == ("running", None)
@@ -313,7 +314,7 @@ def test_an_operator_pause_past_an_unreachable_robots_txt_is_the_operators(
     work(settings=dataclasses.replace(TEST_SETTINGS, robots_retry_seconds=30))
     assert wait_of(client, key, job_id)["cause"] == "robots_unreachable"
 
-    until = repository.pause_domain(db_engine, "127.0.0.1", seconds=600, max_pause_seconds=3600)
+    until = politeness.pause_domain(db_engine, "127.0.0.1", seconds=600, max_pause_seconds=3600)
 
     wait = wait_of(client, key, job_id)
     assert (wait["reason"], wait["cause"]) == ("host_paused", "operator")

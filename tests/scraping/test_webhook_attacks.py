@@ -18,8 +18,8 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import WEBHOOK_ANSWER_MAX_BYTES
-from pin_orchestration.scraping import webhooks
-from pin_orchestration.scraping.repository import Tenant
+from pin_orchestration.scraping.store.tenancy import Tenant
+from pin_orchestration.scraping.webhooks import deliveries as webhooks
 from tests.scraping.test_webhooks import (
     POLICY,
     Deliver,
@@ -37,8 +37,8 @@ _DELIVERY_PROCESS = """
 import sys
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.resources.scraping import webhook_fetch_policy_from
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.webhooks import run_deliveries
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed
 from tests.scraping.test_webhooks import POLICY
 

@@ -25,24 +25,22 @@ from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
 from pin_orchestration.resources.scraping import webhook_fetch_policy_from
-from pin_orchestration.scraping.fetch import Fetcher
-from pin_orchestration.scraping.repository import (
-    JobRequest,
-    Tenant,
-    cancel_job,
-    requeue_failed_jobs,
-    submit_job,
-)
-from pin_orchestration.scraping.signing import secret_key, signed_headers
-from pin_orchestration.scraping.webhooks import (
-    DeliveryOptions,
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.store.leases import requeue_failed_jobs
+from pin_orchestration.scraping.store.repository import JobRequest, cancel_job, submit_job
+from pin_orchestration.scraping.store.tenancy import Tenant
+from pin_orchestration.scraping.webhooks.deliveries import (
     DeliveryReport,
-    WebhookConfigError,
-    WebhookPolicy,
     list_deliveries,
     run_deliveries,
     tenant_webhook_secret,
 )
+from pin_orchestration.scraping.webhooks.options import (
+    DeliveryOptions,
+    WebhookConfigError,
+    WebhookPolicy,
+)
+from pin_orchestration.scraping.webhooks.signing import secret_key, signed_headers
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed, auth
 from tests.scraping.webhook_checks import assert_every_delivery_verifies, refusals, verifies
 
@@ -236,7 +234,7 @@ def test_a_delivery_is_signed_by_the_database_clock_not_the_hosts(
     still signed with the time the database reads, the clock every other decision of the
     service is made by, so the receiver's libraries accept them. (Signed with the host's
     clock, every delivery from a skewed host was refused.)"""
-    from pin_orchestration.scraping import webhooks
+    from pin_orchestration.scraping.webhooks import deliveries as webhooks
 
     tenant, _ = make_tenant("acme")
     finished_job(db_engine, tenant, receiver.url())

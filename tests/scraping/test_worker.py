@@ -14,10 +14,11 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping.repository import AttemptOutcome, JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import claim_due_jobs
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.leases import AttemptOutcome
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import TEST_SETTINGS, UNLIMITED, Worker
 
 
@@ -281,7 +282,7 @@ def test_the_sweeper_deletes_lapsed_redirect_slots_and_keeps_live_ones(
             ),
             {"lapsed": lapsed, "live": live},
         )
-    assert repository.sweep_expired_leases(db_engine, max_attempts=5) == []
+    assert leases.sweep_expired_leases(db_engine, max_attempts=5) == []
     with db_engine.connect() as conn:
         left = conn.execute(text("SELECT job_id FROM scraping.redirect_slots")).scalars().all()
     assert left == [live]
@@ -295,7 +296,7 @@ def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
         db_engine, worker="A", limit=5, lease_seconds=0.05, domain_defaults=UNLIMITED
     )
     time.sleep(0.1)
-    swept = repository.sweep_expired_leases(db_engine, max_attempts=5)
+    swept = leases.sweep_expired_leases(db_engine, max_attempts=5)
     assert [(r.id, r.status) for r in swept] == [(job_id, "queued")]
     [second] = claim_due_jobs(
         db_engine, worker="B", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
@@ -305,7 +306,7 @@ def test_a_late_worker_cannot_overwrite_a_swept_and_reclaimed_job(
     late = AttemptOutcome(
         job_id=job_id, attempt=1, status="failed", outcome="failed", error_class="http_404"
     )
-    assert repository.finish_attempts(db_engine, worker="A", outcomes=[late]) == {}
+    assert leases.finish_attempts(db_engine, worker="A", outcomes=[late]) == {}
     row = job_row(db_engine, job_id)
     assert (row.status, row.lease_owner, row.attempts) == ("running", "B", 2)
     assert [(a.number, a.outcome, a.error_class) for a in attempts(db_engine, job_id)] == [
@@ -323,11 +324,11 @@ def test_the_sweeper_fails_a_job_whose_attempts_are_spent_and_requeue_restores_i
             db_engine, worker="A", limit=1, lease_seconds=0.01, domain_defaults=UNLIMITED
         )
         time.sleep(0.05)
-        repository.sweep_expired_leases(db_engine, max_attempts=2)
+        leases.sweep_expired_leases(db_engine, max_attempts=2)
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "lease_expired")
-    assert [j["id"] for j in repository.list_failed_jobs(db_engine)] == [job_id]
-    assert repository.requeue_failed_jobs(db_engine, [job_id, uuid.uuid4()]) == [job_id]
+    assert [j["id"] for j in leases.list_failed_jobs(db_engine)] == [job_id]
+    assert leases.requeue_failed_jobs(db_engine, [job_id, uuid.uuid4()]) == [job_id]
     [again] = claim_due_jobs(
         db_engine, worker="B", limit=1, lease_seconds=30, domain_defaults=UNLIMITED
     )
@@ -406,7 +407,7 @@ def test_retry_and_pause_times_follow_the_database_clock_whatever_the_workers_cl
             domain=job.domain,
             domain_paused_until=worker_now + timedelta(seconds=30),
         )
-        assert repository.finish_attempts(
+        assert leases.finish_attempts(
             db_engine, worker="A", outcomes=[outcome], clock=lambda n=worker_now: n
         ) == {job_id: "queued"}
         with db_engine.connect() as conn:

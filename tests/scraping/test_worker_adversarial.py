@@ -25,12 +25,13 @@ from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping import repository
-from pin_orchestration.scraping import robots as robots_module
-from pin_orchestration.scraping.fetch import Fetcher, FetchPolicy
-from pin_orchestration.scraping.repository import JobRequest
-from pin_orchestration.scraping.store import LocalResultStore
-from pin_orchestration.scraping.worker import WorkerOptions, claim_due_jobs, run_worker
+from pin_orchestration.scraping.fetch import robots_rows
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store.local import LocalResultStore
+from pin_orchestration.scraping.store.repository import JobRequest
+from pin_orchestration.scraping.worker.options import WorkerOptions
+from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
 from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
 
 
@@ -331,7 +332,7 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
     what it read for the test's length: the job watched needs nothing of the database
     before its fetch (a robots.txt unknown with the database cut ends the attempt before
     any fetch, which is tests/scraping/test_robots.py's matter)."""
-    monkeypatch.setattr(robots_module, "MEMO_SECONDS", 600.0)
+    monkeypatch.setattr(robots_rows, "MEMO_SECONDS", 600.0)
     settings = dataclasses.replace(
         _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
         lease_seconds=2.0,
@@ -346,7 +347,7 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
     answer_arrives = threading.Event()
     claimed = threading.Event()
 
-    def late_claim(engine: Engine, **kwargs: Any) -> list[repository.ClaimedJob]:
+    def late_claim(engine: Engine, **kwargs: Any) -> list[leases.ClaimedJob]:
         jobs = claim_due_jobs(engine, **kwargs)
         if any(j.id == job_id for j in jobs):
             claimed.set()

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
+
+_query = NamedQueries("pin_orchestration.chessboard.outbox", "schemas.sql")
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 CONTRACT_VERSION = 1
@@ -91,10 +93,7 @@ def _column_schema(column: Any) -> dict[str, Any]:
 
 
 def snapshot_schema(conn: Connection, contract: EventContract) -> dict[str, Any]:
-    query = text(
-        load_queries("pin_orchestration.chessboard.outbox", "schemas.sql")["entity_columns"]
-    )
-    columns = conn.execute(query, {"table_name": contract.table}).all()
+    columns = conn.execute(_query("entity_columns"), {"table_name": contract.table}).all()
     if not columns:
         raise ValueError(f"table chessboard.{contract.table} not found: migrate the database")
     return {

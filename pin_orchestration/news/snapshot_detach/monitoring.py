@@ -4,6 +4,7 @@ short-lived processes)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,10 +21,16 @@ from sqlalchemy import Engine
 
 from pin_orchestration.coordination.jobruns import last_successful_run_at
 from pin_orchestration.news.snapshot_detach.outbox import query
-from pin_orchestration.news.snapshot_detach.policy import JOB_CODE
+from pin_orchestration.news.snapshot_detach.policy import DETACH_JOB
 
 # Seed alert: no successful run for more than 15 min (while work is due).
 STALLED_AFTER_SECONDS = 15 * 60
+# The mark of an entry the demo (`pin demo seed`, devstack/demo.py) quarantined on purpose:
+# its last_error starts with DEMO_ERROR_PREFIX, and the alert checks and `pin up` name such
+# entries with DEMO_QUARANTINE_NOTE, so nobody chases them. Here, where the checks read it;
+# the demo imports it to write it.
+DEMO_ERROR_PREFIX = "DEMO: "
+DEMO_QUARANTINE_NOTE = "demo: quarantined on purpose; `pin detach requeue …` clears it"
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ def sensor_state(engine: Engine) -> SensorState:
         due=row.due,
         oldest_due=row.oldest_due,
         quarantined=row.quarantined,
-        last_success=last_successful_run_at(engine, JOB_CODE),
+        last_success=last_successful_run_at(engine, DETACH_JOB.code),
     )
 
 
@@ -79,6 +86,14 @@ def quarantined_entries(engine: Engine, limit: int = 20) -> list[dict[str, Any]]
         ]
 
 
+def demo_quarantined_ids(engine: Engine) -> list[uuid.UUID]:
+    """The Quarantined entries the demo made on purpose (still Quarantined)."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(query("demo_quarantined_ids"), {"prefix": DEMO_ERROR_PREFIX}).scalars()
+        )
+
+
 # Buckets (seconds) of news_snapshot_detach_lag_seconds: created_at → Done.
 LAG_BUCKETS_SECONDS = (1, 10, 60, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
@@ -102,7 +117,7 @@ class MetricsSnapshot:
 def read_metrics(engine: Engine) -> MetricsSnapshot:
     state = outbox_state(engine)
     with engine.connect() as conn:
-        totals = conn.execute(query("run_totals"), {"job_code": JOB_CODE}).one()
+        totals = conn.execute(query("run_totals"), {"job_code": DETACH_JOB.code}).one()
         buckets = conn.execute(
             query("done_lag_histogram"), {"bounds": [float(b) for b in LAG_BUCKETS_SECONDS]}
         ).all()

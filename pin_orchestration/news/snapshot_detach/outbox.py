@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy import Connection, Engine
 
 from pin_orchestration.news.snapshot_detach.policy import (
     ClaimedEntry,
@@ -21,13 +21,12 @@ from pin_orchestration.news.snapshot_detach.policy import (
     Reason,
     claim_lease_seconds,
 )
-from pin_orchestration.platform.sql import load_queries
+from pin_orchestration.platform.sql import NamedQueries
 
 log = logging.getLogger(__name__)
 
 
-def query(name: str) -> TextClause:
-    return text(load_queries("pin_orchestration.news.snapshot_detach", "queries.sql")[name])
+query = NamedQueries("pin_orchestration.news.snapshot_detach", "queries.sql")
 
 
 # --- enqueue (the owning operations: set-blocks / delete-post) ------------------------------

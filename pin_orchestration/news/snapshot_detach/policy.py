@@ -10,11 +10,11 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 
+from pin_orchestration.coordination.job_identity import JobIdentity
 from pin_orchestration.news.selections import CallKind, CallResult
 from pin_orchestration.platform.options import option
 
-JOB_CODE = "news-snapshot-detach-retry"
-LOCK_KEY = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
+DETACH_JOB = JobIdentity("news_snapshot_detach_retry")
 LAST_ERROR_MAX = 512
 
 RandomSource = Callable[[], float]

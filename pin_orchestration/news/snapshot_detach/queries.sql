@@ -110,6 +110,13 @@ WHERE status = 'Quarantined'
 ORDER BY updated_at DESC
 LIMIT :limit
 
+-- The entries `pin demo seed` quarantined on purpose (last_error starts with :prefix)
+-- that are still Quarantined.
+-- name: demo_quarantined_ids
+SELECT id FROM news.snapshot_detach_outbox
+WHERE status = 'Quarantined' AND starts_with(last_error, :prefix)
+ORDER BY id
+
 -- name: outbox_state
 SELECT count(*) FILTER (WHERE status = 'Pending') AS pending,
        count(*) FILTER (WHERE status = 'Quarantined') AS quarantined,

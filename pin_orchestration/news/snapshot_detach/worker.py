@@ -26,9 +26,8 @@ from pin_orchestration.news.snapshot_detach.outbox import (
     release_claims,
 )
 from pin_orchestration.news.snapshot_detach.policy import (
-    JOB_CODE,
+    DETACH_JOB,
     LAST_ERROR_MAX,
-    LOCK_KEY,
     ClaimedEntry,
     DetachOptions,
     Outcome,
@@ -133,50 +132,7 @@ def drain(
     options.validate()
     result = DrainResult()
     started = time.monotonic()
-    deadline = started + options.max_run_duration_seconds
-    inflight: dict[Future[_Attempt | None], ClaimedEntry] = {}
-    more_due = True
-
     run_trace = tracing.current_context()
-
-    def attempt(entry: ClaimedEntry) -> _Attempt | None:
-        # Stop is honoured between records: a queued call not yet started is not made.
-        if should_stop():
-            return None
-        attributes = {"snapshotId": str(entry.snapshot_id), "attempts": entry.attempts}
-        with tracing.span(f"{JOB_CODE}.attempt", attributes, parent=run_trace) as current:
-            call = caller.detach(entry.snapshot_id, entry.reason)
-            current.set_attribute("outcome", call.code)
-        return call, time.monotonic()
-
-    # Done calls whose outcome is not written yet: written in groups, one transaction each.
-    finished: dict[Future[_Attempt | None], ClaimedEntry] = {}
-    last_write = time.monotonic()
-
-    def settle() -> None:
-        nonlocal last_write
-        outcomes, unstarted = [], []
-        for future, entry in finished.items():
-            try:
-                done = future.result()
-            except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
-                done = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}"), last_write
-            if done is None:
-                unstarted.append(entry)
-            else:
-                call, ended_at = done
-                since = time.monotonic() - ended_at
-                outcomes.append(decide(entry, call, options, rand, since_call_ended_seconds=since))
-        finished.clear()
-        last_write = time.monotonic()
-        _apply_outcomes(db, outcomes, result)
-        _release(db, unstarted, result)
-
-    def collect(timeout: float | None) -> None:
-        done, _ = wait(list(inflight), timeout=timeout, return_when=FIRST_COMPLETED)
-        for future in done:
-            finished[future] = inflight.pop(future)
-
     # One connection for the run, used on this thread only: a pooled connection per
     # transaction cost a checkout ping and a SET on top of BEGIN, the statements, COMMIT.
     # In autocommit, each statement its own transaction: no BEGIN / COMMIT round trips.
@@ -186,70 +142,154 @@ def drain(
         autocommit(engine.connect()) as db,
         ThreadPoolExecutor(options.max_concurrency, thread_name_prefix="snapshot-detach") as pool,
     ):
+        deadline = started + options.max_run_duration_seconds
+        run = _Drain(
+            db, pool, caller, options, rand, should_stop, logger, result, run_trace, deadline
+        )
         try:
-            while True:
-                if should_stop():
-                    _release_unstarted(db, inflight, result)
-                elif more_due and len(inflight) <= QUEUED_ROUNDS * options.max_concurrency:
-                    if time.monotonic() >= deadline:
-                        more_due = False
-                        result.backlog_remaining = True
-                        logger.warning(
-                            "%s reached max_run_duration_seconds=%s; the next tick takes the rest",
-                            JOB_CODE,
-                            options.max_run_duration_seconds,
-                        )
-                    else:
-                        # Claimed only once a round of calls' worth of room is free
-                        # (claims of ~max_concurrency rows, not one per finished call).
-                        # The lease covers the wait in the queue (one call timeout) and
-                        # the call itself: nobody can claim the row meanwhile.
-                        claimed = claim_batch(
-                            db,
-                            options,
-                            rand,
-                            limit=(QUEUED_ROUNDS + 1) * options.max_concurrency - len(inflight),
-                            call_timeout_seconds=(QUEUED_ROUNDS + 1) * caller.timeout_seconds,
-                        )
-                        # Claim again until a claim comes back empty: under SKIP LOCKED
-                        # a short batch may only mean a parallel runner held some rows.
-                        more_due = bool(claimed)
-                        if claimed:
-                            result.batches += 1
-                            result.claimed += len(claimed)
-                            log.info("%s batch claimed: rows=%d", JOB_CODE, len(claimed))
-                        for entry in claimed:
-                            future = pool.submit(attempt, entry)
-                            inflight[future] = entry
-                if inflight:
-                    collect(OUTCOME_WRITE_INTERVAL_SECONDS)
-                if finished and (
-                    not inflight
-                    or len(finished) >= options.max_concurrency
-                    or time.monotonic() - last_write >= OUTCOME_WRITE_INTERVAL_SECONDS
-                ):
-                    settle()
-                if not inflight and not finished and (not more_due or should_stop()):
-                    break
-            if should_stop():
-                result.status = RunStatus.CANCELLED
+            run.until_done()
         except BaseException as exc:
-            # Interrupted (run terminated, Ctrl-C) or the database failed: stop gracefully —
-            # unstarted claims are given back, calls in flight finish and are recorded.
-            result.status = RunStatus.CANCELLED if _is_interrupt(exc) else RunStatus.FAILED
-            result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
-            result.backlog_remaining = True
-            try:
-                _release_unstarted(db, inflight, result)
-                while inflight:
-                    collect(None)
-                settle()
-            except Exception:  # noqa: BLE001 — the original error is the one to report
-                logger.exception("%s could not record outcomes while stopping", JOB_CODE)
+            run.stop_on(exc)
             raise
         finally:
             result.duration_ms = int((time.monotonic() - started) * 1000)
     return result
+
+
+@dataclass
+class _Drain:
+    """One drain's state and steps (see `drain`): the calls in flight, the done calls whose
+    outcome is not written yet (written in groups, one transaction each), whether a claim
+    may still find due rows."""
+
+    db: Connection
+    pool: ThreadPoolExecutor
+    caller: DetachCaller
+    options: DetachOptions
+    rand: RandomSource
+    should_stop: Callable[[], bool]
+    logger: logging.Logger | logging.LoggerAdapter[Any]
+    result: DrainResult
+    run_trace: Any
+    deadline: float
+    inflight: dict[Future[_Attempt | None], ClaimedEntry] = field(default_factory=dict)
+    finished: dict[Future[_Attempt | None], ClaimedEntry] = field(default_factory=dict)
+    more_due: bool = True
+    last_write: float = field(default_factory=time.monotonic)
+
+    def until_done(self) -> None:
+        """Claim, call and record until nothing is in flight or waiting and no more is
+        due (or a stop is asked)."""
+        while True:
+            if self.should_stop():
+                _release_unstarted(self.db, self.inflight, self.result)
+            elif (
+                self.more_due and len(self.inflight) <= QUEUED_ROUNDS * self.options.max_concurrency
+            ):
+                self.claim_more()
+            if self.inflight:
+                self.collect(OUTCOME_WRITE_INTERVAL_SECONDS)
+            if self.finished and (
+                not self.inflight
+                or len(self.finished) >= self.options.max_concurrency
+                or time.monotonic() - self.last_write >= OUTCOME_WRITE_INTERVAL_SECONDS
+            ):
+                self.settle()
+            if (
+                not self.inflight
+                and not self.finished
+                and (not self.more_due or self.should_stop())
+            ):
+                break
+        if self.should_stop():
+            self.result.status = RunStatus.CANCELLED
+
+    def claim_more(self) -> None:
+        options, result = self.options, self.result
+        if time.monotonic() >= self.deadline:
+            self.more_due = False
+            result.backlog_remaining = True
+            self.logger.warning(
+                "%s reached max_run_duration_seconds=%s; the next tick takes the rest",
+                DETACH_JOB.code,
+                options.max_run_duration_seconds,
+            )
+            return
+        # Claimed only once a round of calls' worth of room is free (claims of
+        # ~max_concurrency rows, not one per finished call). The lease covers the wait in
+        # the queue (one call timeout) and the call itself: nobody can claim the row
+        # meanwhile.
+        claimed = claim_batch(
+            self.db,
+            options,
+            self.rand,
+            limit=(QUEUED_ROUNDS + 1) * options.max_concurrency - len(self.inflight),
+            call_timeout_seconds=(QUEUED_ROUNDS + 1) * self.caller.timeout_seconds,
+        )
+        # Claim again until a claim comes back empty: under SKIP LOCKED a short batch may
+        # only mean a parallel runner held some rows.
+        self.more_due = bool(claimed)
+        if claimed:
+            result.batches += 1
+            result.claimed += len(claimed)
+            log.info("%s batch claimed: rows=%d", DETACH_JOB.code, len(claimed))
+        for entry in claimed:
+            self.inflight[self.pool.submit(self.attempt, entry)] = entry
+
+    def attempt(self, entry: ClaimedEntry) -> _Attempt | None:
+        """One call, on a pool thread."""
+        # Stop is honoured between records: a queued call not yet started is not made.
+        if self.should_stop():
+            return None
+        attributes = {"snapshotId": str(entry.snapshot_id), "attempts": entry.attempts}
+        with tracing.span(
+            f"{DETACH_JOB.code}.attempt", attributes, parent=self.run_trace
+        ) as current:
+            call = self.caller.detach(entry.snapshot_id, entry.reason)
+            current.set_attribute("outcome", call.code)
+        return call, time.monotonic()
+
+    def collect(self, timeout: float | None) -> None:
+        done, _ = wait(list(self.inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            self.finished[future] = self.inflight.pop(future)
+
+    def settle(self) -> None:
+        """Write the finished calls' outcomes and give back the claims never called."""
+        outcomes, unstarted = [], []
+        for future, entry in self.finished.items():
+            try:
+                done = future.result()
+            except Exception as exc:  # noqa: BLE001 — a bug in one call must not stop the run
+                failed = CallResult(CallKind.TRANSIENT, f"error:{type(exc).__name__}")
+                done = failed, self.last_write
+            if done is None:
+                unstarted.append(entry)
+            else:
+                call, ended_at = done
+                since = time.monotonic() - ended_at
+                outcomes.append(
+                    decide(entry, call, self.options, self.rand, since_call_ended_seconds=since)
+                )
+        self.finished.clear()
+        self.last_write = time.monotonic()
+        _apply_outcomes(self.db, outcomes, self.result)
+        _release(self.db, unstarted, self.result)
+
+    def stop_on(self, exc: BaseException) -> None:
+        """Interrupted (run terminated, Ctrl-C) or the database failed: stop gracefully —
+        unstarted claims are given back, calls in flight finish and are recorded."""
+        result = self.result
+        result.status = RunStatus.CANCELLED if _is_interrupt(exc) else RunStatus.FAILED
+        result.error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
+        result.backlog_remaining = True
+        try:
+            _release_unstarted(self.db, self.inflight, result)
+            while self.inflight:
+                self.collect(None)
+            self.settle()
+        except Exception:  # noqa: BLE001 — the original error is the one to report
+            self.logger.exception("%s could not record outcomes while stopping", DETACH_JOB.code)
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -273,7 +313,7 @@ def _release(db: Connection, entries: Sequence[ClaimedEntry], result: DrainResul
     result.backlog_remaining = True
     log.warning(
         "%s stop requested: %d claimed rows not called, %d given back their attempt",
-        JOB_CODE,
+        DETACH_JOB.code,
         len(entries),
         released,
     )
@@ -290,7 +330,7 @@ def _apply_outcomes(
         log.exception(
             "%s could not record %d outcomes; the rows stay Pending and are retried after "
             "their backoff",
-            JOB_CODE,
+            DETACH_JOB.code,
             len(outcomes),
         )
         return
@@ -339,7 +379,7 @@ def _apply_outcomes(
 
 
 @tracing.traced(
-    JOB_CODE,
+    DETACH_JOB.code,
     lambda a: {"jobRunId": a["run_id"]},
     lambda result: {
         "status": result.status.value,
@@ -359,7 +399,7 @@ def run_detach_retry(
     stop_requested: threading.Event | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] = log,
 ) -> DrainResult:
-    """One run of the job under `LOCK_KEY`, renewed while it works; a held lock skips the
+    """One run of the job under `DETACH_JOB.lock_key`, renewed while it works; a held lock skips the
     run without waiting, and a lost one stops it (FAILED) before its next claim.
 
     The run is recorded in pin.job_runs (its counts feed the metrics and the
@@ -368,13 +408,18 @@ def run_detach_retry(
     options.validate()
     with engine.connect() as conn:
         started_at = conn.execute(text("SELECT now()")).scalar_one()
-    with renewed_lock(engine, LOCK_KEY, options.lock_ttl_seconds, holder) as lease:
+    with renewed_lock(engine, DETACH_JOB.lock_key, options.lock_ttl_seconds, holder) as lease:
         if not lease.acquired:
-            logger.info("%s skipped, lock held (key=%s, run=%s)", JOB_CODE, LOCK_KEY, run_id)
+            logger.info(
+                "%s skipped, lock held (key=%s, run=%s)",
+                DETACH_JOB.code,
+                DETACH_JOB.lock_key,
+                run_id,
+            )
             result = DrainResult(status=RunStatus.SKIPPED)
             _record(engine, result, run_id, started_at)
             return result
-        logger.info("%s started: jobRunId=%s", JOB_CODE, run_id)
+        logger.info("%s started: jobRunId=%s", DETACH_JOB.code, run_id)
 
         def should_stop() -> bool:
             # A lost lock stops the run like a stop request: no new claim or call; calls
@@ -399,12 +444,12 @@ def run_detach_retry(
             raise
         if lease.lost.is_set():
             result.status = RunStatus.FAILED
-            result.error = f"lost the lock {LOCK_KEY}; stopped"
+            result.error = f"lost the lock {DETACH_JOB.lock_key}; stopped"
             result.backlog_remaining = True
         _record(engine, result, run_id, started_at)
         logger.info(
             "%s completed: status=%s succeeded=%d retried=%d quarantined=%d durationMs=%d",
-            JOB_CODE,
+            DETACH_JOB.code,
             result.status.value,
             result.succeeded,
             result.retried,
@@ -417,7 +462,7 @@ def run_detach_retry(
 def _record(engine: Engine, result: DrainResult, run_id: str, started_at: datetime) -> None:
     record_job_run(
         engine,
-        job_code=JOB_CODE,
+        job_code=DETACH_JOB.code,
         run_id=run_id,
         status=result.status.value,
         started_at=started_at,

@@ -1,0 +1,1 @@
+"""Completion webhooks: their delivery loop and their Standard Webhooks signatures."""
