@@ -379,7 +379,6 @@ def test_a_claim_and_a_producer_crossing_on_a_tenant_and_a_flow_both_end(
     assert sorted(str(j.id) for j in claim(db_engine, 4)) == sorted(str(i) for i in (b_old, b_new))
 
 
-@pytest.mark.xfail(strict=True, reason="the wake batch counts flows of held tenants")
 def test_flows_waking_for_a_tenant_a_producer_holds_do_not_keep_others_asleep(
     db_engine: Engine, make_tenant
 ) -> None:

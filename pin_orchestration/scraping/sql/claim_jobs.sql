@@ -210,8 +210,6 @@ DECLARE
     -- the tenants of the flows set aside together
     v_aside uuid[];
     w_flow tid[];
-    w_priority text[];
-    w_tenant uuid[];
     w_tenant_row tid[];
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
@@ -231,36 +229,32 @@ BEGIN
     -- such a flow comes back at the class clock or its own tag, whichever is later (a
     -- bounded batch per call; rows another transaction holds are skipped, not waited for,
     -- and a flow whose tenant row is held stays for the next claim, so no tenant is left
-    -- parked with a flow ready). The clock is read into a variable first: compared with
-    -- clock_timestamp() itself (volatile) the wake time is no index bound.
+    -- parked with a flow ready). The flow and its tenant row are taken together, so flows
+    -- of a tenant held meanwhile (a producer's open transaction holds its row until it
+    -- commits) are passed over, not counted in the batch (1,000 of them waking first
+    -- would fill it and keep every other flow asleep). The clock is read into a variable
+    -- first: compared with clock_timestamp() itself (volatile) the wake time is no index
+    -- bound.
     v_now := clock_timestamp();
-    SELECT array_agg(w.ctid), array_agg(w.priority), array_agg(w.tenant_id)
-    INTO w_flow, w_priority, w_tenant
+    SELECT array_agg(w.flow_row), array_agg(w.tenant_row)
+    INTO w_flow, w_tenant_row
     FROM (
-        SELECT f.ctid, f.priority, f.tenant_id FROM scraping.tenant_flows f
+        SELECT f.ctid AS flow_row, t.ctid AS tenant_row
+        FROM scraping.tenant_flows f
+        JOIN scraping.tenant_queues t
+          ON t.priority = f.priority AND t.tenant_id = f.tenant_id
         WHERE NOT f.ready AND f.wake_at <= v_now
         ORDER BY f.wake_at
         LIMIT 1000
-        FOR UPDATE SKIP LOCKED
+        -- (the tenant's row first: a flow is not locked when its tenant is passed over)
+        FOR NO KEY UPDATE OF t SKIP LOCKED
+        FOR UPDATE OF f SKIP LOCKED
     ) w;
     IF w_flow IS NOT NULL THEN
         v_holds_locks := true;
-        SELECT array_agg(t.ctid) INTO w_tenant_row
-        FROM (
-            SELECT t.ctid FROM scraping.tenant_queues t
-            WHERE (t.priority, t.tenant_id) IN (
-                SELECT u.p, u.t FROM unnest(w_priority, w_tenant) AS u(p, t))
-            ORDER BY t.priority, t.tenant_id
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) t;
         UPDATE scraping.tenant_flows f
         SET ready = true, waiting_for = NULL, wake_at = NULL
-        FROM unnest(w_flow, w_priority, w_tenant) AS u(flow, p, t)
-        WHERE f.ctid = u.flow
-          -- (before the tenants are written: their rows are found by ctid)
-          AND EXISTS (SELECT 1 FROM scraping.tenant_queues t
-                      WHERE t.ctid = ANY (w_tenant_row)
-                        AND t.priority = u.p AND t.tenant_id = u.t);
+        WHERE f.ctid = ANY (w_flow);
         UPDATE scraping.tenant_queues t
         SET ready = true,
             start_tag = greatest(t.start_tag, c_sclock[array_position(c_name, t.priority)])
