@@ -305,9 +305,6 @@ def _claim_within(conn: Connection, limit: int, seconds: float) -> list[uuid.UUI
         )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a claim holding no lock waits on a tenant row without a limit"
-)
 def test_a_producers_open_transaction_never_stalls_the_claims_of_other_tenants(
     db_engine: Engine, make_tenant
 ) -> None:

@@ -5,6 +5,10 @@ takes each flow together with its tenant's row and passes over flows of tenants 
 (before, 1,000 of them waking first filled its batch, woke nothing, and kept every other
 flow asleep).
 
+A claim waits for a tenant's row another transaction holds at most half a second, holding
+locks or not (before, one holding none waited without a limit: every claim reaching the
+class of a tenant a producer held stopped there, the other classes with it).
+
 The SQL is frozen in 0040_scraping_claims_never_wait_on_intake.sql / .down.sql beside this
 file; the live definition is pin_orchestration/scraping/sql/claim_jobs.sql.
 

@@ -47,9 +47,10 @@
 -- with FOR UPDATE SKIP LOCKED, so two claimers never both spend a domain's last token or
 -- connection (connections are counted from the jobs themselves under that row lock). It
 -- waits for a lock only when every tenant of a class with claimable work is being claimed
--- from (few tenants, many claimers): for the first of them, in a subtransaction, without
--- a limit while it holds no lock, at most half a second once it holds some; a wait ended
--- by the deadlock detector or that limit only ends the class's picks in this call. The connection count is taken in the probe's
+-- from (few tenants, many claimers): for the first of them, in a subtransaction, at most
+-- half a second (a tenant's row is held by intake too, until it commits: a producer's own
+-- transaction, open as long as it likes, must not stop the claim); a wait ended by the
+-- deadlock detector or that limit only ends the class's picks in this call. The connection count is taken in the probe's
 -- snapshot, i.e. before the row lock: it is used only when the domain row locked is the
 -- version that snapshot sees (ctid equal); every claim that makes a domain's jobs running
 -- writes that domain's row before it commits (its token spend), so a claim that
@@ -198,9 +199,6 @@ DECLARE
     v_mine uuid[];
     -- domains whose state row another claim holds: left to it for the rest of this call
     v_domains_taken text[] := '{}';
-    -- whether this call holds a row lock yet: until it does, it may wait for one without
-    -- any risk of a deadlock (a waiter holding nothing is in no cycle), so without a limit
-    v_holds_locks boolean := false;
     v_counted_now boolean;
     -- waiting for a tenant: the one locked, and those found with nothing to claim
     v_waited uuid;
@@ -251,7 +249,6 @@ BEGIN
         FOR UPDATE OF f SKIP LOCKED
     ) w;
     IF w_flow IS NOT NULL THEN
-        v_holds_locks := true;
         UPDATE scraping.tenant_flows f
         SET ready = true, waiting_for = NULL, wake_at = NULL
         WHERE f.ctid = ANY (w_flow);
@@ -314,15 +311,14 @@ BEGIN
                 -- other claims: wait for the first of them rather than answer "nothing to
                 -- do", then probe again. Each wait is a subtransaction: when the claim
                 -- waited for left that tenant with nothing to claim, its lock is let go
-                -- again and the next one is waited for. A claim holding locks already
-                -- waits at most half a second, and a wait that closes a cycle with another
-                -- claim's (the deadlock detector, or the timeout, ends it) only ends this
-                -- class's picks: no claim fails or stalls for it.
+                -- again and the next one is waited for. A wait lasts at most half a
+                -- second: the row may be held by intake (a producer's transaction, see
+                -- docs/integration.md, holds it until it commits), and a wait that closes
+                -- a cycle with another claim's (the deadlock detector, or the timeout,
+                -- ends it) only ends this class's picks: no claim fails or stalls for it.
                 v_waited_empty := '{}';
                 v_lock_timeout := current_setting('lock_timeout');
-                IF v_holds_locks THEN
-                    PERFORM set_config('lock_timeout', '500ms', true);
-                END IF;
+                PERFORM set_config('lock_timeout', '500ms', true);
                 FOR n_wait IN 1..100 LOOP
                     v_waited := NULL;
                     BEGIN
@@ -353,7 +349,6 @@ BEGIN
                 END LOOP;
                 PERFORM set_config('lock_timeout', v_lock_timeout, true);
                 IF v_waited IS NOT NULL THEN
-                    v_holds_locks := true;
                     CONTINUE tenants;
                 END IF;
                 c_done[ci] := true;
@@ -361,7 +356,6 @@ BEGIN
             ELSE
                 kt := NULL;
             END IF;
-            v_holds_locks := true;
             IF kt IS NULL THEN
                 tc_priority := tc_priority || c_name[ci];
                 tc_tenant := tc_tenant || v_tenant;
