@@ -9,6 +9,11 @@ A claim waits for a tenant's row another transaction holds at most half a second
 locks or not (before, one holding none waited without a limit: every claim reaching the
 class of a tenant a producer held stopped there, the other classes with it).
 
+A flow on a domain without a state row (an operator deleted the row while intake announced
+the domain's first jobs: the delete saw none of them, so made none again) gets its row
+from the claim that meets it; before, the claim took the missing row for one another claim
+held, at every claim, and the jobs never started.
+
 The SQL is frozen in 0040_scraping_claims_never_wait_on_intake.sql / .down.sql beside this
 file; the live definition is pin_orchestration/scraping/sql/claim_jobs.sql.
 

@@ -4,6 +4,8 @@
 -- of them waking first kept every other flow asleep.
 -- A claim waits for a held tenant row at most half a second, holding locks or not:
 -- every claim reaching the class of a tenant a producer held waited for it.
+-- A flow on a domain without a state row (deleted by an operator while intake
+-- announced its first jobs) gets the row from the claim meeting it.
 
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
@@ -47,6 +49,8 @@ DECLARE
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
+    -- a domain state row this call made (none was there)
+    n_made integer;
     k integer;
     kt integer;
     picked uuid[] := '{}';
@@ -297,6 +301,28 @@ BEGIN
                     CONTINUE tenants;
                 END IF;
                 IF NOT v_probe.domain_locked THEN
+                    IF NOT EXISTS (SELECT 1 FROM scraping.domains d
+                                   WHERE d.domain = v_probe.domain) THEN
+                        -- No state row at all (an operator deleted it while intake was
+                        -- announcing the domain's first jobs: the delete saw none of them,
+                        -- so made none again): made here, then probed again. Left
+                        -- without one, the domain would pass for held by another claim at
+                        -- every claim and its jobs never start. The insert waits at most
+                        -- half a second (for another transaction making the row).
+                        v_lock_timeout := current_setting('lock_timeout');
+                        PERFORM set_config('lock_timeout', '500ms', true);
+                        BEGIN
+                            INSERT INTO scraping.domains (domain) VALUES (v_probe.domain)
+                            ON CONFLICT (domain) DO NOTHING;
+                            GET DIAGNOSTICS n_made = ROW_COUNT;
+                        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                            n_made := 0;
+                        END;
+                        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                        IF n_made = 1 THEN
+                            CONTINUE flows;
+                        END IF;
+                    END IF;
                     v_domains_taken := v_domains_taken || v_probe.domain;
                     CONTINUE flows;
                 END IF;
