@@ -1,4 +1,6 @@
--- 0040 down: the claim's wake counts flows of held tenants in its batch; a claim holding no lock waits for a tenant row without a limit; a domain without a row is taken for held.
+-- 0040 down: the claim's wake counts flows of held tenants in its batch; a claim holding
+-- no lock waits for a tenant row without a limit; a domain without a row is taken for
+-- held.
 
 CREATE OR REPLACE FUNCTION scraping.claim_jobs(
     p_worker text,
