@@ -47,9 +47,10 @@
 -- with FOR UPDATE SKIP LOCKED, so two claimers never both spend a domain's last token or
 -- connection (connections are counted from the jobs themselves under that row lock). It
 -- waits for a lock only when every tenant of a class with claimable work is being claimed
--- from (few tenants, many claimers): for the first of them, in a subtransaction, without
--- a limit while it holds no lock, at most half a second once it holds some; a wait ended
--- by the deadlock detector or that limit only ends the class's picks in this call. The connection count is taken in the probe's
+-- from (few tenants, many claimers): for the first of them, in a subtransaction, at most
+-- half a second (a tenant's row is held by intake too, until it commits: a producer's own
+-- transaction, open as long as it likes, must not stop the claim); a wait ended by the
+-- deadlock detector or that limit only ends the class's picks in this call. The connection count is taken in the probe's
 -- snapshot, i.e. before the row lock: it is used only when the domain row locked is the
 -- version that snapshot sees (ctid equal); every claim that makes a domain's jobs running
 -- writes that domain's row before it commits (its token spend), so a claim that
@@ -164,6 +165,8 @@ DECLARE
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
+    -- a domain state row this call made (none was there)
+    n_made integer;
     k integer;
     kt integer;
     picked uuid[] := '{}';
@@ -198,9 +201,6 @@ DECLARE
     v_mine uuid[];
     -- domains whose state row another claim holds: left to it for the rest of this call
     v_domains_taken text[] := '{}';
-    -- whether this call holds a row lock yet: until it does, it may wait for one without
-    -- any risk of a deadlock (a waiter holding nothing is in no cycle), so without a limit
-    v_holds_locks boolean := false;
     v_counted_now boolean;
     -- waiting for a tenant: the one locked, and those found with nothing to claim
     v_waited uuid;
@@ -210,8 +210,6 @@ DECLARE
     -- the tenants of the flows set aside together
     v_aside uuid[];
     w_flow tid[];
-    w_priority text[];
-    w_tenant uuid[];
     w_tenant_row tid[];
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
@@ -231,36 +229,31 @@ BEGIN
     -- such a flow comes back at the class clock or its own tag, whichever is later (a
     -- bounded batch per call; rows another transaction holds are skipped, not waited for,
     -- and a flow whose tenant row is held stays for the next claim, so no tenant is left
-    -- parked with a flow ready). The clock is read into a variable first: compared with
-    -- clock_timestamp() itself (volatile) the wake time is no index bound.
+    -- parked with a flow ready). The flow and its tenant row are taken together, so flows
+    -- of a tenant held meanwhile (a producer's open transaction holds its row until it
+    -- commits) are passed over, not counted in the batch (1,000 of them waking first
+    -- would fill it and keep every other flow asleep). The clock is read into a variable
+    -- first: compared with clock_timestamp() itself (volatile) the wake time is no index
+    -- bound.
     v_now := clock_timestamp();
-    SELECT array_agg(w.ctid), array_agg(w.priority), array_agg(w.tenant_id)
-    INTO w_flow, w_priority, w_tenant
+    SELECT array_agg(w.flow_row), array_agg(w.tenant_row)
+    INTO w_flow, w_tenant_row
     FROM (
-        SELECT f.ctid, f.priority, f.tenant_id FROM scraping.tenant_flows f
+        SELECT f.ctid AS flow_row, t.ctid AS tenant_row
+        FROM scraping.tenant_flows f
+        JOIN scraping.tenant_queues t
+          ON t.priority = f.priority AND t.tenant_id = f.tenant_id
         WHERE NOT f.ready AND f.wake_at <= v_now
         ORDER BY f.wake_at
         LIMIT 1000
-        FOR UPDATE SKIP LOCKED
+        -- (the tenant's row first: a flow is not locked when its tenant is passed over)
+        FOR NO KEY UPDATE OF t SKIP LOCKED
+        FOR UPDATE OF f SKIP LOCKED
     ) w;
     IF w_flow IS NOT NULL THEN
-        v_holds_locks := true;
-        SELECT array_agg(t.ctid) INTO w_tenant_row
-        FROM (
-            SELECT t.ctid FROM scraping.tenant_queues t
-            WHERE (t.priority, t.tenant_id) IN (
-                SELECT u.p, u.t FROM unnest(w_priority, w_tenant) AS u(p, t))
-            ORDER BY t.priority, t.tenant_id
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) t;
         UPDATE scraping.tenant_flows f
         SET ready = true, waiting_for = NULL, wake_at = NULL
-        FROM unnest(w_flow, w_priority, w_tenant) AS u(flow, p, t)
-        WHERE f.ctid = u.flow
-          -- (before the tenants are written: their rows are found by ctid)
-          AND EXISTS (SELECT 1 FROM scraping.tenant_queues t
-                      WHERE t.ctid = ANY (w_tenant_row)
-                        AND t.priority = u.p AND t.tenant_id = u.t);
+        WHERE f.ctid = ANY (w_flow);
         UPDATE scraping.tenant_queues t
         SET ready = true,
             start_tag = greatest(t.start_tag, c_sclock[array_position(c_name, t.priority)])
@@ -320,15 +313,14 @@ BEGIN
                 -- other claims: wait for the first of them rather than answer "nothing to
                 -- do", then probe again. Each wait is a subtransaction: when the claim
                 -- waited for left that tenant with nothing to claim, its lock is let go
-                -- again and the next one is waited for. A claim holding locks already
-                -- waits at most half a second, and a wait that closes a cycle with another
-                -- claim's (the deadlock detector, or the timeout, ends it) only ends this
-                -- class's picks: no claim fails or stalls for it.
+                -- again and the next one is waited for. A wait lasts at most half a
+                -- second: the row may be held by intake (a producer's transaction, see
+                -- docs/integration.md, holds it until it commits), and a wait that closes
+                -- a cycle with another claim's (the deadlock detector, or the timeout,
+                -- ends it) only ends this class's picks: no claim fails or stalls for it.
                 v_waited_empty := '{}';
                 v_lock_timeout := current_setting('lock_timeout');
-                IF v_holds_locks THEN
-                    PERFORM set_config('lock_timeout', '500ms', true);
-                END IF;
+                PERFORM set_config('lock_timeout', '500ms', true);
                 FOR n_wait IN 1..100 LOOP
                     v_waited := NULL;
                     BEGIN
@@ -359,7 +351,6 @@ BEGIN
                 END LOOP;
                 PERFORM set_config('lock_timeout', v_lock_timeout, true);
                 IF v_waited IS NOT NULL THEN
-                    v_holds_locks := true;
                     CONTINUE tenants;
                 END IF;
                 c_done[ci] := true;
@@ -367,7 +358,6 @@ BEGIN
             ELSE
                 kt := NULL;
             END IF;
-            v_holds_locks := true;
             IF kt IS NULL THEN
                 tc_priority := tc_priority || c_name[ci];
                 tc_tenant := tc_tenant || v_tenant;
@@ -427,6 +417,28 @@ BEGIN
                     CONTINUE tenants;
                 END IF;
                 IF NOT v_probe.domain_locked THEN
+                    IF NOT EXISTS (SELECT 1 FROM scraping.domains d
+                                   WHERE d.domain = v_probe.domain) THEN
+                        -- No state row at all (an operator deleted it while intake was
+                        -- announcing the domain's first jobs: the delete saw none of them,
+                        -- so made none again): made here, then probed again. Left
+                        -- without one, the domain would pass for held by another claim at
+                        -- every claim and its jobs never start. The insert waits at most
+                        -- half a second (for another transaction making the row).
+                        v_lock_timeout := current_setting('lock_timeout');
+                        PERFORM set_config('lock_timeout', '500ms', true);
+                        BEGIN
+                            INSERT INTO scraping.domains (domain) VALUES (v_probe.domain)
+                            ON CONFLICT (domain) DO NOTHING;
+                            GET DIAGNOSTICS n_made = ROW_COUNT;
+                        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                            n_made := 0;
+                        END;
+                        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+                        IF n_made = 1 THEN
+                            CONTINUE flows;
+                        END IF;
+                    END IF;
                     v_domains_taken := v_domains_taken || v_probe.domain;
                     CONTINUE flows;
                 END IF;
