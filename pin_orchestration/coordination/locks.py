@@ -65,10 +65,16 @@ _ACQUIRE = text(
     RETURNING token
     """
 )
-# statement_timeout and lock_timeout for this transaction only; milliseconds.
+# statement_timeout and lock_timeout for this transaction only; milliseconds. And how
+# long the server keeps the transaction open while its client is silent: a renewal or a
+# fenced write whose connection hangs between its statements (its COMMIT blackholed) holds
+# the lock row, so no takeover could pass it until the server gave the session up; the
+# server ends that session after the TTL instead, as it would a holder gone quiet.
 _RENEWAL_TIMEOUTS = text(
-    "SELECT set_config('statement_timeout', :ms, true), set_config('lock_timeout', :ms, true)"
+    "SELECT set_config('statement_timeout', :ms, true), set_config('lock_timeout', :ms, true),"
+    " set_config('idle_in_transaction_session_timeout', :ms, true)"
 )
+_IDLE_TIMEOUT = text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)")
 _EXTEND = text(
     """
     UPDATE pin.distributed_locks
@@ -180,6 +186,8 @@ class LockLease:
     holder: str
     token: uuid.UUID | None  # None: not acquired
     on_lost: Callable[[], None] | None = None
+    # The lock's TTL: a fenced transaction left idle longer is ended by the server.
+    ttl_seconds: float | None = None
     lost: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -204,6 +212,8 @@ def take_fence(conn: Connection, lease: LockLease) -> None:
     """The first statement of a transaction whose writes must have one holder: key-share-lock
     the lease's lock row, or — when the lock expired or passed to another holder — mark
     the lease lost and raise LockLost (the caller's transaction then rolls back)."""
+    if lease.ttl_seconds is not None:
+        conn.execute(_IDLE_TIMEOUT, {"ms": str(max(int(lease.ttl_seconds * 1000), 1))})
     if conn.execute(_FENCE, {"key": lease.key, "token": lease.token}).first() is None:
         lease.mark_lost("a fenced write found the lock expired or taken over")
         lease.check()
@@ -292,7 +302,13 @@ def renewed_lock(
     database hiccup before the lock can expire.
     """
     sent_at = clock()
-    lease = LockLease(key, holder, try_acquire_lock(engine, key, ttl_seconds, holder), on_lost)
+    lease = LockLease(
+        key,
+        holder,
+        try_acquire_lock(engine, key, ttl_seconds, holder),
+        on_lost,
+        ttl_seconds=ttl_seconds,
+    )
     if not lease.acquired:
         yield lease
         return
