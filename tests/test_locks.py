@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from pin_orchestration.coordination.locks import (
     LockLost,
@@ -155,3 +157,86 @@ def test_failed_renewal_marks_the_lease_lost_and_stops_the_work(db_engine: Engin
         with pytest.raises(LockLost, match=KEY):
             lease.check()
     assert list_locks(db_engine)[0].holder == "thief"  # the thief's lock is left alone
+
+
+def test_a_fenced_write_hung_before_its_commit_does_not_hold_the_lock_past_its_ttl(
+    db_url: str, db_engine: Engine
+) -> None:
+    """Holder A's connection goes silent between its fence and its COMMIT (the fault
+    suite's recalc-pg-hang: the server blackholed at that moment). The fence's key-share
+    lock on the lock row would keep every takeover out for as long as the hang lasts; the
+    server ends A's idle transaction after the TTL instead, and B takes the lock over
+    while A is still hung."""
+    from faults.postgres import database_url_via, proxy_in_front_of
+    from pin_orchestration.coordination.locks import take_fence
+    from pin_orchestration.platform.db import create_db_engine
+
+    ttl = 2.0
+    threads_before = {thread.ident for thread in threading.enumerate()}
+    fenced = threading.Event()  # A holds the fence, its transaction open
+    commit = threading.Event()  # the proxy hangs: A may send its COMMIT now
+    a_errors: list[BaseException] = []
+    proxy = proxy_in_front_of(db_url)
+    # A renewal that connects while the proxy hangs waits out its connect_timeout (10 s by
+    # default) even after the hang ends: its connection was never forwarded.
+    url_a = make_url(database_url_via(db_url, proxy)).update_query_dict({"connect_timeout": "2"})
+    engine_a = create_db_engine(url_a.render_as_string(hide_password=False))
+
+    def holder_a() -> None:
+        try:
+            with renewed_lock(engine_a, KEY, ttl, "a") as lease:
+                assert lease.acquired
+                with engine_a.begin() as conn:
+                    take_fence(conn, lease)
+                    fenced.set()
+                    commit.wait()
+                # The COMMIT leaves when the proxy hangs and gets through once it passes
+                # again: by then the server has ended A's session, so it fails.
+        except BaseException as exc:  # noqa: BLE001 — judged by the test
+            a_errors.append(exc)
+        finally:
+            fenced.set()  # a failed acquisition or fence must not leave the test waiting
+
+    a = threading.Thread(target=holder_a, name="holder a")
+    a.start()
+    try:
+        assert fenced.wait(30), "A took no fence"
+        assert not a_errors, a_errors
+        proxy.set_mode("hang")
+        commit.set()
+        # B (not behind the proxy) takes the lock over once the TTL has passed. Each
+        # attempt that meets A's fence waits its lock_timeout (1 s) and gets None; the bound
+        # only ends a broken run.
+        deadline = time.monotonic() + ttl + 30
+        while (b_token := try_acquire_lock(db_engine, KEY, 60, "b")) is None:
+            assert time.monotonic() < deadline, (
+                "B could not take the lock over while A's fenced transaction was hung"
+            )
+            time.sleep(0.05)
+        # Taken over while A was still hung: not its COMMIT ending the transaction.
+        assert proxy.mode == "hang" and a.is_alive()
+        assert list_locks(db_engine)[0].holder == "b"
+    finally:
+        proxy.set_mode("pass")  # A's held COMMIT goes on to the server, and its renewals
+        a.join(60)
+        for thread in threading.enumerate():  # A's renewal attempts (daemons) end too
+            if thread.ident not in threads_before and thread.name.startswith("renew "):
+                thread.join(30)
+        # A's pool closes its connections before the proxy goes, so each one's end passes
+        # through to the server: a proxy's close() leaves a pipe reading a live server
+        # connection blocked (closing a socket does not wake a recv() waiting on it).
+        engine_a.dispose()
+        proxy.close()
+    assert not a.is_alive()
+    # The server ended A's idle session (25P03, idle_in_transaction_session_timeout), so
+    # its COMMIT failed: nothing A wrote under the fence outlived its TTL.
+    assert len(a_errors) == 1 and isinstance(a_errors[0], DBAPIError), a_errors
+    assert getattr(a_errors[0].orig, "sqlstate", None) == "25P03", a_errors
+    assert list_locks(db_engine)[0].holder == "b"
+    assert release_lock(db_engine, KEY, b_token)
+    # Nothing the test started is left: A, its renewals, the proxy's threads.
+    bound = time.monotonic() + 30
+    started = [thread for thread in threading.enumerate() if thread.ident not in threads_before]
+    for thread in started:
+        thread.join(max(bound - time.monotonic(), 0))
+    assert not [thread for thread in started if thread.is_alive()]
