@@ -24,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from types import TracebackType
 from typing import Literal
 
@@ -34,9 +35,13 @@ _CHUNK = 65536
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with an RST instead of a FIN."""
+    """Close with an RST instead of a FIN. The read side is shut first: a thread blocked
+    reading the socket holds it open past close() (no RST leaves until that read returns,
+    which on a silent connection is never); the shutdown wakes it."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
 
@@ -62,6 +67,7 @@ class FaultProxy:
         self.delay_seconds = 0.0
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._resetting: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._closed = threading.Event()
         self.connections_accepted = 0
         self._listener = self._bind(listen_port)
@@ -89,6 +95,8 @@ class FaultProxy:
         """Reset every live connection (both ends); returns how many."""
         with self._lock:
             conns, self._conns = list(self._conns), set()
+            # A pipe woken by the reset must not end its other side with a FIN first.
+            self._resetting.update(conns)
         for sock in conns:
             _reset(sock)
         return len(conns) // 2
@@ -194,8 +202,9 @@ class FaultProxy:
             pass
         finally:
             # Pass the end on (a FIN for a FIN); the other direction may still flow.
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_WR)
+            if sink not in self._resetting:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
 
     def _forget(self, sock: socket.socket) -> None:
         with self._lock:
