@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
@@ -208,9 +209,12 @@ def test_tenant_turn_is_the_job_the_next_claims_skip_for_others(
 
     wait = wait_of(client, key_a, last_of_a)
     assert wait["reason"] == "tenant_turn"
-    assert wait["message"].startswith("4 jobs")
-    assert "2 of them other tenants'" in wait["message"]
-    # the next four claims take the four ahead of it, two of them b's, never it
+    assert wait["message"] == (
+        "2 of this tenant's jobs on its host go first; 1 other tenant with jobs there takes "
+        "turns with it."
+    )
+    # the next four claims take a's two ahead of it and, turn about with a, two of b's;
+    # never it
     taken = [job.id for _ in range(4) for job in claim(db_engine)]
     assert last_of_a not in taken
     assert set(taken) == {*a_jobs[:2], *b_jobs[:2]}
@@ -319,3 +323,41 @@ def test_an_operator_pause_past_an_unreachable_robots_txt_is_the_operators(
     wait = wait_of(client, key, job_id)
     assert (wait["reason"], wait["cause"]) == ("host_paused", "operator")
     assert moment(wait["until"]) == until
+
+
+@pytest.mark.parametrize("a_has_the_smaller_id", [True, False])
+def test_tenant_turn_counts_turns_by_tenant_not_other_tenants_earlier_fair_tags(
+    db_engine: Engine, make_tenant, client: TestClient, a_has_the_smaller_id: bool
+) -> None:
+    """The claim takes turns by tenant (start tags), not by the jobs' fair tags. Tenant a's
+    job on host h has a late fair tag (a has ten jobs on a paused host); b's five jobs on h
+    have early ones. a's job was told "5 jobs with an earlier turn on its host go first, 5
+    of them other tenants'", while the claim took it after at most one of b's. (The two
+    tenants' turns tie at first, and the tie goes by tenant id: both ways are run.)"""
+    first, second = sorted((make_tenant("x"), make_tenant("y")), key=lambda t: t[0].id)
+    (a, key_a), (b, _) = (first, second) if a_has_the_smaller_id else (second, first)
+    host, paused = "http://127.0.0.2/a", "http://127.0.0.3/a"
+    for url in (host, paused):
+        robots_known(db_engine, url)
+    politeness.pause_domain(db_engine, "127.0.0.3", seconds=600, max_pause_seconds=3600)
+    for _ in range(10):
+        submit(db_engine, a.id, paused)
+    b_jobs = [submit(db_engine, b.id, host) for _ in range(5)]
+    a_job = submit(db_engine, a.id, host)
+
+    wait = wait_of(client, key_a, a_job)
+    # what the claim really does: b's jobs it takes before a's
+    taken: list[uuid.UUID] = []
+    while a_job not in taken:
+        [job] = claim(db_engine)
+        taken.append(job.id)
+    before = len(taken) - 1
+    assert set(taken[:-1]) <= set(b_jobs) and before <= 1
+    if before == 0:
+        assert wait["reason"] == "no_free_worker", wait
+    else:
+        assert wait["reason"] == "tenant_turn", wait
+        assert wait["message"] == (
+            "It is this tenant's next job on its host; 1 other tenant with jobs there has "
+            "its turn first."
+        ), wait

@@ -3,10 +3,10 @@ explain ID` (docs/jobs/scraping.md, "Why is my job waiting").
 
 Computed when asked, from the state the claim keeps, with the claim's own predicates in
 the claim's order (scraping/sql/claim_jobs.sql: pause → due → token → connection → the
-host's fair order → the class's turn), then what the worker checks after the claim (the
-host's robots.txt); nothing is written per claim for it. The reason is
-true at `as_of`; `until`, where known, is the earliest the reason lifts (the job may then
-wait for the next one).
+tenant's own jobs on the host, other tenants' turns → the class's turn), then what the
+worker checks after the claim (the host's robots.txt); nothing is written per claim for
+it. The reason is true at `as_of`; `until`, where known, is the earliest the reason
+lifts (the job may then wait for the next one).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ class WaitView(BaseModel):
         description="Why the job is not running: retry_backoff (its next attempt is not due), "
         "host_paused (its host is paused, see cause), host_rate (its host's requests per "
         "second are spent), host_connections (its host's connections are all in use), "
-        "robots_pending (its host's robots.txt is being fetched), tenant_turn (jobs with "
-        "an earlier fair turn on its host go first), class_share (another priority class "
-        "has the next turns of its 6:3:1 share), no_free_worker (it is next: no worker has "
-        "a free slot yet)"
+        "robots_pending (its host's robots.txt is being fetched), tenant_turn (this "
+        "tenant's earlier jobs on its host, or other tenants' turns there, go first), "
+        "class_share (another priority class has the next turns of its 6:3:1 share), "
+        "no_free_worker (it is next: no worker has a free slot yet)"
     )
     cause: PauseCause | None = Field(
         None,
@@ -199,17 +199,27 @@ def _host_at_its_limits(row: Any) -> WaitView | None:
 
 
 def _turns_ahead(row: Any) -> WaitView | None:
+    # The pick goes by tenant (start tags), then within the tenant by its own jobs' fair
+    # tags: other tenants' jobs on the host are not in a line with this one, they take
+    # turns with it.
     if row.ahead:
-        whose = (
-            f"{row.others_ahead} of them other tenants' (the host is shared fairly)"
-            if row.others_ahead
-            else "all of them this tenant's own"
-        )
-        more = "+" if row.ahead >= 1000 else ""
+        goes = "goes" if row.ahead == 1 else "go"
+        shared = ""
+        if row.others:
+            take = "takes" if row.others == 1 else "take"
+            shared = f"; {_tenants(row.others)} with jobs there {take} turns with it"
         return _view(
             row,
             "tenant_turn",
-            f"{row.ahead}{more} jobs with an earlier turn on its host go first, {whose}.",
+            f"{_count(row.ahead)} of this tenant's jobs on its host {goes} first{shared}.",
+        )
+    if row.others_first:
+        their = "has its" if row.others_first == 1 else "have their"
+        return _view(
+            row,
+            "tenant_turn",
+            f"It is this tenant's next job on its host; {_tenants(row.others_first)} with "
+            f"jobs there {their} turn first.",
         )
     if row.class_ahead is not None:
         return _view(
@@ -240,6 +250,15 @@ def _after_the_claim(row: Any, robots_mode: str) -> WaitView:
 # A robots.txt's pause and its next try are written from one reading, apart by the time
 # between the read and the write.
 _SAME_PAUSE = timedelta(seconds=1)
+
+
+def _count(n: int) -> str:
+    # the counts stop at 1000
+    return f"{n}+" if n >= 1000 else str(n)
+
+
+def _tenants(n: int) -> str:
+    return f"{_count(n)} other tenant" + ("" if n == 1 else "s")
 
 
 def _at(moment: datetime) -> str:
