@@ -9,7 +9,7 @@
 -- name: job_wait
 WITH j AS (
     SELECT j.id, j.tenant_id, j.domain, j.priority, j.fair_tag, j.next_attempt_at,
-           j.last_error_class
+           j.last_error_class, clock_timestamp() AS at
     FROM scraping.jobs j
     WHERE j.id = :job_id AND j.status = 'queued'
 ), d AS (
@@ -33,14 +33,16 @@ WITH j AS (
     JOIN scraping.tenant_queues t ON t.priority = j.priority
     JOIN scraping.pick_classes c ON c.priority = j.priority
 ), others AS NOT MATERIALIZED (
-    -- the other tenants with a due job on the job's host in its class (their flows)
+    -- the other tenants with a due job on the job's host in its class (their flows);
+    -- read at j.at, not clock_timestamp() (volatile), so that each use below is inlined
+    -- and stops at its own limit
     SELECT f.tenant_id FROM j
     JOIN scraping.tenant_flows f
       ON f.domain = j.domain AND f.priority = j.priority AND f.tenant_id <> j.tenant_id
     WHERE EXISTS (SELECT 1 FROM scraping.jobs x
                   WHERE x.domain = f.domain AND x.priority = f.priority
                     AND x.tenant_id = f.tenant_id AND x.status = 'queued'
-                    AND x.next_attempt_at <= clock_timestamp()
+                    AND x.next_attempt_at <= j.at
                     AND x.cancel_requested_at IS NULL)
 )
 SELECT clock_timestamp() AS as_of,
