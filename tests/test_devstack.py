@@ -23,6 +23,7 @@ from sqlalchemy import text
 from pin_orchestration.devstack import up
 from pin_orchestration.devstack.stack_recovery import STACK_VARIABLE, new_stack_id
 from pin_orchestration.platform.db import create_db_engine
+from tests.conftest import embedded_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -523,11 +524,20 @@ def marked(variable: str, marker: str) -> list[psutil.Process]:
 def test_pin_up_on_the_embedded_database_stops_everything_it_started(
     stop: str, tmp_path: Path
 ) -> None:
+    # The home (and the embedded server's data in it) outside pytest's tmp tree, which any
+    # other pytest session starting meanwhile makes private again (tests/conftest.py).
+    with embedded_data_dir() as home:
+        _pin_up_on_the_embedded_database_stops_everything_it_started(stop, home, tmp_path)
+
+
+def _pin_up_on_the_embedded_database_stops_everything_it_started(
+    stop: str, home: Path, tmp_path: Path
+) -> None:
     port, metrics_port, api_port = free_port(), free_port(), free_port()
     marker_variable, marker = "PIN_TEST_STACK", uuid.uuid4().hex
     env = {
         **os.environ,
-        "PIN_HOME": str(tmp_path / "home"),
+        "PIN_HOME": str(home),
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
         marker_variable: marker,  # inherited by every process of the stack
     }
