@@ -235,52 +235,71 @@ WHERE j.id = r.id AND j.attempts = r.number AND j.status = 'running'
   AND j.lease_owner = :worker
 RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
 
--- name: finish_attempt
--- The attempt's outcome and the job's next state, written only while the lease is still
--- this attempt's (status running, owner and attempt number match): a swept and re-claimed
--- job is never overwritten by a late worker. A cancel requested while the attempt ran
--- wins over whatever it ended with (a retry, a failure, even a success): the job ends
--- cancelled and keeps no result; the caller deletes the object it stored. The SET reads
--- the row as it is when the UPDATE gets its lock, so a cancel committed first is seen.
-WITH job AS (
-    UPDATE scraping.jobs
-    SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE :status END,
+-- name: finish_attempts
+-- The attempts' outcomes (one domain's of a round, one statement) and their jobs' next
+-- states, each written only while the lease is still that attempt's (status running,
+-- owner and attempt number match): a swept and re-claimed job is never overwritten by a
+-- late worker. A cancel requested while the attempt ran wins over whatever it ended with
+-- (a retry, a failure, even a success): the job ends cancelled and keeps no result; the
+-- caller deletes the object it stored. The SET reads the row as it is when the UPDATE
+-- gets its lock, so a cancel committed first is seen. One row back per job written.
+WITH o AS (
+    SELECT *
+    FROM unnest(
+        CAST(:job_ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
+        CAST(:next_attempt_in AS double precision[]), CAST(:robots_waits AS boolean[]),
+        CAST(:last_errors AS text[]), CAST(:error_classes AS text[]),
+        CAST(:result_keys AS text[]), CAST(:result_sizes AS bigint[]),
+        CAST(:result_sha256s AS text[]), CAST(:result_content_types AS text[]),
+        CAST(:outcomes AS text[]), CAST(:http_statuses AS integer[]),
+        CAST(:error_details AS text[]), CAST(:durations_ms AS integer[])
+    ) AS o(job_id, attempt, status, next_attempt_in, robots_wait, last_error, error_class,
+           result_key, result_size, result_sha256, result_content_type, outcome,
+           http_status, error_detail, duration_ms)
+),
+job AS (
+    UPDATE scraping.jobs j
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE o.status END,
         next_attempt_at = coalesce(
-            now() + make_interval(secs => CAST(:next_attempt_in AS double precision)),
-            next_attempt_at),
+            now() + make_interval(secs => o.next_attempt_in), j.next_attempt_at),
         lease_owner = NULL,
         lease_expires_at = NULL,
         -- an attempt that only waited on robots.txt (nothing sent) is not spent (0037)
-        robots_waits = robots_waits + CASE WHEN :robots_wait THEN 1 ELSE 0 END,
-        last_error = CASE WHEN cancel_requested_at IS NOT NULL
+        robots_waits = j.robots_waits + CASE WHEN o.robots_wait THEN 1 ELSE 0 END,
+        last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
                           THEN 'cancelled by the client while running'
-                          ELSE :last_error END,
-        last_error_class = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                                ELSE :error_class END,
-        result_key = CASE WHEN cancel_requested_at IS NOT NULL THEN result_key
-                          ELSE coalesce(:result_key, result_key) END,
-        result_size = CASE WHEN cancel_requested_at IS NOT NULL THEN result_size
-                           ELSE coalesce(:result_size, result_size) END,
-        result_sha256 = CASE WHEN cancel_requested_at IS NOT NULL THEN result_sha256
-                             ELSE coalesce(:result_sha256, result_sha256) END,
-        result_content_type = CASE WHEN cancel_requested_at IS NOT NULL THEN result_content_type
-                                   ELSE coalesce(:result_content_type, result_content_type) END,
-        finished_at = CASE WHEN cancel_requested_at IS NOT NULL
-                             OR :status IN ('succeeded', 'failed', 'cancelled') THEN now()
-                           ELSE finished_at END,
+                          ELSE o.last_error END,
+        last_error_class = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                                ELSE o.error_class END,
+        result_key = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.result_key
+                          ELSE coalesce(o.result_key, j.result_key) END,
+        result_size = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.result_size
+                           ELSE coalesce(o.result_size, j.result_size) END,
+        result_sha256 = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.result_sha256
+                             ELSE coalesce(o.result_sha256, j.result_sha256) END,
+        result_content_type = CASE WHEN j.cancel_requested_at IS NOT NULL
+                                   THEN j.result_content_type
+                                   ELSE coalesce(o.result_content_type,
+                                                 j.result_content_type) END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                             OR o.status IN ('succeeded', 'failed', 'cancelled') THEN now()
+                           ELSE j.finished_at END,
         updated_at = now()
-    WHERE id = :job_id AND status = 'running' AND lease_owner = :worker AND attempts = :attempt
-    RETURNING id, status
+    FROM o
+    WHERE j.id = o.job_id AND j.status = 'running' AND j.lease_owner = :worker
+      AND j.attempts = o.attempt
+    RETURNING j.id, j.status, o.attempt, o.outcome, o.http_status, o.error_class,
+              o.error_detail, o.duration_ms
 )
 UPDATE scraping.job_attempts a
 SET finished_at = now(),
-    outcome = :outcome,
-    http_status = :http_status,
-    error_class = :error_class,
-    error_detail = :error_detail,
-    duration_ms = :duration_ms
+    outcome = job.outcome,
+    http_status = job.http_status,
+    error_class = job.error_class,
+    error_detail = job.error_detail,
+    duration_ms = job.duration_ms
 FROM job
-WHERE a.job_id = job.id AND a.number = :attempt
+WHERE a.job_id = job.id AND a.number = job.attempt
 RETURNING a.job_id, job.status
 
 -- name: attempts_written

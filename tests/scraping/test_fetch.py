@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -27,7 +28,7 @@ from pin_orchestration.devstack.standins.scraping_target import (
     body_bytes,
     make_tls_files,
 )
-from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy, _query_pairs, request_url
 from pin_orchestration.scraping.fetch.errors import FetchError
 from pin_orchestration.scraping.fetch.guard import is_address_allowed, parse_allowed_cidrs
 
@@ -109,6 +110,29 @@ def test_params_go_into_the_query_string(fetcher: Fetcher, target: ScrapingTarge
         assert result.body.read() == (
             b"/echo?fixed=1&q=a+b%26c&page=2&ratio=0.5&exact=true&tag=x&tag=y&no="
         )
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/echo?fixed=1", {"q": "a b&c", "page": 2, "exact": True, "tag": ["x", "y"], "no": None}),
+        ("/echo/%7Euser/a%20b?x=%C3%A9#frag", {"é": "ü", "k": ""}),
+        ("/echo/päth?q=ä b", None),
+        ("/echo", {}),
+    ],
+)
+def test_request_url_is_the_url_the_fetch_asks_for(
+    fetcher: Fetcher, target: ScrapingTarget, path: str, params: dict[str, Any] | None
+) -> None:
+    """robots.txt judges request_url(url, params): it must be what the fetch then requests
+    (path and query as the target saw them), and what requests.Request(...).prepare() built."""
+    url = f"{target.url}{path}"
+    expected = requests.Request("GET", url, params=_query_pairs(params)).prepare().url
+    assert request_url(url, params) == expected
+    with fetcher.fetch(url, params) as result:
+        asked = result.body.read().decode()
+    parts = urlsplit(request_url(url, params))
+    assert asked == parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def test_nested_params_are_refused_naming_the_key(fetcher: Fetcher, target: ScrapingTarget) -> None:

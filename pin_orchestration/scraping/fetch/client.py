@@ -434,7 +434,12 @@ def _checked_url(url: str, *, what: str) -> str:
 def request_url(url: str, params: Mapping[str, Any] | None) -> str:
     """The URL `Fetcher.fetch(url, params)` asks for first (robots.txt judges this one)."""
     try:
-        return requests.Request("GET", url, params=_query_pairs(params)).prepare().url or url
+        # Only the URL of what `requests.Request("GET", url, params=…).prepare()` builds
+        # (the same prepare_url; headers, cookies, body and hooks would be thrown away),
+        # once per job, so a slot's robots.txt check costs no full request preparation.
+        prepared = requests.PreparedRequest()
+        prepared.prepare_url(url, _query_pairs(params))
+        return prepared.url or url
     except Exception:
         # The fetch refuses it with its own error.
         return url

@@ -169,6 +169,9 @@ DECLARE
     n_made integer;
     k integer;
     kt integer;
+    -- The jobs picked so far, passed to a query as CAST((SELECT picked) AS uuid[]): a
+    -- subquery, so a copy of the array is made once per query, not once per row compared
+    -- (a variable's array is copied for each row it is compared with).
     picked uuid[] := '{}';
     picked_at timestamptz[] := '{}';
     -- the domains this call holds locked, and their state as this call left it: tokens
@@ -538,7 +541,8 @@ BEGIN
                        (SELECT j.fair_tag FROM scraping.jobs j
                         WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
                           AND j.tenant_id = v_tenant
-                          AND j.status = 'queued' AND j.id <> ALL (picked) AND j.id <> h.id
+                          AND j.status = 'queued' AND j.id <> h.id
+                          AND j.id <> ALL (CAST((SELECT picked) AS uuid[]))
                         ORDER BY j.fair_tag, j.id
                         LIMIT 1)
                 INTO v_job_id, v_tag, v_next
@@ -547,7 +551,8 @@ BEGIN
                     WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
                       AND j.tenant_id = v_tenant
                       AND j.status = 'queued' AND j.next_attempt_at <= v_now
-                      AND j.cancel_requested_at IS NULL AND j.id <> ALL (picked)
+                      AND j.cancel_requested_at IS NULL
+                      AND j.id <> ALL (CAST((SELECT picked) AS uuid[]))
                     ORDER BY j.fair_tag, j.id
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED
@@ -557,7 +562,7 @@ BEGIN
                     WHERE j.domain = v_fdomain AND j.priority = c_name[ci]
                       AND j.tenant_id = v_tenant
                       AND j.status = 'queued' AND j.cancel_requested_at IS NULL
-                      AND j.id <> ALL (picked);
+                      AND j.id <> ALL (CAST((SELECT picked) AS uuid[]));
                     IF v_due IS NULL THEN
                         DELETE FROM scraping.tenant_flows f
                         WHERE f.domain = v_fdomain AND f.priority = c_name[ci]
