@@ -251,3 +251,23 @@ def test_definitions_load_without_dagster_preview_warnings() -> None:
     assert loaded.returncode == 0, loaded.stderr
     for warning in ("PreviewWarning", "BetaWarning", "SupersessionWarning"):
         assert warning not in loaded.stderr, loaded.stderr
+
+
+def test_the_pin_command_line_loads_without_dagster() -> None:
+    """`pin` is what operators, cron and the fault suite start many times an hour; Dagster's
+    import alone costs about a second of CPU, which only `pin up` (and the code location
+    it loads) needs. A command reaching for Dagster wiring (a resource, an asset) at import
+    time puts that second on every `pin locks list`."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pin_orchestration.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster')[:5])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
+    assert loaded == "[]", f"importing pin_orchestration.cli loaded Dagster: {loaded}"

@@ -9,6 +9,7 @@ import uuid
 import click
 
 from pin_orchestration.cli.runs import run_once_and_exit
+from pin_orchestration.news.selections import selections_client
 from pin_orchestration.news.snapshot_detach.monitoring import outbox_state, quarantined_entries
 from pin_orchestration.news.snapshot_detach.outbox import RequeueError, requeue_quarantined
 from pin_orchestration.news.snapshot_detach.policy import (
@@ -18,7 +19,6 @@ from pin_orchestration.news.snapshot_detach.policy import (
 from pin_orchestration.news.snapshot_detach.worker import run_detach_retry
 from pin_orchestration.platform.db import engine_from_env
 from pin_orchestration.platform.options import click_options
-from pin_orchestration.resources.selections import SelectionsResource
 
 
 @click.group()
@@ -34,9 +34,12 @@ def detach_run(detach_call_timeout_seconds: float, **fields: object) -> None:
     options = DetachOptions(**fields)  # type: ignore[arg-type]
     try:
         options.validate()
-        client = SelectionsResource(
-            detach_call_timeout_seconds=detach_call_timeout_seconds
-        ).get_client(pool_size=options.max_concurrency)
+        client = selections_client(
+            None,
+            None,
+            timeout_seconds=detach_call_timeout_seconds,
+            pool_size=options.max_concurrency,
+        )
     except (SnapshotDetachConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     with client:

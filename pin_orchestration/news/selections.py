@@ -16,6 +16,9 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from pin_orchestration.platform import tracing
+from pin_orchestration.platform.settings import LOCAL_SELECTIONS_PORT, Settings
+
+STANDIN_URL = f"http://127.0.0.1:{LOCAL_SELECTIONS_PORT}"
 
 
 class CallKind(StrEnum):
@@ -105,3 +108,17 @@ class SelectionsClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def selections_client(
+    url: str | None, token: str | None, *, timeout_seconds: float, pool_size: int
+) -> SelectionsClient:
+    """A client of `url` (else PIN_SELECTIONS_URL, read now; else the local stand-in that
+    `pin up` starts) whose pool holds `pool_size` connections (one per worker)."""
+    settings = Settings.from_env()
+    return SelectionsClient(
+        url or settings.selections_url or STANDIN_URL,
+        token or settings.selections_token,
+        timeout_seconds=timeout_seconds,
+        pool_size=pool_size,
+    )

@@ -3,10 +3,7 @@ from __future__ import annotations
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from pin_orchestration.news.selections import SelectionsClient
-from pin_orchestration.platform.settings import LOCAL_SELECTIONS_PORT, Settings
-
-STANDIN_URL = f"http://127.0.0.1:{LOCAL_SELECTIONS_PORT}"
+from pin_orchestration.news.selections import STANDIN_URL, SelectionsClient, selections_client
 
 
 class SelectionsResource(ConfigurableResource):
@@ -28,10 +25,9 @@ class SelectionsResource(ConfigurableResource):
 
     def get_client(self, pool_size: int) -> SelectionsClient:
         """A client whose connection pool holds `pool_size` connections (one per worker)."""
-        settings = Settings.from_env()
-        return SelectionsClient(
-            self.url or settings.selections_url or STANDIN_URL,
-            self.token or settings.selections_token,
+        return selections_client(
+            self.url,
+            self.token,
             timeout_seconds=self.detach_call_timeout_seconds,
             pool_size=pool_size,
         )
