@@ -26,6 +26,9 @@ from dagster import (
     AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
+    Definitions,
+    EvaluateAutomationConditionsResult,
+    RunRequest,
     evaluate_automation_conditions,
 )
 from dagster._core.definitions.automation_tick_evaluation_context import (
@@ -497,7 +500,9 @@ def projects_with_buildings(engine: Engine, n: int) -> list[uuid.UUID]:
     return projects
 
 
-def drain_due(defs, instance: DagsterInstance, engine: Engine, projects: list[uuid.UUID]) -> None:
+def drain_due(
+    defs: Definitions, instance: DagsterInstance, engine: Engine, projects: list[uuid.UUID]
+) -> None:
     """A drain run recalculates `projects`, their requests raised long enough ago to be due."""
     raised = datetime.now(UTC) - timedelta(minutes=5)
     for project in projects:
@@ -515,7 +520,9 @@ def drain_due(defs, instance: DagsterInstance, engine: Engine, projects: list[uu
     assert {r.partition_key for r in recalculated} == {str(p) for p in projects}
 
 
-def automation_runs(defs, instance: DagsterInstance, evaluated) -> list:
+def automation_runs(
+    defs: Definitions, instance: DagsterInstance, evaluated: EvaluateAutomationConditionsResult
+) -> list[RunRequest]:
     """The runs `pin_analyst_automation` has launched for an evaluation of the frame: more than
     one partition is requested as a backfill (the sensor's emit_backfills), whose runs the
     backfill daemon builds with this function of Dagster's by the asset's backfill policy."""
@@ -531,7 +538,9 @@ def automation_runs(defs, instance: DagsterInstance, evaluated) -> list:
         )
 
 
-def execute_requests(defs, instance: DagsterInstance, requests: list) -> None:
+def execute_requests(
+    defs: Definitions, instance: DagsterInstance, requests: list[RunRequest]
+) -> None:
     job = defs.resolve_implicit_global_asset_job_def()
     for request in requests:
         run = job.execute_in_process(
