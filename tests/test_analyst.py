@@ -14,13 +14,28 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, AssetSelection, DagsterInstance, evaluate_automation_conditions
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    EvaluateAutomationConditionsResult,
+    RunRequest,
+    evaluate_automation_conditions,
+)
+from dagster._core.definitions.automation_tick_evaluation_context import (
+    build_run_requests_with_backfill_policies,
+)
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.definitions.partitions.context import partition_loading_context
 from sqlalchemy import Engine, text
 
 from pin_orchestration.analyst import (
@@ -29,6 +44,7 @@ from pin_orchestration.analyst import (
     SCRAPING_OUTCOMES_SCHEMA,
     building_free_share,
     drift_by_post_status,
+    project_aggregates_frame,
     scraping_outcomes,
 )
 from pin_orchestration.assets.analyst import (
@@ -44,7 +60,12 @@ from pin_orchestration.devstack.up import prepare_dagster_home
 from pin_orchestration.migrations import upgrade_database
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url
 from pin_orchestration.platform.embedded import start_embedded_postgres, stop_embedded_postgres
-from pin_orchestration.platform.frames import FrameSchemaError, FrameStore, arrow_schema
+from pin_orchestration.platform.frames import (
+    FrameSchemaError,
+    FrameStore,
+    arrow_schema,
+    frame_table,
+)
 from pin_orchestration.platform.settings import Settings
 from pin_orchestration.resources.analyst_io import (
     COLUMN_SCHEMA,
@@ -52,7 +73,7 @@ from pin_orchestration.resources.analyst_io import (
     declared_arrow_schema,
 )
 from pin_orchestration.scraping.store.results import s3_client
-from tests.chessboard.world import add_building, add_object, add_project
+from tests.chessboard.world import add_building, add_object, add_project, enqueue
 from tests.conftest import embedded_data_dir
 from tests.news_reconcile.factories import add_comments, add_post
 
@@ -463,3 +484,192 @@ def test_automation_builds_no_frame_on_a_partition_that_failed_its_check(
         defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=evaluated.cursor
     )
     assert after_fix.get_requested_partitions(BUILDING_FREE_SHARE) == {str(diverged)}
+
+
+def projects_with_buildings(engine: Engine, n: int) -> list[uuid.UUID]:
+    """`n` projects of one to three buildings, each with a different mix of free objects."""
+    projects = []
+    with engine.begin() as conn:
+        for i in range(n):
+            project = add_project(conn)
+            for b in range(1 + i % 3):
+                building = add_building(conn, project)
+                for status in ["Free"] * (i + b) + ["Sold"] * (b + 1):
+                    add_object(conn, project, status=status, building_id=building)
+            projects.append(project)
+    return projects
+
+
+def drain_due(
+    defs: Definitions, instance: DagsterInstance, engine: Engine, projects: list[uuid.UUID]
+) -> None:
+    """A drain run recalculates `projects`, their requests raised long enough ago to be due."""
+    raised = datetime.now(UTC) - timedelta(minutes=5)
+    for project in projects:
+        enqueue(engine, project, at=raised)
+    drained = defs.resolve_job_def("chessboard_project_recalc_drain").execute_in_process(
+        instance=instance
+    )
+    assert drained.success
+    recalculated = instance.fetch_materializations(
+        AssetRecordsFilter(
+            asset_key=PROJECT_AGGREGATES, asset_partitions=[str(p) for p in projects]
+        ),
+        limit=len(projects) + 1,
+    ).records
+    assert {r.partition_key for r in recalculated} == {str(p) for p in projects}
+
+
+def automation_runs(
+    defs: Definitions, instance: DagsterInstance, evaluated: EvaluateAutomationConditionsResult
+) -> list[RunRequest]:
+    """The runs `pin_analyst_automation` has launched for an evaluation of the frame: more than
+    one partition is requested as a backfill (the sensor's emit_backfills), whose runs the
+    backfill daemon builds with this function of Dagster's by the asset's backfill policy."""
+    requested = [
+        AssetKeyPartitionKey(BUILDING_FREE_SHARE, partition)
+        for partition in sorted(evaluated.get_requested_partitions(BUILDING_FREE_SHARE))
+    ]
+    with partition_loading_context(dynamic_partitions_store=instance):
+        return list(
+            build_run_requests_with_backfill_policies(
+                requested, defs.resolve_asset_graph(), instance
+            )
+        )
+
+
+def execute_requests(
+    defs: Definitions, instance: DagsterInstance, requests: list[RunRequest]
+) -> None:
+    job = defs.resolve_implicit_global_asset_job_def()
+    for request in requests:
+        run = job.execute_in_process(
+            instance=instance,
+            asset_selection=list(request.asset_selection),
+            partition_key=request.partition_key,
+            tags=request.tags,
+        )
+        assert run.success
+
+
+def frame_file(home: Path, project: uuid.UUID) -> Path:
+    return home / "assets" / "chessboard" / "building_free_share" / f"{project}.parquet"
+
+
+def test_a_drains_recalculated_projects_get_their_frames_in_one_run(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """One Dagster run costs seconds of CPU: a drain that recalculated N projects must not
+    make automation launch N runs of chessboard/building_free_share."""
+    defs = build_definitions()
+    projects = projects_with_buildings(db_engine, 4)
+    frames_only = AssetSelection.assets(BUILDING_FREE_SHARE)
+    before = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only
+    )
+    drain_due(defs, analyst_env, db_engine, projects)
+    evaluated = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=before.cursor
+    )
+    assert evaluated.get_requested_partitions(BUILDING_FREE_SHARE) == {str(p) for p in projects}
+
+    runs_before = analyst_env.get_runs_count()
+    execute_requests(defs, analyst_env, automation_runs(defs, analyst_env, evaluated))
+    assert analyst_env.get_runs_count() - runs_before == 1
+
+    home = Path(os.environ["PIN_HOME"])
+    schema = arrow_schema((c.name, c.type) for c in BUILDING_FREE_SHARE_SCHEMA)
+    for project in projects:
+        # The project's frame as the Parquet file holds it (its declared column types).
+        expected = frame_table(
+            building_free_share(project_aggregates_frame(db_engine, project)), schema
+        ).to_pandas()
+        loaded = defs.load_asset_value(
+            BUILDING_FREE_SHARE, partition_key=str(project), instance=analyst_env
+        )
+        pd.testing.assert_frame_equal(loaded, expected)
+        # Each partition is materialized with its own rows and file, as a run of it alone.
+        (record,) = analyst_env.fetch_materializations(
+            AssetRecordsFilter(asset_key=BUILDING_FREE_SHARE, asset_partitions=[str(project)]),
+            limit=5,
+        ).records
+        metadata = record.asset_materialization.metadata
+        assert metadata["rows"].value == len(expected) > 0
+        assert metadata["path"].value == str(frame_file(home.resolve(), project))
+
+
+def test_a_frame_written_in_a_run_of_several_projects_is_the_frame_of_a_run_of_one(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """Analysts read one project's file: a run of many writes exactly the bytes (and logs the
+    metadata) a run of that project alone does."""
+    defs = build_definitions()
+    projects = projects_with_buildings(db_engine, 3)
+    drain_due(defs, analyst_env, db_engine, projects)
+    job = defs.resolve_implicit_global_asset_job_def()
+    home = Path(os.environ["PIN_HOME"]).resolve()
+
+    alone = {}
+    for project in projects:
+        run = job.execute_in_process(
+            instance=analyst_env, partition_key=str(project), asset_selection=[BUILDING_FREE_SHARE]
+        )
+        (materialization,) = run.asset_materializations_for_node("chessboard__building_free_share")
+        alone[project] = (
+            frame_file(home, project).read_bytes(),
+            defs.load_asset_value(
+                BUILDING_FREE_SHARE, partition_key=str(project), instance=analyst_env
+            ),
+            {k: v.value for k, v in materialization.metadata.items()},
+        )
+        frame_file(home, project).unlink()
+
+    registered = analyst_env.get_dynamic_partitions("chessboard_projects")
+    assert sorted(registered) == sorted(str(p) for p in projects)
+    together = job.execute_in_process(
+        instance=analyst_env,
+        asset_selection=[BUILDING_FREE_SHARE],
+        # The drain registered the projects, in the order it took them: the range is all three.
+        tags={
+            "dagster/asset_partition_range_start": registered[0],
+            "dagster/asset_partition_range_end": registered[-1],
+        },
+    )
+    assert together.success
+    logged = {
+        m.partition: {k: v.value for k, v in m.metadata.items()}
+        for m in together.asset_materializations_for_node("chessboard__building_free_share")
+    }
+    assert set(logged) == {str(p) for p in projects}
+    for project in projects:
+        data, frame, metadata = alone[project]
+        assert frame_file(home, project).read_bytes() == data
+        assert defs.load_asset_value(
+            BUILDING_FREE_SHARE, partition_key=str(project), instance=analyst_env
+        ).equals(frame)
+        assert logged[str(project)] == metadata
+
+
+def test_projects_apart_in_the_partitions_order_get_a_run_per_stretch(
+    analyst_env: DagsterInstance, db_engine: Engine
+) -> None:
+    """What the single-run policy cannot do in Dagster 1.13: a run materializes a range of
+    partition keys (their order: when each project was first registered), so a drain of
+    projects registered apart launches one run per stretch of adjacent ones (dagster-io/dagster
+    issue 32335). The first drain of new projects, as the demo's, is one stretch."""
+    defs = build_definitions()
+    a, b, c, d = projects_with_buildings(db_engine, 4)
+    analyst_env.add_dynamic_partitions("chessboard_projects", [str(p) for p in (a, b, c, d)])
+    frames_only = AssetSelection.assets(BUILDING_FREE_SHARE)
+    before = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only
+    )
+    drain_due(defs, analyst_env, db_engine, [a, b, d])
+    evaluated = evaluate_automation_conditions(
+        defs=defs, instance=analyst_env, asset_selection=frames_only, cursor=before.cursor
+    )
+    ranges = sorted(
+        (r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+        for r in automation_runs(defs, analyst_env, evaluated)
+    )
+    assert ranges == sorted([(str(a), str(b)), (str(d), str(d))])

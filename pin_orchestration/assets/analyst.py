@@ -3,6 +3,7 @@ upstream partition is (sensor `pin_analyst_automation`, sensors/analyst.py), lin
 in the asset graph."""
 
 from datetime import timedelta
+from typing import Any
 
 import pandas as pd
 from dagster import (
@@ -10,6 +11,7 @@ from dagster import (
     AssetIn,
     AssetKey,
     AutomationCondition,
+    BackfillPolicy,
     FreshnessPolicy,
     asset,
 )
@@ -72,19 +74,32 @@ def daily_drift_by_post_status(
     return drift_by_post_status(database.get_engine(), runs, context.partition_key)
 
 
+# A drain recalculates projects by the dozen (the seed has 2,000), and automation requests
+# all their frames at once: as a backfill, which without a policy launches one run per
+# project (seconds of CPU each). A single-run policy makes that one run
+# per stretch of projects adjacent in the partitions' order (their registration order;
+# Dagster 1.13 runs a key range, so projects apart in that order still get a run each, see
+# tests/test_analyst.py). The daily frames keep one run per day: their upstream days
+# arrive one at a time, and a day that fails to build must not fail its neighbours.
 @asset(
     key=BUILDING_FREE_SHARE,
     ins={"aggregates": AssetIn(PROJECT_AGGREGATES)},
     partitions_def=chessboard_projects,
     automation_condition=FOLLOW_UPSTREAM,
+    backfill_policy=BackfillPolicy.single_run(),
     io_manager_key="pin_frames",
     metadata=column_schema(BUILDING_FREE_SHARE_SCHEMA),
     group_name="chessboard",
     kinds={"pandas"},
     description="Per project and building: free property objects as a share of all.",
 )
-def project_building_free_share(aggregates: pd.DataFrame) -> pd.DataFrame:
-    return building_free_share(aggregates)
+def project_building_free_share(context: AssetExecutionContext, aggregates: Any) -> Any:
+    """A project's frame from its aggregates; in a run of several projects, the IO managers
+    pass and take {project id: frame} (resources/analyst_io.py): hence `Any`, which Dagster
+    does not type-check, for a DataFrame or such a dict."""
+    if len(context.partition_keys) == 1:
+        return building_free_share(aggregates)
+    return {project: building_free_share(frame) for project, frame in aggregates.items()}
 
 
 @asset(

@@ -19,6 +19,8 @@ INTENDED_PREVIEW_FEATURES: tuple[str, ...] = (
     "Parameter `owners` of initializer `SensorDefinition.__init__`",
     # The PostgreSQL reader bundled with the assets it loads (analysts' DataFrames).
     "Parameter `io_manager_def` of function `asset`",
+    # chessboard/building_free_share: a drain's projects built in one run, not one each.
+    "Parameter `backfill_policy` of function `asset`",
     # The areas' health assets and the detach outbox are observable (their pages show the
     # last observation): pin_orchestration/assets/alert_checks.py.
     "Function `multi_observable_source_asset` is currently in beta",

@@ -7,13 +7,19 @@ materialization already wrote the tables). The analysts' derived assets are comp
 frames: `ParquetFrameIOManager` keeps one Parquet file per partition on the results store
 (S3, or $PIN_HOME without a bucket), readable by any Parquet tool, each written with the
 columns its asset declares (`column_schema`, the asset's `dagster/column_schema`).
+
+A step of one partition loads and stores a DataFrame. A step of several (a run of a range
+of partitions, as an asset with `BackfillPolicy.single_run()` gets from a backfill or from
+automation) loads and stores `{partition key: DataFrame}`, as Dagster's own UPath IO
+managers do; each partition's file, and its materialization's metadata, are then exactly
+those of a run of that partition alone.
 """
 
 from __future__ import annotations
 
 import shlex
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -75,12 +81,16 @@ class PostgresAssetReader(ConfigurableIOManager):
     def handle_output(self, context: OutputContext, obj: object) -> None:
         """Nothing to store: the run wrote the tables this manager reads."""
 
-    def load_input(self, context: InputContext) -> pd.DataFrame:
+    def load_input(self, context: InputContext) -> pd.DataFrame | dict[str, pd.DataFrame]:
         key = context.asset_key.to_user_string()
         if key not in FRAME_OF_PARTITION:
             raise ValueError(f"PostgresAssetReader cannot load {key}")
         frame_of = FRAME_OF_PARTITION[key]
-        return frame_of(self.database.get_engine(), context.asset_partition_key)
+        engine = self.database.get_engine()
+        partitions = context.asset_partition_keys
+        if len(partitions) == 1:
+            return frame_of(engine, partitions[0])
+        return {partition: frame_of(engine, partition) for partition in partitions}
 
 
 # Where Dagster's UI reads an asset's columns from; the IO manager writes the same.
@@ -125,23 +135,58 @@ class ParquetFrameIOManager(ConfigurableIOManager):
             home=Settings.from_env().home,
         )
 
-    def handle_output(self, context: OutputContext, obj: pd.DataFrame) -> None:
-        schema = declared_arrow_schema(
-            context.asset_key.to_user_string(), context.definition_metadata
-        )
-        uri = self.frame_store().write(context.asset_key.path, _partition(context), obj, schema)
-        context.add_output_metadata({"rows": len(obj), "path": uri})
+    def handle_output(
+        self, context: OutputContext, obj: pd.DataFrame | Mapping[str, pd.DataFrame]
+    ) -> None:
+        asset = context.asset_key.to_user_string()
+        schema = declared_arrow_schema(asset, context.definition_metadata)
+        store = self.frame_store()
+        partitions = _partitions(context)
+        if len(partitions) == 1:
+            uri = store.write(context.asset_key.path, partitions[0], obj, schema)
+            context.add_output_metadata({"rows": len(obj), "path": uri})
+            return
+        frames = _frames_of_partitions(asset, partitions, obj)
+        for partition, frame in frames.items():
+            uri = store.write(context.asset_key.path, partition, frame, schema)
+            # Each partition's materialization gets its own rows and file (output metadata
+            # would give every partition the same), as a run of that partition alone does.
+            context.step_context.add_asset_metadata(
+                {"rows": len(frame), "path": uri},
+                asset_key=context.asset_key,
+                partition_key=partition,
+            )
 
-    def load_input(self, context: InputContext) -> pd.DataFrame:
-        partition = _partition(context)
-        try:
-            return self.frame_store().read(context.asset_key.path, partition)
-        except FrameMissing as missing:
-            raise FrameNotMaterialized(_not_materialized(context, partition, missing.uri)) from None
+    def load_input(self, context: InputContext) -> pd.DataFrame | dict[str, pd.DataFrame]:
+        store, partitions = self.frame_store(), _partitions(context)
+        frames = {partition: _read(store, context, partition) for partition in partitions}
+        return frames[partitions[0]] if len(partitions) == 1 else frames
 
 
-def _partition(context: InputContext | OutputContext) -> str | None:
-    return context.asset_partition_key if context.has_asset_partitions else None
+def _read(store: FrameStore, context: InputContext, partition: str | None) -> pd.DataFrame:
+    try:
+        return store.read(context.asset_key.path, partition)
+    except FrameMissing as missing:
+        raise FrameNotMaterialized(_not_materialized(context, partition, missing.uri)) from None
+
+
+def _partitions(context: InputContext | OutputContext) -> Sequence[str | None]:
+    """The step's partitions of the asset; [None] for an unpartitioned asset."""
+    return context.asset_partition_keys if context.has_asset_partitions else [None]
+
+
+def _frames_of_partitions(
+    asset: str, partitions: Sequence[str | None], obj: object
+) -> Mapping[str, pd.DataFrame]:
+    """The frames a step of several partitions returned, one for each of them."""
+    wanted = f"{asset}: a step of {len(partitions)} partitions returns {{partition key: frame}}"
+    if not isinstance(obj, Mapping):
+        raise TypeError(f"{wanted}, not a {type(obj).__name__}")
+    if set(obj) != set(partitions):
+        missing = sorted(str(p) for p in set(partitions) - set(obj))
+        extra = sorted(str(p) for p in set(obj) - set(partitions))
+        raise ValueError(f"{wanted} for exactly those: missing {missing[:5]}, extra {extra[:5]}")
+    return obj
 
 
 def _not_materialized(context: InputContext, partition: str | None, uri: str) -> str:
