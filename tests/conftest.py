@@ -36,12 +36,25 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The two files whose single tests run for minutes (`--durations` on a quiet fresh clone:
-# 256 s and 221 s), each loading the machine with a stack of processes. They run first and
-# on one worker, one after the other: `--dist loadfile` hands files out in collection order,
-# and its default reordering by test count (off in pyproject.toml) put these one-test files
-# last, where they ran side by side, alone, for the suite's last five minutes.
-MINUTES_LONG_FILES = ("tests/faults/test_quick_suite.py", "tests/test_devstack.py")
+# The tests of minutes each (`--durations` on a quiet machine), longest first. Each is a
+# unit of work of its own, handed out first: `--dist loadfile` gives a worker two units to
+# start with, so the longest goes with the fourth, the second with the fifth, and no worker
+# is left with one of them at the end (its default reordering by test count, off in
+# pyproject.toml, put these files last, where they ran alone for the suite's last minutes;
+# kept in one unit, the quick fault suite and `pin up`'s tests were one worker's ten minutes).
+MINUTES_LONG_TESTS = (
+    "tests/test_devstack.py::test_pin_up_serves_the_ui_runs_a_materialization_and_stops_cleanly",
+    "tests/faults/test_quick_suite.py::"
+    "test_pin_faults_run_quick_passes_with_every_invariant_holding[scraping]",
+    "tests/test_devstack.py::"
+    "test_pin_up_on_the_embedded_database_stops_everything_it_started[sigint_to_pin_up]",
+    "tests/test_devstack.py::"
+    "test_pin_up_on_the_embedded_database_stops_everything_it_started[ctrl_c_to_the_group]",
+    "tests/faults/test_quick_suite.py::"
+    "test_pin_faults_run_quick_passes_with_every_invariant_holding[detach+locks]",
+    "tests/faults/test_quick_suite.py::"
+    "test_pin_faults_run_quick_passes_with_every_invariant_holding[recalc+reconcile]",
+)
 # Then the files of about a minute each, so no worker is left with one at the end.
 MINUTE_LONG_FILES = (
     "tests/news_reconcile/test_guards.py",
@@ -52,8 +65,10 @@ MINUTE_LONG_FILES = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: n for n, path in enumerate(MINUTES_LONG_FILES + MINUTE_LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    rank = {name: n for n, name in enumerate(MINUTES_LONG_TESTS + MINUTE_LONG_FILES)}
+    items.sort(
+        key=lambda item: rank.get(item.nodeid, rank.get(item.nodeid.split("::")[0], len(rank)))
+    )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -62,12 +77,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class MinutesLongFilesOnOneWorker(LoadFileScheduling):
+    class MinutesLongTestsOnTheirOwn(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return MINUTES_LONG_FILES[0] if scope in MINUTES_LONG_FILES else scope
+            return nodeid if nodeid in MINUTES_LONG_TESTS else super()._split_scope(nodeid)
 
-    return MinutesLongFilesOnOneWorker(config, log)
+    return MinutesLongTestsOnTheirOwn(config, log)
 
 
 # Checks every event a test publishes against contracts/events (issue 12); fails the
