@@ -53,11 +53,11 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget  
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 from pin_orchestration.platform.defaults import API_URL  # noqa: E402
 from pin_orchestration.platform.sql import NamedQueries  # noqa: E402
-from pin_orchestration.resources.scraping import (  # noqa: E402
+from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
+from pin_orchestration.scraping.policies import (  # noqa: E402
     fetch_policy_from,
     retry_policy_from,
 )
-from pin_orchestration.scraping.fetch.client import Fetcher  # noqa: E402
 from pin_orchestration.scraping.settings import ScrapingSettings  # noqa: E402
 from pin_orchestration.scraping.store import tenancy  # noqa: E402
 from pin_orchestration.scraping.store.local import (  # noqa: E402

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from alembic.script import ScriptDirectory
@@ -24,7 +25,11 @@ PIN = [sys.executable, "-m", "pin_orchestration.cli"]
 
 
 def pin(
-    *args: str, url: str | None, home: Path | None = None, **kwargs
+    *args: str,
+    url: str | None,
+    home: Path | None = None,
+    python_args: Sequence[str] = (),
+    **kwargs,
 ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PIN_DATABASE_URL"}
     if url is not None:
@@ -32,7 +37,12 @@ def pin(
     if home is not None:
         env["PIN_HOME"] = str(home)
     return subprocess.run(
-        [*PIN, *args], env=env, capture_output=True, text=True, timeout=120, **kwargs
+        [sys.executable, *python_args, *PIN[1:], *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
     )
 
 

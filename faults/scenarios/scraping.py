@@ -341,11 +341,11 @@ def _start_service(world: World, jobs: int, feed_seconds: float) -> None:
 def _start_loops(world: World) -> None:
     """The worker processes (respawned when one exits or is killed, as the sensor launches
     runs), the lease sweeper and the webhook delivery loop."""
-    from pin_orchestration.resources.scraping import (
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import (
         webhook_fetch_policy_from,
         webhook_policy_from,
     )
-    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
     from pin_orchestration.scraping.store.leases import sweep_expired_leases
     from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
@@ -685,8 +685,8 @@ def _jump_clock(world: World, outcome: Outcome, rounds: int) -> None:
 def run_worker_on_a_jumping_clock(clock_file: str) -> None:
     """What `pin scraping work` runs, with the wall clock read through the clock file."""
     from pin_orchestration.platform.db import engine_from_env
-    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.settings import ScrapingSettings
     from pin_orchestration.scraping.store.local import result_store_from
     from pin_orchestration.scraping.worker.options import WorkerOptions

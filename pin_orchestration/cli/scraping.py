@@ -128,8 +128,8 @@ def scraping_sweep() -> None:
 def scraping_work(**given: Any) -> None:
     """Run one worker from the shell (what a scraping_worker run does)."""
     from pin_orchestration.coordination.cancellation import stop_requested_on_signals
-    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.settings import ScrapingSettings
     from pin_orchestration.scraping.store.local import result_store_from
     from pin_orchestration.scraping.worker.options import WorkerConfigError
@@ -395,11 +395,11 @@ def scraping_job_explain(job_id: uuid.UUID) -> None:
 def scraping_deliver(**fields: object) -> None:
     """Deliver due completion webhooks once (what a scraping_webhook_delivery run does)."""
     from pin_orchestration.coordination.cancellation import stop_requested_on_signals
-    from pin_orchestration.resources.scraping import (
+    from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import (
         webhook_fetch_policy_from,
         webhook_policy_from,
     )
-    from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.settings import ScrapingSettings
     from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
     from pin_orchestration.scraping.webhooks.options import WebhookConfigError

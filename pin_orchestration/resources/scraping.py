@@ -2,7 +2,13 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.policies import (
+    fetch_policy_from,
+    retry_policy_from,
+    webhook_fetch_policy_from,
+    webhook_policy_from,
+)
 from pin_orchestration.scraping.settings import ScrapingSettings
 from pin_orchestration.scraping.store.local import result_store_from
 from pin_orchestration.scraping.store.results import ResultStore
@@ -34,44 +40,3 @@ class ScrapingResource(ConfigurableResource):
 
     def get_retry_policy(self, settings: ScrapingSettings | None = None) -> RetryPolicy:
         return retry_policy_from(settings or self.get_settings())
-
-
-def fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
-    return FetchPolicy(
-        timeout_seconds=settings.fetch_timeout_seconds,
-        max_body_bytes=settings.max_result_bytes,
-        allowed_cidrs=settings.allowed_cidrs,
-        user_agent=settings.user_agent,
-    )
-
-
-def retry_policy_from(settings: ScrapingSettings) -> RetryPolicy:
-    return RetryPolicy(
-        max_attempts=settings.max_attempts,
-        backoff_base_seconds=settings.backoff_base_seconds,
-        backoff_cap_seconds=settings.backoff_cap_seconds,
-        max_pause_seconds=settings.max_pause_seconds,
-    )
-
-
-# A receiver's answer is only read for its status: its body is cut short.
-WEBHOOK_ANSWER_MAX_BYTES = 64 * 1024
-
-
-def webhook_fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
-    """The scraper's SSRF policy (same allow-list) with the webhook's timeout."""
-    return FetchPolicy(
-        timeout_seconds=settings.webhook_timeout_seconds,
-        max_body_bytes=WEBHOOK_ANSWER_MAX_BYTES,
-        allowed_cidrs=settings.allowed_cidrs,
-    )
-
-
-def webhook_policy_from(settings: ScrapingSettings) -> WebhookPolicy:
-    return WebhookPolicy(
-        max_attempts=settings.webhook_max_attempts,
-        backoff_base_seconds=settings.webhook_backoff_base_seconds,
-        backoff_cap_seconds=settings.webhook_backoff_cap_seconds,
-        timeout_seconds=settings.webhook_timeout_seconds,
-        secret_overlap_seconds=settings.webhook_secret_overlap_seconds,
-    )

@@ -128,8 +128,8 @@ Worker = Callable[..., Any]
 @pytest.fixture
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
-    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.worker.options import WorkerOptions
     from pin_orchestration.scraping.worker.run import run_worker
 

@@ -407,8 +407,8 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
     import logging
     import random
 
-    from pin_orchestration.resources.scraping import webhook_fetch_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import webhook_fetch_policy_from
     from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
     from pin_orchestration.scraping.webhooks.deliveries import run_deliveries, tenant_webhook_secret
     from pin_orchestration.scraping.webhooks.options import DeliveryOptions, WebhookPolicy

@@ -198,9 +198,9 @@ HOSTILE_ANSWERS = {
 def test_a_hostile_answer_is_a_fetch_error_or_an_answer_never_a_crash(
     raw_target: Any, name: str
 ) -> None:
-    from pin_orchestration.resources.scraping import fetch_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
     from pin_orchestration.scraping.fetch.errors import FetchError
+    from pin_orchestration.scraping.policies import fetch_policy_from
     from tests.scraping.conftest import _with_allowed
 
     target = raw_target(HOSTILE_ANSWERS[name])

@@ -115,8 +115,8 @@ def test_a_run_that_claims_its_own_swept_job_again_keeps_the_new_attempt(
     gated: GatedTarget,
     local_store: LocalResultStore,
 ) -> None:
-    from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.fetch.client import Fetcher
+    from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
     from pin_orchestration.scraping.worker.options import WorkerOptions
     from pin_orchestration.scraping.worker.run import run_worker
     from tests.scraping.conftest import _with_allowed

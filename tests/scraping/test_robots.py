@@ -22,7 +22,6 @@ from sqlalchemy import Engine, event, text
 from pin_orchestration.areas import metrics_registry
 from pin_orchestration.cli import main as cli
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
 from pin_orchestration.scraping.fetch.robots_rules import (
     MAX_TTL_SECONDS,
@@ -30,6 +29,7 @@ from pin_orchestration.scraping.fetch.robots_rules import (
     origin_of,
     ttl_seconds,
 )
+from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.store import leases, politeness, repository
 from pin_orchestration.scraping.store.local import LocalResultStore
 from pin_orchestration.scraping.store.repository import JobRequest

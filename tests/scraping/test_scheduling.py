@@ -20,8 +20,8 @@ from sqlalchemy import Engine, text
 from pin_orchestration.cli import main
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
-from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.store import leases, repository
 from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.store.local import LocalResultStore

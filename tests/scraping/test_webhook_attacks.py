@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
-from pin_orchestration.resources.scraping import WEBHOOK_ANSWER_MAX_BYTES
+from pin_orchestration.scraping.policies import WEBHOOK_ANSWER_MAX_BYTES
 from pin_orchestration.scraping.store.tenancy import Tenant
 from pin_orchestration.scraping.webhooks import deliveries as webhooks
 from tests.scraping.test_webhooks import (
@@ -36,7 +36,7 @@ from tests.scraping.test_webhooks import (
 _DELIVERY_PROCESS = """
 import sys
 from pin_orchestration.platform.db import create_db_engine
-from pin_orchestration.resources.scraping import webhook_fetch_policy_from
+from pin_orchestration.scraping.policies import webhook_fetch_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
 from pin_orchestration.scraping.webhooks.deliveries import run_deliveries
 from tests.scraping.conftest import TEST_SETTINGS, _with_allowed

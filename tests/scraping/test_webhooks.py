@@ -24,8 +24,8 @@ from pin_orchestration.devstack.standins.hostile_peer import CORPUS as HOSTILE_C
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.devstack.standins.webhook_receiver import Receiver
-from pin_orchestration.resources.scraping import webhook_fetch_policy_from
 from pin_orchestration.scraping.fetch.client import Fetcher
+from pin_orchestration.scraping.policies import webhook_fetch_policy_from
 from pin_orchestration.scraping.store.leases import requeue_failed_jobs
 from pin_orchestration.scraping.store.repository import JobRequest, cancel_job, submit_job
 from pin_orchestration.scraping.store.tenancy import Tenant

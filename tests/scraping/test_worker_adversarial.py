@@ -24,9 +24,9 @@ from sqlalchemy.pool import NullPool
 from faults.postgres import database_url_via, proxy_in_front_of
 from pin_orchestration.devstack.standins.hostile_peer import HostilePeer
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
-from pin_orchestration.resources.scraping import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.fetch import robots_rows
 from pin_orchestration.scraping.fetch.client import Fetcher, FetchPolicy
+from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
 from pin_orchestration.scraping.store import leases, repository
 from pin_orchestration.scraping.store.local import LocalResultStore
 from pin_orchestration.scraping.store.repository import JobRequest
