@@ -5,6 +5,7 @@ frames are Parquet in S3 or a directory, read by other processes and other tools
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -36,6 +37,7 @@ from dagster._core.definitions.automation_tick_evaluation_context import (
 )
 from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.storage.defs_state.base import _current_storage
 from sqlalchemy import Engine, text
 
 from pin_orchestration.analyst import (
@@ -121,11 +123,23 @@ def set_analyst_env(monkeypatch: pytest.MonkeyPatch, db_url: str, home: Path) ->
     return dagster_home
 
 
+def finalize_what_earlier_tests_left() -> None:
+    """An instance entered and never exited by an earlier test in this worker (a suspended
+    generator holding `with instance:`) resets Dagster's defs-state context variable when
+    the collector finalizes it, to the storage it found there: one of an instance long
+    gone. Collected during this test, that broke building the definitions ("Attempted to
+    resolve undefined DagsterInstance weakref", seen once under load); collected here, it
+    happens before this test sets its own."""
+    gc.collect()
+    _current_storage.set(None)
+
+
 @pytest.fixture
 def analyst_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DagsterInstance:
     """What `pin up` leaves an analyst: the database, PIN_HOME and a DAGSTER_HOME whose
     instance storage is the same PostgreSQL."""
     set_analyst_env(monkeypatch, db_url, tmp_path / "pin")
+    finalize_what_earlier_tests_left()
     with DagsterInstance.get() as instance:
         yield instance
 
@@ -141,6 +155,7 @@ def embedded_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Engi
         try:
             upgrade_database(url)
             set_analyst_env(monkeypatch, url, home)
+            finalize_what_earlier_tests_left()
             yield checkout, create_db_engine(url)
         finally:
             create_db_engine(url).dispose()
