@@ -207,7 +207,7 @@ def test_the_limit_holds_across_several_api_processes(
                 f"{urls[i]}/jobs",
                 json={"url": f"https://e.com/{i}"},
                 headers=auth(shop),
-                timeout=10,
+                timeout=60,
             )
             return urls[i], answer.status_code, answer.headers.get("Retry-After")
 
@@ -260,7 +260,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
     big = json.dumps({"url": "https://e.com/", "params": {"blob": "x" * 1_000_000}}).encode()
     with api_process(db_url, tmp_path / "api") as api:
         # declared too large: refused from the Content-Length, before reading
-        declared = requests.post(f"{api.url}/jobs", data=big, headers=headers, timeout=10)
+        declared = requests.post(f"{api.url}/jobs", data=big, headers=headers, timeout=60)
         assert declared.status_code == 413, declared.text
         assert str(MAX_BODY_BYTES) in declared.json()["detail"]
 
@@ -269,7 +269,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
             for i in range(0, len(big), 8192):
                 yield big[i : i + 8192]
 
-        streamed = requests.post(f"{api.url}/jobs", data=chunks(), headers=headers, timeout=10)
+        streamed = requests.post(f"{api.url}/jobs", data=chunks(), headers=headers, timeout=60)
         assert streamed.request.headers.get("Transfer-Encoding") == "chunked"
         assert "Content-Length" not in streamed.request.headers
         assert streamed.status_code == 413, streamed.text
@@ -279,7 +279,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
         under = json.dumps({"url": "https://e.com/", "params": {"b": "x" * 60_000}}).encode()
         assert len(under) < MAX_BODY_BYTES
         for data in (under, iter([under[:30_000], under[30_000:]])):
-            answer = requests.post(f"{api.url}/jobs", data=data, headers=headers, timeout=10)
+            answer = requests.post(f"{api.url}/jobs", data=data, headers=headers, timeout=60)
             assert answer.status_code == 422, answer.text
             assert answer.json()["errors"][0]["pointer"] == "/params"
 
@@ -289,7 +289,7 @@ def test_oversized_bodies_and_headers_through_a_real_uvicorn(
             {f"X-Pad-{i}": "a" * 100 for i in range(200)},
             {"X-Padding": "a" * 1_000_000},
         ):
-            answer = requests.get(f"{api.url}/jobs", headers={**auth(key), **extra}, timeout=10)
+            answer = requests.get(f"{api.url}/jobs", headers={**auth(key), **extra}, timeout=60)
             assert answer.status_code == 431, answer.text
             assert str(MAX_HEADER_BYTES) in answer.json()["detail"]
 
@@ -469,9 +469,9 @@ def test_no_api_key_or_webhook_secret_in_any_log_line(
                 f"{api.url}/jobs?note=x",
                 json={"url": "https://e.com/", "callback_url": "https://e.com/hook"},
                 headers=auth(k),
-                timeout=10,
+                timeout=60,
             )
-            requests.get(f"{api.url}/jobs", headers=auth(k), timeout=10)
+            requests.get(f"{api.url}/jobs", headers=auth(k), timeout=60)
         server_log = api.log()
     in_process = "\n".join(
         [caplog.text] + [str(r.__dict__) for r in caplog.records]  # args, extras and exceptions too

@@ -395,7 +395,7 @@ def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
     stored = s3_store.head(row.result_key)
     assert (stored.size, stored.sha256) == (5000, row.result_sha256)
     url, _ = s3_store.signed_url(row.result_key, ttl_seconds=60)
-    download = requests.get(url, timeout=10)  # a plain HTTP GET, no AWS client
+    download = requests.get(url, timeout=60)  # a plain HTTP GET, no AWS client
     assert download.status_code == 200
     assert download.content == b"x" * 5000
     assert download.headers["Content-Type"] == "application/octet-stream"
