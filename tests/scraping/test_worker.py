@@ -170,7 +170,8 @@ def test_a_target_slower_than_the_timeout_is_retried_then_failed(
     import dataclasses
 
     settings = dataclasses.replace(TEST_SETTINGS, max_attempts=2, fetch_timeout_seconds=0.3)
-    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s", ms=2000)
+    # A minute's wait for the answer: only the timeout can end the fetch, however late.
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s", ms=60000)
     work(settings=settings, idle_exit_seconds=1.0)
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "timeout")
