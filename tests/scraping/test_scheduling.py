@@ -410,7 +410,7 @@ def test_a_429_from_a_redirect_hop_pauses_the_hop_host_not_the_jobs_domain(
         reports: dict[str, WorkerReport] = {}
         worker = _worker_thread(db_url, local_store, options, "w", reports)
         worker.start()
-        worker.join(timeout=30)
+        worker.join(timeout=120)
     finally:
         origin.stop()
         hop.stop()
@@ -859,7 +859,7 @@ def test_a_job_requeued_while_a_claim_empties_its_queue_stays_claimable(
         # not wait, and this gate failed).
         wait_until_blocked(db_engine, "transactionid")
         claimer.commit()
-    other.join(30)
+    other.join(120)
     assert requeued.is_set()
     assert [job.id for job in claim(db_engine, 1)] == [running]
 

@@ -123,14 +123,14 @@ def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
     db_engine: Engine, tenant_id, work: Worker
 ) -> None:
     """A target that takes the request and never answers held a stopping worker until
-    the fetch timeout (60 s here). The stop now interrupts the wait for the headers: the
+    the fetch timeout (300 s here). The stop now interrupts the wait for the headers: the
     run ends and hands the job back to the queue."""
     import dataclasses
 
     from tests.scraping.test_fetch import SilentTarget
 
     silent = SilentTarget()
-    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=60, robots="ignore")
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=300, robots="ignore")
     job_id = enqueue(db_engine, tenant_id, silent.url)
     stop = threading.Event()
     reports: list[Any] = []
@@ -139,9 +139,9 @@ def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
     )
     try:
         run.start()
-        assert silent.asked.wait(30)
+        assert silent.asked.wait(120)
         stop.set()
-        run.join(timeout=30)  # a bound on failure only: the fetch timeout is 60 s
+        run.join(timeout=120)  # a bound on failure only: the fetch timeout is 300 s
         assert not run.is_alive(), "the stopped worker waited for the target"
     finally:
         silent.close()
@@ -262,7 +262,7 @@ def test_a_running_job_is_cancelled_at_the_workers_next_check(
     cannot lose it), its renewals come as often as a short lease's."""
     import dataclasses
 
-    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=60)
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=300)
     job_id = enqueue(db_engine, tenant_id, f"{site.url}/held/c")
     result: dict[str, Any] = {}
     worker = threading.Thread(
@@ -272,7 +272,7 @@ def test_a_running_job_is_cancelled_at_the_workers_next_check(
     try:
         site.wait_for_requests(1, timeout=120)  # the fetch waits for the answer's headers
         assert repository.cancel_job(db_engine, tenant_id, job_id) == ("running", True)
-        worker.join(timeout=30)  # a bound on failure only: the fetch timeout is 60 s
+        worker.join(timeout=120)  # a bound on failure only: the fetch timeout is 300 s
         assert not worker.is_alive(), "the cancel did not stop the fetch in flight"
     finally:
         site.gate.set()

@@ -457,7 +457,7 @@ class _GatedAnswer:
                 conn.recv(65536)
                 self.requests += 1
                 self.reached.set()
-                self.release.wait(30)
+                self.release.wait(120)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
         # Later requests (a fetch again) are counted too.
         with contextlib.suppress(OSError):
@@ -530,10 +530,10 @@ def test_a_redirect_slot_not_given_back_does_not_throw_away_the_answer(
             )
             run.start()
             try:
-                assert other_host.reached.wait(30), "the hop never reached the other host"
+                assert other_host.reached.wait(120), "the hop never reached the other host"
                 proxy.set_mode("down")
                 other_host.release.set()
-                assert gate.seen.wait(30), "the fetch's end was never logged"
+                assert gate.seen.wait(120), "the fetch's end was never logged"
                 proxy.set_mode("pass")
                 run.join(timeout=60)
             finally:
