@@ -84,12 +84,14 @@ def api_process(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        # Until it answers or dies: the bound only ends a broken start (a starved machine
+        # takes a minute to import `pin`), and a health check answered late is asked again.
+        deadline = time.monotonic() + 240
         while True:
             try:
-                if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
+                if requests.get(f"{url}/healthz", timeout=10).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the API did not start: {log_path.read_text()[-2000:]}")

@@ -38,15 +38,18 @@ anyio.open_file  # noqa: B018
 UNLIMITED = DomainDefaults(rps=10_000.0, concurrency=10_000)
 
 # Timings that keep the tests fast: retries back off by milliseconds (a target's
-# Retry-After still holds), leases are short so renewals and expiry happen within a test.
+# Retry-After still holds). Leases and fetch timeouts are what a starved machine (a CPU hog
+# beside the suite, a load of 18) cannot run out while a test is about something else: a
+# worker whose renewal came 1.2 s late lost its lease of 1.5 s and left its job running.
+# A test of expiry, renewal or a timeout sets its own, and orders its events with gates
+# (`LeaseClock`, `renew_every_seconds`), never by waiting for the wall clock to run out.
 TEST_SETTINGS = ScrapingSettings(
     slots=8,
-    # Generous for a loaded machine; tests of timeouts set their own or outlast it.
-    fetch_timeout_seconds=2.5,
+    fetch_timeout_seconds=60,
     max_attempts=5,
     backoff_base_seconds=0.05,
     backoff_cap_seconds=0.2,
-    lease_seconds=1.5,
+    lease_seconds=120,
     max_result_bytes=64 * 1024,
     api_public_url="http://testserver",
     # Politeness limits out of the way; the scheduling tests set their own.
@@ -125,6 +128,24 @@ def site() -> Iterator[ScrapingTarget]:
 Worker = Callable[..., Any]
 
 
+class LeaseClock:
+    """A worker run's lease clock (`run_worker(lease_clock=…)`) that moves only when the
+    test says: the run's leases are doubted when the test has moved it past most of their
+    length, whatever the wall clock and the machine's load do meanwhile."""
+
+    def __init__(self) -> None:
+        self._now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
 @pytest.fixture
 def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
     """Run a worker to idle with the test settings (allow-list: 127.0.0.1 only)."""
@@ -140,6 +161,7 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
         idle_exit_seconds: float = 0.5,
         stop: threading.Event | None = None,
         allowed: str = "127.0.0.1/32",
+        **run_kwargs: Any,
     ) -> Any:
         settings = _with_allowed(settings, allowed)
         fetcher = Fetcher(fetch_policy_from(settings))
@@ -153,7 +175,8 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
                     slots=settings.slots,
                     lease_seconds=settings.lease_seconds,
                     idle_exit_seconds=idle_exit_seconds,
-                    max_run_duration_seconds=60,
+                    # A bound only (pytest-timeout's is 300 s): a starved run takes long.
+                    max_run_duration_seconds=240,
                     poll_seconds=0.05,
                     domain_rps=settings.domain_rps,
                     domain_concurrency=settings.domain_concurrency,
@@ -162,6 +185,7 @@ def work(db_engine: Engine, local_store: LocalResultStore) -> Worker:
                 ),
                 stop=stop,
                 rng=random.Random(7),
+                **run_kwargs,
             )
         finally:
             fetcher.close()

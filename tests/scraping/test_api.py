@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from datetime import datetime
@@ -13,7 +14,7 @@ from sqlalchemy import Engine, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.api.job_models import URL_PATTERN
-from tests.scraping.conftest import Worker, auth
+from tests.scraping.conftest import TEST_SETTINGS, Worker, auth
 
 ENDPOINTS = [
     ("GET", "/jobs/{id}"),
@@ -255,7 +256,11 @@ def test_attempts_tell_three_timeouts_then_a_401(
         key,
         {"url": f"{site.url}/script/story", "params": {"steps": "sleep,sleep,sleep,401"}},
     )
-    work(idle_exit_seconds=1.0)
+    # The script's `sleep` hangs 5 s: a 1 s fetch timeout cuts each of them.
+    work(
+        settings=dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=1.0),
+        idle_exit_seconds=1.0,
+    )
     view = client.get(f"/jobs/{job['id']}", headers=auth(key)).json()
     assert view["status"] == "failed"
     assert view["last_error_class"] == "http_401"
@@ -278,7 +283,6 @@ def test_a_rotated_key_stops_working_within_the_key_cache_bound(
 
     from pin_orchestration.scraping.api.app import create_app
     from pin_orchestration.scraping.store.tenancy import rotate_tenant_key
-    from tests.scraping.conftest import TEST_SETTINGS
 
     _, old_key = make_tenant("shop")
     app = create_app(lambda: db_engine, local_store, TEST_SETTINGS, api_key_cache_seconds=0.5)

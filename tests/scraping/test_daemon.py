@@ -63,9 +63,10 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
         # Two runs of 4 slots could open 8 connections to one domain: its limit is 3.
         "PIN_SCRAPING_DOMAIN_CONCURRENCY": "3",
         "PIN_SCRAPING_DOMAIN_RPS": "1000",
-        # Held answers wait for the second run's launch: no fetch may time out meanwhile.
-        "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS": "150",
-        "PIN_SCRAPING_LEASE_SECONDS": "200",
+        # Held answers wait for the second run's launch: no fetch may time out meanwhile
+        # (a starved machine took 100 s to launch both).
+        "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS": "400",
+        "PIN_SCRAPING_LEASE_SECONDS": "600",
     }
     daemon = subprocess.Popen(
         [
@@ -85,7 +86,7 @@ def test_daemon_launched_worker_processes_share_the_queue_and_the_domain_limit(
         # given at once would never overlap: answers wait until two runs each hold a job
         # and each domain has its limit's 3 requests at the site (8 slots between the
         # runs, 6 places), so sharing the queue and the limit is what is tested.
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 270  # a bound for a broken run (pytest's is 300 s)
         while True:
             with db_engine.connect() as conn:
                 holders = conn.execute(

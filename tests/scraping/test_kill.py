@@ -1,9 +1,11 @@
 """A worker process killed with SIGKILL mid-fetch loses nothing: after its leases expire
-the sweeper requeues its jobs, another worker completes them, each with one result object."""
+the sweeper requeues its jobs, another worker completes them, each with one result object.
+The fetches are held at the target until the worker is dead (a starved test did not kill
+it within the 2 s a slow page took), and its leases are run out in the database, not by
+waiting for them."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -42,7 +44,7 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         repository.submit_job(
             db_engine,
             tenant.id,
-            JobRequest(url=f"{site.url}/slow/{i}", params={"ms": 2000, "bytes": 1000 + i}),
+            JobRequest(url=f"{site.url}/held/{i}", params={}),
             None,
         ).id
         for i in range(6)
@@ -52,7 +54,7 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         "PIN_DATABASE_URL": db_url,
         "PIN_HOME": str(tmp_path),  # the same local store as the `local_store` fixture
         "PIN_SCRAPING_ALLOWED_CIDRS": "127.0.0.1/32",
-        "PIN_SCRAPING_LEASE_SECONDS": "1",
+        "PIN_SCRAPING_LEASE_SECONDS": "120",
         "PIN_SCRAPING_FETCH_TIMEOUT_SECONDS": "10",
         # All six jobs go to one host: let them run at once.
         "PIN_SCRAPING_DOMAIN_CONCURRENCY": "100",
@@ -75,11 +77,12 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a bound for a broken run only
         while in_flight_attempts(db_engine) < 6:
             assert worker.poll() is None, worker.stderr.read().decode()
             assert time.monotonic() < deadline, "the worker never claimed the jobs"
             time.sleep(0.05)
+        site.wait_for_requests(6, timeout=120)  # every fetch under way, held
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
     finally:
@@ -93,15 +96,14 @@ def test_sigkilled_worker_loses_no_job_and_leaves_none_running(
             == 6
         )
 
-    time.sleep(1.2)  # the 1 s leases run out: nobody renews them any more
+    with db_engine.begin() as conn:  # the leases run out: nobody renews them any more
+        conn.execute(text("UPDATE scraping.jobs SET lease_expires_at = now() - interval '1 s'"))
     swept = leases.sweep_expired_leases(db_engine, max_attempts=5)
     assert sorted(r.id for r in swept) == sorted(ids)
     assert {r.status for r in swept} == {"queued"}
 
-    report = work(
-        settings=dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=10),
-        idle_exit_seconds=0.5,
-    )
+    site.gate.set()  # the next worker's fetches are answered at once
+    report = work(settings=TEST_SETTINGS, idle_exit_seconds=0.5)
     assert report.succeeded == 6
     with db_engine.connect() as conn:
         rows = conn.execute(

@@ -22,7 +22,7 @@ from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.scraping.fetch.client import Fetcher
 from pin_orchestration.scraping.policies import fetch_policy_from, retry_policy_from
-from pin_orchestration.scraping.store import leases, repository
+from pin_orchestration.scraping.store import leases, politeness, repository
 from pin_orchestration.scraping.store.leases import ClaimedJob, DomainDefaults
 from pin_orchestration.scraping.store.local import LocalResultStore
 from pin_orchestration.scraping.store.politeness import set_domain_limits
@@ -208,7 +208,7 @@ def _two_workers(
     for w in workers:
         w.start()
     for w in workers:
-        w.join(timeout=60)
+        w.join(timeout=120)  # a bound for a broken run only
     return reports
 
 
@@ -222,6 +222,21 @@ def _most_in_any_window(arrivals: list[float], rps: float, burst: float, slack: 
             if j - i + 1 > burst + rps * (arrivals[j] - arrivals[i] + slack):
                 return False
     return True
+
+
+def _claim_times(engine: Engine, domain: str) -> list[float]:
+    """When each attempt of `domain`'s jobs was claimed, by PostgreSQL's clock (seconds)."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT extract(epoch FROM a.started_at)::float FROM scraping.job_attempts a"
+                    " JOIN scraping.jobs j ON j.id = a.job_id WHERE j.domain = :d"
+                    " ORDER BY a.started_at"
+                ),
+                {"d": domain},
+            ).scalars()
+        )
 
 
 def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
@@ -242,7 +257,7 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
         # worker took every place and the second, finding none for a second, went idle).
         options = WorkerOptions(
             slots=3,
-            lease_seconds=5,
+            lease_seconds=120,
             idle_exit_seconds=1.0,
             max_run_duration_seconds=60,
             poll_seconds=0.05,
@@ -256,29 +271,34 @@ def test_two_workers_on_separate_connections_never_exceed_a_domains_limits(
     assert all(r.claimed > 0 for r in reports.values()) and len(reports) == 2
     assert sum(r.succeeded for r in reports.values()) == 28
     assert len(rated.served) == 16 and len(narrow.served) == 12
-    # Never past the limits, as the targets saw it ...
+    # Never more at once than the limits, as the targets saw it ...
     assert rated.most_in_flight <= 2
     assert narrow.most_in_flight == 3
-    arrivals = rated.arrivals()
-    # A quarter second of slack: under a loaded CI a claimed fetch can reach the target
-    # that much after its token was spent, which bunches arrivals (a limiter that did not
-    # hold would send these at 20/s and fail by far, and the spread below still holds).
-    assert _most_in_any_window(arrivals, rps=4, burst=4, slack=0.25)
-    # ... and the rate is what held rated back: 16 requests at 4/s after a burst of 4.
-    assert arrivals[-1] - arrivals[0] >= (16 - 4) / 4 - 0.25
+    # ... and never faster than the rate where the rate is spent: the claims, stamped by
+    # PostgreSQL. (The arrivals at the target were checked once: a starved worker sends
+    # a claimed fetch late, and two sent late together bunch, whatever the limiter did.)
+    starts = _claim_times(db_engine, "127.0.0.3")
+    assert len(starts) == 16
+    assert _most_in_any_window(starts, rps=4, burst=4, slack=0.25)
+    # The rate is what held rated back: 16 claims at 4/s after a burst of 4.
+    assert starts[-1] - starts[0] >= (16 - 4) / 4 - 0.25
 
 
 def test_a_429_pauses_its_domain_for_every_worker(
     db_url: str, db_engine: Engine, make_tenant, local_store: LocalResultStore
 ) -> None:
+    """A 429's pause holds its domain for every worker, and no other domain; its end lets
+    the domain's jobs go. The pause is 10 minutes, so a starved second worker still works
+    inside it; its end is an operator's, shortened to a second (resume, pause 1 s), which
+    the jobs then wait out."""
     tenant, _ = make_tenant("crawler")
     target = ScrapingTarget("127.0.0.3").start()
     elsewhere = ScrapingTarget("127.0.0.4").start()
     try:
-        enqueue(db_engine, tenant.id, f"{target.url}/status/429", retry_after=2)
+        enqueue(db_engine, tenant.id, f"{target.url}/status/429", retry_after=600)
         options = WorkerOptions(
             slots=4,
-            lease_seconds=5,
+            lease_seconds=120,
             idle_exit_seconds=0.3,
             max_run_duration_seconds=30,
             poll_seconds=0.05,
@@ -288,31 +308,41 @@ def test_a_429_pauses_its_domain_for_every_worker(
         reports: dict[str, WorkerReport] = {}
         first = _worker_thread(db_url, local_store, options, "first", reports)
         first.start()
-        first.join(timeout=30)
+        first.join(timeout=120)
         answered_429 = target.served[0].answered
         with db_engine.connect() as conn:
             paused_until = conn.execute(
                 text("SELECT blocked_until FROM scraping.domains WHERE domain = '127.0.0.3'")
             ).scalar_one()
-        assert paused_until.timestamp() >= answered_429 + 1.5
+        assert paused_until.timestamp() >= answered_429 + 590
 
-        # Other jobs for the paused domain, and one elsewhere, taken by another worker.
+        # Other jobs for the paused domain, and one elsewhere, taken by another worker:
+        # the one elsewhere is not held up, the paused domain's wait.
         for i in range(3):
             enqueue(db_engine, tenant.id, f"{target.url}/slow/{i}", ms=0)
         enqueue(db_engine, tenant.id, f"{elsewhere.url}/slow/e", ms=0)
-        options = dataclasses.replace(options, idle_exit_seconds=4.0)
+        options = dataclasses.replace(options, idle_exit_seconds=1.0)
         second = _worker_thread(db_url, local_store, options, "second", reports)
         second.start()
-        second.join(timeout=30)
+        second.join(timeout=120)
+        assert reports["second"].succeeded == 1
+        assert len(elsewhere.served) == 1
+        assert not [s for s in target.served if s.path.startswith("/slow")]
+
+        # The pause's end: the domain's jobs wait for it, then go.
+        assert politeness.resume_domain(db_engine, "127.0.0.3")
+        ends = politeness.pause_domain(db_engine, "127.0.0.3", seconds=1, max_pause_seconds=60)
+        options = dataclasses.replace(options, idle_exit_seconds=4.0)
+        third = _worker_thread(db_url, local_store, options, "third", reports)
+        third.start()
+        third.join(timeout=120)
     finally:
         target.stop()
         elsewhere.stop()
-    assert reports["second"].succeeded >= 4
-    assert len(elsewhere.served) == 1
-    assert elsewhere.served[0].arrived < paused_until.timestamp()  # not held up
+    assert reports["third"].succeeded == 3
     later = [s for s in target.served if s.path.startswith("/slow")]
     assert len(later) == 3
-    assert min(s.arrived for s in later) >= paused_until.timestamp()
+    assert min(s.arrived for s in later) >= ends.timestamp()
 
 
 def _redirect(origin: ScrapingTarget, to: str) -> str:
@@ -334,7 +364,7 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
             enqueue(db_engine, tenant.id, f"{hop.url}/slow/d{i}", ms=300)
         options = WorkerOptions(
             slots=4,
-            lease_seconds=5,
+            lease_seconds=120,
             idle_exit_seconds=1.0,
             max_run_duration_seconds=60,
             poll_seconds=0.05,
@@ -370,7 +400,7 @@ def test_a_429_from_a_redirect_hop_pauses_the_hop_host_not_the_jobs_domain(
         enqueue(db_engine, tenant.id, _redirect(origin, f"{hop.url}/status/429?retry_after=30"))
         options = WorkerOptions(
             slots=2,
-            lease_seconds=5,
+            lease_seconds=120,
             idle_exit_seconds=0.3,
             max_run_duration_seconds=30,
             poll_seconds=0.05,
@@ -380,7 +410,7 @@ def test_a_429_from_a_redirect_hop_pauses_the_hop_host_not_the_jobs_domain(
         reports: dict[str, WorkerReport] = {}
         worker = _worker_thread(db_url, local_store, options, "w", reports)
         worker.start()
-        worker.join(timeout=30)
+        worker.join(timeout=120)
     finally:
         origin.stop()
         hop.stop()
@@ -829,7 +859,7 @@ def test_a_job_requeued_while_a_claim_empties_its_queue_stays_claimable(
         # not wait, and this gate failed).
         wait_until_blocked(db_engine, "transactionid")
         claimer.commit()
-    other.join(30)
+    other.join(120)
     assert requeued.is_set()
     assert [job.id for job in claim(db_engine, 1)] == [running]
 

@@ -112,7 +112,7 @@ def test_s3_body_without_content_type_is_stored_as_octet_stream(s3_store: S3Resu
     assert put_bytes(s3_store, key, b"x", None).content_type == DEFAULT_CONTENT_TYPE
     assert s3_store.head(key) == StoredObject(key, 1, sha256_hex(b"x"), DEFAULT_CONTENT_TYPE)
     url, _ = s3_store.signed_url(key, ttl_seconds=60)
-    assert requests.get(url, timeout=10).headers["Content-Type"] == DEFAULT_CONTENT_TYPE
+    assert requests.get(url, timeout=60).headers["Content-Type"] == DEFAULT_CONTENT_TYPE
 
 
 def test_s3_head_of_an_absent_key_is_none(s3_store: S3ResultStore) -> None:
@@ -201,7 +201,7 @@ def serve(app: FastAPI, sock: socket.socket) -> Iterator[None]:
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a bound for a broken run only
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
@@ -209,7 +209,7 @@ def serve(app: FastAPI, sock: socket.socket) -> Iterator[None]:
         yield
     finally:
         server.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def test_local_body_without_content_type_is_served_as_octet_stream(
     assert put_bytes(local_store, key, b"", None) == StoredObject(
         key, 0, sha256_hex(b""), DEFAULT_CONTENT_TYPE
     )
-    response = requests.get(local_store.signed_url(key, ttl_seconds=60)[0], timeout=10)
+    response = requests.get(local_store.signed_url(key, ttl_seconds=60)[0], timeout=60)
     assert response.status_code == 200
     assert response.content == b""
     assert response.headers["Content-Type"] == DEFAULT_CONTENT_TYPE
@@ -301,7 +301,7 @@ def test_local_link_with_a_tampered_signature_or_expiry_is_refused(
     put_bytes(local_store, key, b"secret", "text/plain")
     put_bytes(local_store, other, b"other", "text/plain")
     url, _ = local_store.signed_url(key, ttl_seconds=600)
-    assert requests.get(url, timeout=10).status_code == 200
+    assert requests.get(url, timeout=60).status_code == 200
     signature = parse_qs(urlsplit(url).query)["signature"][0]
     expires = int(parse_qs(urlsplit(url).query)["expires"][0])
 
@@ -319,7 +319,7 @@ def test_local_link_with_a_tampered_signature_or_expiry_is_refused(
         with_query(url.replace(key, new_key()), signature=flipped),
     ]
     for bad in tampered:
-        response = requests.get(bad, timeout=10)
+        response = requests.get(bad, timeout=60)
         assert response.status_code == 403, bad
         assert "expired" in response.json()["detail"]
 
@@ -331,7 +331,7 @@ def test_local_expired_link_is_refused(local_store: LocalResultStore) -> None:
     url, expires_at = local_store.signed_url(key, ttl_seconds=60, now=signed_at)
     assert expires_at < datetime.now(UTC)
 
-    response = requests.get(url, timeout=10)
+    response = requests.get(url, timeout=60)
     assert response.status_code == 403
     assert response.json() == {
         "detail": "result link is invalid or expired; GET /jobs/{id}/result for a new one"
@@ -358,7 +358,7 @@ def test_local_verify_holds_until_the_expiry_instant_and_not_at_it(
 
 def test_local_signed_link_to_an_absent_key_is_404(local_store: LocalResultStore) -> None:
     url, _ = local_store.signed_url(new_key(), ttl_seconds=60)
-    response = requests.get(url, timeout=10)
+    response = requests.get(url, timeout=60)
     assert response.status_code == 404
     assert response.json() == {"detail": "no result is stored under this link"}
 
@@ -384,7 +384,7 @@ def test_local_link_survives_a_restart_with_the_same_home(
     second = restarted()
     assert second.verify(key, int(query["expires"][0]), query["signature"][0])
     # And the API process (a third instance, started before both) serves it.
-    assert requests.get(url, timeout=10).content == b"kept across restarts"
+    assert requests.get(url, timeout=60).content == b"kept across restarts"
 
     key_file = home / "results-signing.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
@@ -561,7 +561,7 @@ def test_local_delete_many_removes_exactly_the_listed_keys(local_store: LocalRes
     assert local_store.head(keys[0]) is None and local_store.head(keys[2]) is None
     assert local_store.read_bytes(keys[1]) == keys[1].encode()
     assert not os.path.exists(local_store.root / (keys[0] + ".meta.json"))
-    assert requests.get(url, timeout=10).status_code == 404
+    assert requests.get(url, timeout=60).status_code == 404
 
 
 def test_local_router_documents_its_responses(local_store: LocalResultStore) -> None:

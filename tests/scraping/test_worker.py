@@ -123,14 +123,14 @@ def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
     db_engine: Engine, tenant_id, work: Worker
 ) -> None:
     """A target that takes the request and never answers held a stopping worker until
-    the fetch timeout (60 s here). The stop now interrupts the wait for the headers: the
+    the fetch timeout (300 s here). The stop now interrupts the wait for the headers: the
     run ends and hands the job back to the queue."""
     import dataclasses
 
     from tests.scraping.test_fetch import SilentTarget
 
     silent = SilentTarget()
-    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=60, robots="ignore")
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=300, robots="ignore")
     job_id = enqueue(db_engine, tenant_id, silent.url)
     stop = threading.Event()
     reports: list[Any] = []
@@ -139,9 +139,9 @@ def test_a_stopped_worker_is_not_held_by_a_target_that_never_answers(
     )
     try:
         run.start()
-        assert silent.asked.wait(30)
+        assert silent.asked.wait(120)
         stop.set()
-        run.join(timeout=30)  # a bound on failure only: the fetch timeout is 60 s
+        run.join(timeout=120)  # a bound on failure only: the fetch timeout is 300 s
         assert not run.is_alive(), "the stopped worker waited for the target"
     finally:
         silent.close()
@@ -170,7 +170,8 @@ def test_a_target_slower_than_the_timeout_is_retried_then_failed(
     import dataclasses
 
     settings = dataclasses.replace(TEST_SETTINGS, max_attempts=2, fetch_timeout_seconds=0.3)
-    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s", ms=2000)
+    # A minute's wait for the answer: only the timeout can end the fetch, however late.
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/s", ms=60000)
     work(settings=settings, idle_exit_seconds=1.0)
     row = job_row(db_engine, job_id)
     assert (row.status, row.attempts, row.last_error_class) == ("failed", 2, "timeout")
@@ -220,16 +221,25 @@ def test_the_result_object_exists_before_the_job_reads_succeeded(
 
         def put(self, key: str, body: Any, **kw: Any) -> Any:
             statuses_at_put.append(job_row(db_engine, job_id).status)
-            time.sleep(0.3)  # give the poller time to look while the object is being written
+            # The gate: the poller looks (a whole look begun after this point) while the
+            # object is being written, however slowly the machine runs it.
+            with looked:
+                seen = polls[0]
+                assert looked.wait_for(lambda: polls[0] >= seen + 2, timeout=60)
             return local_store.put(key, body, **kw)
 
     done = threading.Event()
+    looked = threading.Condition()
+    polls = [0]
 
     def poll() -> None:
         while not done.is_set():
             row = job_row(db_engine, job_id)
             if row.status == "succeeded" and local_store.head(row.result_key) is None:
                 violations.append("succeeded without its object")
+            with looked:
+                polls[0] += 1
+                looked.notify_all()
 
     poller = threading.Thread(target=poll)
     poller.start()
@@ -246,20 +256,27 @@ def test_the_result_object_exists_before_the_job_reads_succeeded(
 def test_a_running_job_is_cancelled_at_the_workers_next_check(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, local_store: LocalResultStore
 ) -> None:
+    """The cancel comes back with the next lease renewal and stops the fetch in flight: the
+    target never answers (its answer waits for a gate the test opens only at the end), so
+    the run ends only if the cancel cut the fetch. The lease is long (a starved machine
+    cannot lose it), its renewals come as often as a short lease's."""
     import dataclasses
 
-    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=10, lease_seconds=0.6)
-    job_id = enqueue(db_engine, tenant_id, f"{site.url}/slow/c", ms=2000)
+    settings = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=300)
+    job_id = enqueue(db_engine, tenant_id, f"{site.url}/held/c")
     result: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: result.update(r=work(settings=settings)))
+    worker = threading.Thread(
+        target=lambda: result.update(r=work(settings=settings, renew_every_seconds=0.05))
+    )
     worker.start()
-    while job_row(db_engine, job_id).status != "running":
-        time.sleep(0.05)
-    assert repository.cancel_job(db_engine, tenant_id, job_id) == ("running", True)
-    # The check comes with the next lease renewal (every 0.2 s here) and is read before
-    # each piece of the answer: the target's answer arrives, nothing of it is stored.
-    worker.join(timeout=10)
-    assert not worker.is_alive()
+    try:
+        site.wait_for_requests(1, timeout=120)  # the fetch waits for the answer's headers
+        assert repository.cancel_job(db_engine, tenant_id, job_id) == ("running", True)
+        worker.join(timeout=120)  # a bound on failure only: the fetch timeout is 300 s
+        assert not worker.is_alive(), "the cancel did not stop the fetch in flight"
+    finally:
+        site.gate.set()
+        worker.join()
     row = job_row(db_engine, job_id)
     assert row.status == "cancelled" and row.finished_at is not None
     assert row.result_key is None and not list(local_store.root.rglob(str(job_id)))
@@ -379,7 +396,7 @@ def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
     stored = s3_store.head(row.result_key)
     assert (stored.size, stored.sha256) == (5000, row.result_sha256)
     url, _ = s3_store.signed_url(row.result_key, ttl_seconds=60)
-    download = requests.get(url, timeout=10)  # a plain HTTP GET, no AWS client
+    download = requests.get(url, timeout=60)  # a plain HTTP GET, no AWS client
     assert download.status_code == 200
     assert download.content == b"x" * 5000
     assert download.headers["Content-Type"] == "application/octet-stream"

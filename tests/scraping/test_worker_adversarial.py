@@ -32,7 +32,7 @@ from pin_orchestration.scraping.store.local import LocalResultStore
 from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.worker.options import WorkerOptions
 from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
-from tests.scraping.conftest import TEST_SETTINGS, Worker, _with_allowed
+from tests.scraping.conftest import TEST_SETTINGS, LeaseClock, Worker, _with_allowed
 
 
 def enqueue(engine: Engine, tenant_id: uuid.UUID, url: str) -> uuid.UUID:
@@ -92,13 +92,14 @@ def test_a_run_stopped_during_a_jobs_last_attempt_does_not_grant_it_another(
 def test_a_clock_stepping_between_the_decision_and_its_write_does_not_cut_retry_after(
     db_engine: Engine, make_tenant: Any, site: ScrapingTarget, local_store: LocalResultStore
 ) -> None:
-    """A 429 asks for 120 s; the worker's clock steps an hour forward after the slot
-    decided "not before now + 120 s" and before the round writes it (an NTP step, or an
+    """A 429 asks for 3000 s; the worker's clock steps an hour forward after the slot
+    decided "not before now + 3000 s" and before the round writes it (an NTP step, or an
     outcome held through a database outage while the clock moved). The write measured the
-    moment against the stepped clock: 120 s - 3600 s from now, so the retry was due at
-    once and the domain not paused at all, and the target was asked again at once."""
+    moment against the stepped clock: 3000 s - 3600 s from now, so the retry was due at
+    once and the domain not paused at all, and the target was asked again at once. (The
+    figures leave a starved run 100 s between the decision and the check.)"""
     tenant = make_tenant("stepped")[0]
-    job_id = enqueue(db_engine, tenant.id, f"{site.url}/status/429?retry_after=120")
+    job_id = enqueue(db_engine, tenant.id, f"{site.url}/status/429?retry_after=3000")
     run_thread = threading.current_thread()
     step = timedelta(hours=1)
 
@@ -140,8 +141,8 @@ def test_a_clock_stepping_between_the_decision_and_its_write_does_not_cut_retry_
     job, rows = job_and_attempts(db_engine, job_id)
     assert [(a.outcome, a.http_status) for a in rows] == [("retry", 429)]
     assert job.status == "queued"
-    assert 100 <= retry_in <= 120
-    assert paused_for is not None and 100 <= paused_for <= 120
+    assert 2900 <= retry_in <= 3000
+    assert paused_for is not None and 2900 <= paused_for <= 3000
 
 
 class _DripTarget:
@@ -202,13 +203,18 @@ def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_en
     hang up before the lease it can no longer confirm ends, as it refuses to store then —
     also while it waits for the answer's headers (a target that never answers): only the
     body's reads looked at the lease, so a fetch timeout longer than the lease let a
-    fetch outlive it."""
+    fetch outlive it.
+
+    The run's lease clock is the test's: it moves to nine tenths of the lease once the
+    database is cut (past the doubt, short of the end), and nothing else moves it, so a
+    starved machine neither loses the lease early nor lets the wall clock decide."""
     settings = dataclasses.replace(
         _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
-        lease_seconds=1.5,
-        fetch_timeout_seconds=20,
+        lease_seconds=120,
+        fetch_timeout_seconds=300,
         max_result_bytes=1_000_000,
     )
+    clock = LeaseClock()
     tenant = make_tenant("cutoff")[0]
     target = _DripTarget(answers=waiting_for == "body")
     job_id = enqueue(db_engine, tenant.id, f"{target.url}/slow")
@@ -230,14 +236,19 @@ def test_a_worker_that_cannot_renew_its_lease_stops_fetching_before_the_lease_en
                     domain_concurrency=settings.domain_concurrency,
                 ),
                 "stop": stop,
+                "lease_clock": clock,
+                "renew_every_seconds": 0.05,
             },
         )
         run.start()
         try:
-            assert target.reached.wait(30), "the worker never fetched"
+            assert target.reached.wait(120), "the worker never fetched"
             proxy.set_mode("down")  # no renewal reaches PostgreSQL from here on
-            # Bounded only for the failing case (the fetch goes on for 20 s).
-            target.closed.wait(settings.lease_seconds * 4)
+            assert not target.closed.is_set(), "the fetch ended while its lease was sure"
+            # Past the doubt (0.8 of the lease since the last renewal sent), short of the end.
+            clock.advance(settings.lease_seconds * 0.9)
+            # Bounded only for the failing case (the fetch goes on for 300 s).
+            assert target.closed.wait(60), "the cut-off worker fetched on into its lease's end"
             with db_engine.connect() as conn:
                 lease_ends = conn.execute(
                     text(
@@ -331,14 +342,19 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
     The host's robots.txt is read by a first job, before the cut, and the worker trusts
     what it read for the test's length: the job watched needs nothing of the database
     before its fetch (a robots.txt unknown with the database cut ends the attempt before
-    any fetch, which is tests/scraping/test_robots.py's matter)."""
+    any fetch, which is tests/scraping/test_robots.py's matter).
+
+    The lease's time passes on the run's lease clock, which the test moves: half the lease
+    while the claim's answer is held, four tenths more once the fetch is under way (nine
+    tenths since the claim was sent, half less since its answer came)."""
     monkeypatch.setattr(robots_rows, "MEMO_SECONDS", 600.0)
     settings = dataclasses.replace(
         _with_allowed(TEST_SETTINGS, "127.0.0.1/32"),
-        lease_seconds=2.0,
-        fetch_timeout_seconds=20,
+        lease_seconds=120,
+        fetch_timeout_seconds=300,
         max_result_bytes=1_000_000,
     )
+    clock = LeaseClock()
     tenant = make_tenant("late-claim")[0]
     target = _WarmDripTarget()
     warm_id = enqueue(db_engine, tenant.id, f"{target.url}/warm")
@@ -351,7 +367,7 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
         jobs = claim_due_jobs(engine, **kwargs)
         if any(j.id == job_id for j in jobs):
             claimed.set()
-            answer_arrives.wait(30)  # the answer's way back: held by the test
+            answer_arrives.wait(120)  # the answer's way back: held by the test
         return jobs
 
     with proxy_in_front_of(db_url) as proxy:
@@ -372,11 +388,13 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
                 ),
                 "stop": stop,
                 "claim": late_claim,
+                "lease_clock": clock,
+                "renew_every_seconds": 0.05,
             },
         )
         run.start()
         try:
-            assert claimed.wait(30), "the worker never claimed"
+            assert claimed.wait(120), "the worker never claimed"
             warm, _ = job_and_attempts(db_engine, warm_id)
             assert warm.status == "succeeded"  # the robots.txt is known to the worker
             with db_engine.connect() as conn:
@@ -389,18 +407,16 @@ def test_a_lease_is_doubted_from_when_its_claim_was_sent_not_when_the_answer_cam
                         {"id": job_id},
                     ).scalar_one()
                 )
-                # Half the lease gone before the answer arrives (PostgreSQL's clock).
-                conn.execute(
-                    text(
-                        "SELECT pg_sleep(greatest("
-                        "    :until - extract(epoch FROM clock_timestamp()), 0))"
-                    ),
-                    {"until": lease_ends - settings.lease_seconds / 2},
-                )
+            # Half the lease gone before the answer arrives.
+            clock.advance(settings.lease_seconds * 0.5)
             proxy.set_mode("down")  # and no renewal reaches PostgreSQL after it
             answer_arrives.set()
-            target.closed.wait(settings.lease_seconds * 4)  # bounded for the failing case
-            assert target.reached.is_set(), "the job's fetch never reached the target"
+            assert target.reached.wait(120), "the job's fetch never reached the target"
+            assert not target.closed.is_set(), "the fetch ended while its lease was sure"
+            # 0.9 of the lease since the claim was sent: in doubt; 0.4 since its answer.
+            clock.advance(settings.lease_seconds * 0.4)
+            # Bounded for the failing case (the fetch goes on for 300 s).
+            assert target.closed.wait(60), "the worker fetched on into its lease's end"
             assert target.closed_at is not None and target.closed_at < lease_ends, (
                 "the worker was still fetching when its lease ended"
             )
@@ -441,7 +457,7 @@ class _GatedAnswer:
                 conn.recv(65536)
                 self.requests += 1
                 self.reached.set()
-                self.release.wait(30)
+                self.release.wait(120)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
         # Later requests (a fetch again) are counted too.
         with contextlib.suppress(OSError):
@@ -514,10 +530,10 @@ def test_a_redirect_slot_not_given_back_does_not_throw_away_the_answer(
             )
             run.start()
             try:
-                assert other_host.reached.wait(30), "the hop never reached the other host"
+                assert other_host.reached.wait(120), "the hop never reached the other host"
                 proxy.set_mode("down")
                 other_host.release.set()
-                assert gate.seen.wait(30), "the fetch's end was never logged"
+                assert gate.seen.wait(120), "the fetch's end was never logged"
                 proxy.set_mode("pass")
                 run.join(timeout=60)
             finally:

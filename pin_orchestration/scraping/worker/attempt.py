@@ -31,14 +31,22 @@ class Flight:
     """One job in a slot: why it should stop, if it should, and when its lease was last
     known to be ours."""
 
-    def __init__(self, job: ClaimedJob, lease_seconds: float, claim_sent_at: float) -> None:
+    def __init__(
+        self,
+        job: ClaimedJob,
+        lease_seconds: float,
+        claim_sent_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.job = job
         self.stop_reason: str | None = None  # "cancelled" | "lease_lost" | "worker_stopped"
         self.lease_seconds = lease_seconds
         # The lease runs from the claim's moment in PostgreSQL, which is no later than
         # when the claim was sent: counted from its answer, a claim answered late left
-        # the worker trusting a lease that had already mostly run.
+        # the worker trusting a lease that had already mostly run. `renewed_at` is a
+        # reading of `clock` (the run's lease clock: time.monotonic but in tests).
         self.renewed_at = claim_sent_at
+        self.clock = clock
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -48,7 +56,7 @@ class Flight:
         """True when no renewal has confirmed the lease for most of its length (the
         database unreachable, this process stalled): another worker may own the job now,
         so this one must not write its result."""
-        return time.monotonic() - self.renewed_at > self.lease_seconds * 0.8
+        return self.clock() - self.renewed_at > self.lease_seconds * 0.8
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:

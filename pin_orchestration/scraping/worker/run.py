@@ -129,13 +129,20 @@ def run_worker(
     on_round: Callable[[WorkerReport], None] | None = None,
     claim: ClaimFn = claim_due_jobs,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    lease_clock: Callable[[], float] = time.monotonic,
+    renew_every_seconds: float | None = None,
 ) -> WorkerReport:
     """Drain due jobs until nothing is claimable for `idle_exit_seconds`, the max duration
     passes, or `stop` is set; jobs in flight finish (or are handed back) before returning.
 
     `claim` is the pick; the FIFO baseline of bench/noisy_neighbour.py passes its own.
     `clock` is the wall clock retries and pauses are decided with (the fault suite jumps
-    it); they reach the database as delays, so its skew does not move them."""
+    it); they reach the database as delays, so its skew does not move them.
+    `lease_clock` (monotonic seconds) is what the run judges its leases by: when a claim or
+    renewal was sent, and so when a lease no renewal confirmed is in doubt. Renewals (and
+    the cancel requests they bring back) come every `renew_every_seconds`, a third of the
+    lease by default. The tests set both: a lease long enough that a starved machine cannot
+    lose it, renewals as often as a short one's, and its doubt moved by the test's clock."""
     options.validate()
     return WorkerRun(
         engine,
@@ -149,6 +156,8 @@ def run_worker(
         on_round=on_round,
         claim=claim,
         clock=clock,
+        lease_clock=lease_clock,
+        renew_every_seconds=renew_every_seconds,
     ).run()
 
 
@@ -171,10 +180,14 @@ class WorkerRun:
         on_round: Callable[[WorkerReport], None] | None,
         claim: ClaimFn,
         clock: Callable[[], datetime],
+        lease_clock: Callable[[], float] = time.monotonic,
+        renew_every_seconds: float | None = None,
     ) -> None:
         self.engine, self.store, self.fetcher = engine, store, fetcher
         self.retry_policy, self.options = retry_policy, options
         self.worker, self.stop, self.rng, self.clock = worker, stop, rng, clock
+        self.lease_clock = lease_clock
+        self.renew_every_seconds = renew_every_seconds or options.lease_seconds / 3
         self.on_round, self.claim = on_round, claim
         self.report = WorkerReport(worker=worker)
         # Keyed by (job, attempt): a run may claim its own swept job again while the old
@@ -210,6 +223,8 @@ class WorkerRun:
                 self.flights,
                 self.flights_lock,
                 renewal_done,
+                self.renew_every_seconds,
+                self.lease_clock,
             ),
             name=f"{self.worker}-lease-renewal",
             daemon=True,
@@ -282,7 +297,7 @@ class WorkerRun:
         """Claim up to `free` due jobs and start each in a slot; the jobs claimed and how
         many were in flight then."""
         claimed: list[ClaimedJob] = []
-        claim_sent_at = time.monotonic()
+        claim_sent_at = self.lease_clock()
         if free > 0 and self.database.due():
             try:
                 claimed = self.claim(
@@ -297,7 +312,10 @@ class WorkerRun:
                 self.database.failed("claim", exc)
         self.report.claimed += len(claimed)
         with self.flights_lock:
-            new = [Flight(job, self.options.lease_seconds, claim_sent_at) for job in claimed]
+            new = [
+                Flight(job, self.options.lease_seconds, claim_sent_at, self.lease_clock)
+                for job in claimed
+            ]
             for flight in new:
                 self.flights[flight.key] = flight
             in_flight = len(self.flights)
@@ -391,10 +409,13 @@ def renew_leases_until(
     flights: dict[tuple[uuid.UUID, int], Flight],
     flights_lock: threading.Lock,
     done: threading.Event,
+    interval: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    # Three renewals per lease: one slow round trip does not cost the lease. A failed one is
-    # tried again sooner, with backoff, so the lease is back as soon as the database is.
-    interval = lease_seconds / 3
+    # Three renewals per lease (`interval`): one slow round trip does not cost the lease. A
+    # failed one is tried again sooner, with backoff, so the lease is back as soon as the
+    # database is.
+    interval = interval or lease_seconds / 3
     wait = interval
     failures = 0
     while not done.wait(wait):
@@ -404,7 +425,7 @@ def renew_leases_until(
         if not keys:
             continue
         # The lease runs from when the renewal was sent, not from when its answer came.
-        sent_at = time.monotonic()
+        sent_at = clock()
         try:
             held = leases.renew_leases(
                 engine, worker=worker, attempts=keys, lease_seconds=lease_seconds
