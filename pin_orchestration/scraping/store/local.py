@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import math
 import os
@@ -83,6 +84,7 @@ class LocalResultStore:
                 f"public_base_url must be an http(s):// URL of the API (got {public_base_url!r})"
             )
         self.root = root
+        self._root = os.fspath(root)
         self.public_base_url = public_base_url.rstrip("/")
         self._signing_key = signing_key
 
@@ -94,46 +96,33 @@ class LocalResultStore:
     def put(
         self, key: str, body: BinaryIO, *, size: int, sha256: str, content_type: str | None
     ) -> StoredObject:
-        path, meta_path = self._paths(key)
+        # Plain os calls on str paths: a worker puts every job's body here, and pathlib,
+        # tempfile's random names and buffered file objects cost more than the writes.
+        validate_key(key)
         recorded_type = check_put_arguments(size, sha256, content_type)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        body_temporary = self._write_temporary(path, body, size=size, sha256=sha256)
-        stored = StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
+        path = os.path.join(self._root, *key.split("/"))
+        directory, name = os.path.split(path)
+        _make_directories(directory)
         meta = json.dumps({"size": size, "sha256": sha256, "content_type": recorded_type})
-        meta_temporary = self._write_temporary(meta_path, io.BytesIO(meta.encode()))
-        # Two writers of one key must not leave one's body beside the other's sidecar.
-        with _locked_directory(path.parent):
-            os.replace(body_temporary, path)
-            os.replace(meta_temporary, meta_path)
-            _fsync_directory(path.parent)
-        return stored
-
-    def _write_temporary(
-        self, path: Path, body: BinaryIO, *, size: int | None = None, sha256: str | None = None
-    ) -> Path:
-        """Copy `body` into a fsynced temporary file beside `path`, checking size and digest."""
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        temporary = Path(name)
+        body_temporary = _write_temporary(directory, name, body, size=size, sha256=sha256)
         try:
-            digest = hashlib.sha256()
-            written = 0
-            with os.fdopen(fd, "wb") as handle:
-                while chunk := body.read(COPY_CHUNK_BYTES):
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    written += len(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if size is not None and written != size:
-                raise ValueError(f"body has {written} bytes, not the declared size {size}")
-            if sha256 is not None and digest.hexdigest() != sha256:
-                raise ValueError(
-                    f"body sha256 is {digest.hexdigest()}, not the declared sha256 {sha256}"
-                )
+            meta_temporary = _write_temporary(
+                directory, name + META_SUFFIX, io.BytesIO(meta.encode())
+            )
         except BaseException:
-            temporary.unlink(missing_ok=True)
+            _remove(body_temporary)
             raise
-        return temporary
+        # Two writers of one key must not leave one's body beside the other's sidecar.
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.replace(body_temporary, path)
+            os.replace(meta_temporary, path + META_SUFFIX)
+            # The renames are durable once the directory's own data is.
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # closing releases the lock
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
 
     def head(self, key: str) -> StoredObject | None:
         path, meta_path = self._paths(key)
@@ -215,6 +204,67 @@ class LocalResultStore:
         if opened is None:
             raise FileNotFoundError(f"no result stored under {key!r} in {self.root}")
         return opened[0].read_bytes()
+
+
+def _make_directories(directory: str) -> None:
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+
+
+# Temporary names are this process's id and a count: unique without random bytes, and a
+# name left by a killed process of the same id is skipped (O_EXCL).
+_temporary_numbers = itertools.count()
+
+
+def _write_temporary(
+    directory: str,
+    name: str,
+    body: BinaryIO,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+) -> str:
+    """Copy `body` into a fsynced temporary file in `directory` (a dot-name no key can
+    have), checking size and digest; its path."""
+    while True:
+        temporary = os.path.join(directory, f".{name}.{os.getpid()}-{next(_temporary_numbers)}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        try:
+            digest = hashlib.sha256()
+            written = 0
+            while chunk := body.read(COPY_CHUNK_BYTES):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                digest.update(chunk)
+                written += len(chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if size is not None and written != size:
+            raise ValueError(f"body has {written} bytes, not the declared size {size}")
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise ValueError(
+                f"body sha256 is {digest.hexdigest()}, not the declared sha256 {sha256}"
+            )
+    except BaseException:
+        _remove(temporary)
+        raise
+    return temporary
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager
