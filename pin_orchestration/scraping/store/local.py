@@ -15,6 +15,8 @@ import math
 import os
 import secrets
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -122,6 +124,11 @@ class LocalResultStore:
             os.fsync(fd)
         finally:
             os.close(fd)  # closing releases the lock
+        # And so is the directory, once its entry in its parent is, up to the root.
+        parts = key.split("/")[:-1]
+        _DIRECTORIES.make_durable(
+            directory, [os.path.join(self._root, *parts[:n]) for n in range(len(parts) - 1, -1, -1)]
+        )
         return StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
 
     def head(self, key: str) -> StoredObject | None:
@@ -204,6 +211,69 @@ class LocalResultStore:
         if opened is None:
             raise FileNotFoundError(f"no result stored under {key!r} in {self.root}")
         return opened[0].read_bytes()
+
+
+# Directories whose entry this process knows to be durable, at most (one forgotten is
+# synced again).
+_DURABLE_KEPT = 1024
+
+
+class _DurableDirectories:
+    """Makes directories' entries durable: a new directory is an entry in its parent's
+    data, lost with what it holds if the machine stops before that is written (ext4 without
+    a journal puts it in lost+found). An entry is durable once a fsync of the parent that
+    began after the entry was made has ended; one such sync serves every put that needed
+    it meanwhile (the day's directory gets a new job directory with every put)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._syncs_begun = 0
+        # directory → the number of its last sync that ended; those under way
+        self._synced: OrderedDict[str, int] = OrderedDict()
+        self._syncing: set[str] = set()
+        self._durable: OrderedDict[str, None] = OrderedDict()
+
+    def make_durable(self, directory: str, ancestors: list[str]) -> None:
+        """Return once the entries of `directory` and of its `ancestors` (each there now)
+        are durable: `directory`'s always synced (a put's own, or made by the job's
+        earlier attempt: not remembered), its ancestors' when not known to be."""
+        with self._changed:
+            since = self._syncs_begun
+            unknown = [d for d in ancestors if d not in self._durable]
+        for entry in (directory, *unknown):
+            self._sync(os.path.dirname(entry), since)
+        with self._changed:
+            for entry in unknown:
+                self._durable[entry] = None
+            while len(self._durable) > _DURABLE_KEPT:
+                self._durable.popitem(last=False)
+
+    def _sync(self, directory: str, since: int) -> None:
+        """Return once a fsync of `directory` begun after sync number `since` has ended."""
+        with self._changed:
+            while self._synced.get(directory, 0) <= since:
+                if directory in self._syncing:
+                    self._changed.wait()
+                    continue
+                self._syncs_begun += 1
+                number = self._syncs_begun
+                self._syncing.add(directory)
+                try:
+                    self._changed.release()
+                    try:
+                        _fsync_directory(directory)
+                    finally:
+                        self._changed.acquire()
+                    self._synced[directory] = max(number, self._synced.get(directory, 0))
+                    self._synced.move_to_end(directory)
+                    while len(self._synced) > _DURABLE_KEPT:
+                        self._synced.popitem(last=False)
+                finally:
+                    self._syncing.discard(directory)
+                    self._changed.notify_all()
+
+
+_DIRECTORIES = _DurableDirectories()
 
 
 def _make_directories(directory: str) -> None:
