@@ -714,6 +714,35 @@ def test_a_hosts_crawl_delay_is_the_longest_of_its_origins(
     assert abs(host.rps - 1 / 2.2) < 1e-9
 
 
+def test_a_job_that_waited_for_robots_txt_takes_a_turn_of_its_host_and_owes_no_release(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """After its host's robots.txt was fetched, a job's own request waits for a new turn of
+    the host (scraping.take_redirect_slot). At the job's own host a turn is a token, not a
+    connection (the claim holds that), so nothing is held and nothing is given back: no
+    release_redirect_slot round trip per job (556 at the bench's first wave, each from a
+    pool its 278 slots share)."""
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(4)]
+    takes = releases = 0
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        nonlocal takes, releases
+        takes += "scraping.take_redirect_slot(" in statement
+        releases += "scraping.release_redirect_slot(" in statement
+
+    try:
+        work()
+    finally:
+        event.remove(db_engine, "before_cursor_execute", count)
+    assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+    assert site.count("/robots.txt") == 1
+    assert takes >= 1
+    assert releases == 0
+
+
 def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
     db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
 ) -> None:
