@@ -228,7 +228,9 @@ class Fetcher:
             url=url,
             headers=sent_headers,
             data=data,
-            params=params,
+            # None, not an empty list: requests then skips its encoding, whose check for a
+            # file-like object (a runtime Protocol) costs more than the rest of the URL.
+            params=params or None,
             cookies=session.cookies,
         )
         return self._adapter.send(
@@ -286,7 +288,7 @@ class Fetcher:
             _raise_if_stopped(should_stop)
             response = _sent_again_if_kept_connection_dropped(
                 functools.partial(
-                    self._send, "GET", url, params=query if hop == 0 else None, timeout=timeout
+                    self._send, "GET", url, params=query if hop == 0 else [], timeout=timeout
                 ),
                 deadline,
             )
@@ -467,7 +469,7 @@ def request_url(url: str, params: Mapping[str, Any] | None) -> str:
         # (the same prepare_url; headers, cookies, body and hooks would be thrown away),
         # once per job, so a slot's robots.txt check costs no full request preparation.
         prepared = requests.PreparedRequest()
-        prepared.prepare_url(url, _query_pairs(params))
+        prepared.prepare_url(url, _query_pairs(params) or None)
         return prepared.url or url
     except Exception:
         # The fetch refuses it with its own error.
