@@ -642,6 +642,49 @@ def test_600_concurrent_fetches_are_not_serialised(target: ScrapingTarget) -> No
     assert target.most_in_flight > 100, target.most_in_flight
 
 
+def test_the_watchdog_looks_at_many_fetches_in_batches_not_a_wake_up_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's hundreds of fetches each want their should_stop looked at every 0.25 s:
+    a wake-up of the watchdog per look (a thread switch and a turn of the GIL each) was a
+    thousand a second per worker process. The looks that fell due since the last are taken
+    in one batch a tick apart (they share the batch's `now`)."""
+    from pin_orchestration.scraping.fetch import deadline as deadline_module
+
+    nows: list[float] = []
+    real_look = deadline_module.Deadline.look
+
+    def look(self: Any, now: float, reshut_seconds: float, poll_seconds: float) -> float | None:
+        nows.append(now)
+        return real_look(self, now, reshut_seconds, poll_seconds)
+
+    monkeypatch.setattr(deadline_module.Deadline, "look", look)
+    fetches = 100
+    looks = [0] * fetches
+    each_looked_at_twice = threading.Event()
+
+    def should_stop(number: int) -> bool:
+        looks[number] += 1
+        if min(looks) >= 2:
+            each_looked_at_twice.set()
+        return False
+
+    watchdog = deadline_module.Watchdog()
+    deadlines = []
+    try:
+        for number in range(fetches):
+            at = time.monotonic() + 60
+            deadlines.append(watchdog.start(at, lambda number=number: should_stop(number)))
+            time.sleep(0.002)  # started apart, as slots start: their looks fall due apart
+        assert each_looked_at_twice.wait(30)
+    finally:
+        for deadline in deadlines:
+            deadline.finish()
+        watchdog.stop()
+    assert len(nows) >= 2 * fetches
+    assert len(set(nows)) * 4 < len(nows), (len(set(nows)), len(nows))
+
+
 class _ClosesIdleKeptConnection:
     """A server whose first connection answers one request (kept alive: no `Connection:
     close`), then reads the next request on it and closes without answering: the moment a

@@ -717,6 +717,86 @@ def test_a_hosts_crawl_delay_is_the_longest_of_its_origins(
     assert abs(host.rps - 1 / 2.2) < 1e-9
 
 
+def test_a_job_that_waited_for_robots_txt_takes_a_turn_of_its_host_and_owes_no_release(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker
+) -> None:
+    """After its host's robots.txt was fetched, a job's own request waits for a new turn of
+    the host (scraping.take_redirect_slot). At the job's own host a turn is a token, not a
+    connection (the claim holds that), so nothing is held and nothing is given back: no
+    release_redirect_slot round trip per job (556 at the bench's first wave, each from a
+    pool its 278 slots share)."""
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(4)]
+    takes = releases = 0
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        nonlocal takes, releases
+        takes += "scraping.take_redirect_slot(" in statement
+        releases += "scraping.release_redirect_slot(" in statement
+
+    try:
+        work()
+    finally:
+        event.remove(db_engine, "before_cursor_execute", count)
+    assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+    assert site.count("/robots.txt") == 1
+    assert takes >= 1
+    assert releases == 0
+
+
+def test_slots_waiting_for_the_run_s_robots_txt_fetch_look_up_a_few_times_a_second(
+    db_engine: Engine, make_tenant, site: ScrapingTarget, work: Worker, monkeypatch
+) -> None:
+    """The run's slots of an origin wait in the process for the one fetching its robots.txt
+    and are woken the moment it is done; meanwhile each looks up only to give up (its
+    wait's end, a stop), as often as the watchdog looks at a fetch (0.25 s): every 50 ms,
+    a worker's 278 slots woke 5,500 times a second through a 2 s robots.txt, each a switch
+    and a turn of the GIL."""
+    from pin_orchestration.scraping.fetch import robots as robots_module
+
+    gate = threading.Event()
+    site.robots = [(200, "User-agent: *\nAllow: /\n", {})]
+    site.robots_gate = gate
+    tenant, _ = make_tenant("shop")
+    ids = [submit(db_engine, tenant.id, f"{site.url}/page/{n}") for n in range(8)]
+    looks = 0
+    real = robots_module.RobotsGuard._give_up_if_late
+
+    def give_up_if_late(origin: str, until: float, should_stop: Any) -> None:
+        nonlocal looks
+        looks += 1
+        real(origin, until, should_stop)
+
+    monkeypatch.setattr(
+        robots_module.RobotsGuard, "_give_up_if_late", staticmethod(give_up_if_late)
+    )
+    run = threading.Thread(
+        target=work, kwargs={"settings": dataclasses.replace(TEST_SETTINGS, slots=8)}
+    )
+    run.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # every job claimed, one slot holding the robots.txt request
+            with db_engine.connect() as conn:
+                running = conn.execute(
+                    text("SELECT count(*) FROM scraping.jobs WHERE status = 'running'")
+                ).scalar()
+            if running == 8 and site.count("/robots.txt") == 1:
+                break
+            assert time.monotonic() < deadline, "the jobs were never all claimed"
+            time.sleep(0.02)
+        before = looks
+        time.sleep(1.0)  # four looks of each of the 7 waiting slots, twenty at every 50 ms
+        during = looks - before
+    finally:
+        gate.set()
+        run.join()
+    assert during <= 7 * 6, during
+    assert {job(db_engine, i).status for i in ids} == {"succeeded"}
+
+
 def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
     db_engine: Engine,
     make_tenant,

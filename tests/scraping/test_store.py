@@ -490,6 +490,87 @@ class ObservingReader(io.BytesIO):
         return super().read(size)
 
 
+def _fsyncs_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
+    """Every fsync ended from now on: the path synced and, for a directory, its entries
+    before the sync began (those it surely made durable)."""
+    seen: list[tuple[str, list[str]]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        real_fsync(fd)
+        seen.append((path, entries))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def _synced_with(seen: list[tuple[str, list[str]]], directory: Path) -> bool:
+    """Whether `directory`'s entry in its parent was made durable: a fsync of the parent
+    that listed it."""
+    return any(
+        path == str(directory.parent) and directory.name in entries for path, entries in seen
+    )
+
+
+def test_local_put_makes_the_directories_it_creates_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new directory is an entry in its parent's data: until the parent is synced, a
+    crash of the machine may lose the directory with the object in it (ext4 without a
+    journal puts it in lost+found) while its job already reads succeeded. Each directory a
+    put creates, from the store's root down to the job's, is durable when the put returns;
+    so is the job's directory made by a later put beside the first."""
+    local_store = LocalResultStore(
+        tmp_path / "home" / "results", public_base_url="http://testserver", signing_key=b"k" * 32
+    )
+    seen = _fsyncs_seen(monkeypatch)
+    first = new_key()
+    put_bytes(local_store, first, b"first", None)
+    job_dir = (local_store.root / first).parent
+    created = [job_dir, *[d for d in job_dir.parents if local_store.root in (d, *d.parents)]]
+    assert local_store.root in created and len(created) == 7
+    for directory in created:
+        assert _synced_with(seen, directory), directory
+
+    seen.clear()
+    second = "/".join([*first.split("/")[:-2], str(uuid.uuid4()), "1"])
+    put_bytes(local_store, second, b"second", None)
+    assert _synced_with(seen, (local_store.root / second).parent)
+    assert not _synced_with(seen, job_dir.parent)  # the day's directory was there already
+
+
+def test_concurrent_local_puts_share_the_syncs_of_their_day_and_each_returns_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Puts of one day at once (a worker's slots): a sync of the day's directory begun
+    after a put's job directory was made serves that put, whoever ran it; each put returns
+    only once one has ended."""
+    local_store = LocalResultStore(
+        tmp_path / "results", public_base_url="http://testserver", signing_key=b"k" * 32
+    )
+    tenant, created = uuid.uuid4(), datetime.now(UTC)
+    put_bytes(local_store, result_key(tenant, uuid.uuid4(), created, 1), b"first", None)
+    seen = _fsyncs_seen(monkeypatch)
+    barrier = threading.Barrier(16)
+    not_durable: list[str] = []
+
+    def put_some(_: int) -> None:
+        barrier.wait()
+        for _ in range(10):
+            key = result_key(tenant, uuid.uuid4(), created, 1)
+            put_bytes(local_store, key, key.encode(), None)
+            if not _synced_with(list(seen), (local_store.root / key).parent):
+                not_durable.append(key)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(put_some, range(16)))
+    assert not not_durable
+    day = str((local_store.root / result_key(tenant, uuid.uuid4(), created, 1)).parent.parent)
+    assert 0 < sum(path == day for path, _ in seen) <= 160
+
+
 def test_local_put_never_shows_a_partial_file(local_store: LocalResultStore) -> None:
     key = new_key()
     final = local_store.root / key

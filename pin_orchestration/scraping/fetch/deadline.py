@@ -120,6 +120,7 @@ class Watchdog:
     # lease in doubt): a target that accepts and never answers no longer holds the slot
     # to the deadline.
     _STOP_POLL_SECONDS = 0.25
+    _TICK_SECONDS = 0.05
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Deadline]] = []
@@ -160,11 +161,22 @@ class Watchdog:
                         return
                     now = time.monotonic()
                     if self._heap and self._heap[0][0] <= now:
-                        _, _, deadline = heapq.heappop(self._heap)
                         break
                     self._wakeup.wait(self._heap[0][0] - now if self._heap else None)
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
             # Outside the lock: should_stop is the caller's code.
-            again = deadline.look(now, self._RESHUT_SECONDS, self._STOP_POLL_SECONDS)
-            if again is not None:
-                with self._wakeup:
-                    heapq.heappush(self._heap, (again, next(self._order), deadline))
+            again = [
+                (deadline.look(now, self._RESHUT_SECONDS, self._STOP_POLL_SECONDS), deadline)
+                for deadline in due
+            ]
+            with self._wakeup:
+                for at, deadline in again:
+                    if at is not None:
+                        heapq.heappush(self._heap, (at, next(self._order), deadline))
+            # A worker's hundreds of fetches want a look every _STOP_POLL_SECONDS each: taken
+            # a tick apart in batches, they cost tens of wake-ups a second, not one each
+            # (a thousand a second, each a switch and a turn of the GIL). A deadline or a
+            # stop is seen at most a tick late.
+            time.sleep(self._TICK_SECONDS)

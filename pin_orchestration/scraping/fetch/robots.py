@@ -51,6 +51,10 @@ from pin_orchestration.scraping.store.politeness import DomainError, normalize_h
 MODES = ("obey", "ignore")
 # How often a worker waiting for another's fetch looks at the row again.
 POLL_SECONDS = 0.05
+# How often a slot waiting for its run's own fetch of the robots.txt looks up to give up
+# (its wait's end, a stop): it is woken the moment the fetch is done; the watchdog looks
+# at a fetch's stop as often.
+LEADER_POLL_SECONDS = 0.25
 # Parsed robots.txt kept per process (by origin and fetch time).
 _PARSED_KEPT = 1024
 
@@ -288,7 +292,7 @@ class RobotsGuard:
     ) -> None:
         """Until the run's slot that speaks for `origin` is done (its answer stored, or it
         gave up: then another slot takes over), within this attempt's wait."""
-        while not leader.wait(POLL_SECONDS):
+        while not leader.wait(LEADER_POLL_SECONDS):
             self._give_up_if_late(origin, until, should_stop)
 
     @staticmethod

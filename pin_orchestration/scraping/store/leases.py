@@ -126,7 +126,10 @@ class RedirectSlots:
                     "default_concurrency": self._defaults.concurrency,
                 },
             ).scalar_one()
-        self._holds = True  # a hop to the job's own domain holds nothing: a no-op release
+        # What is held now: nothing when the hop must wait (the earlier hop's slot went
+        # back first), nor at the job's own domain (a token of it: the claim holds its
+        # connection); then no release is owed, and none is sent.
+        self._holds = wait == 0 and host != self._job.domain
         return float(wait)
 
     def release(self) -> None:

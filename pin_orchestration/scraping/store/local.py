@@ -9,11 +9,14 @@ import fcntl
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import math
 import os
 import secrets
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +86,7 @@ class LocalResultStore:
                 f"public_base_url must be an http(s):// URL of the API (got {public_base_url!r})"
             )
         self.root = root
+        self._root = os.fspath(root)
         self.public_base_url = public_base_url.rstrip("/")
         self._signing_key = signing_key
 
@@ -94,46 +98,38 @@ class LocalResultStore:
     def put(
         self, key: str, body: BinaryIO, *, size: int, sha256: str, content_type: str | None
     ) -> StoredObject:
-        path, meta_path = self._paths(key)
+        # Plain os calls on str paths: a worker puts every job's body here, and pathlib,
+        # tempfile's random names and buffered file objects cost more than the writes.
+        validate_key(key)
         recorded_type = check_put_arguments(size, sha256, content_type)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        body_temporary = self._write_temporary(path, body, size=size, sha256=sha256)
-        stored = StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
+        path = os.path.join(self._root, *key.split("/"))
+        directory, name = os.path.split(path)
+        _make_directories(directory)
         meta = json.dumps({"size": size, "sha256": sha256, "content_type": recorded_type})
-        meta_temporary = self._write_temporary(meta_path, io.BytesIO(meta.encode()))
-        # Two writers of one key must not leave one's body beside the other's sidecar.
-        with _locked_directory(path.parent):
-            os.replace(body_temporary, path)
-            os.replace(meta_temporary, meta_path)
-            _fsync_directory(path.parent)
-        return stored
-
-    def _write_temporary(
-        self, path: Path, body: BinaryIO, *, size: int | None = None, sha256: str | None = None
-    ) -> Path:
-        """Copy `body` into a fsynced temporary file beside `path`, checking size and digest."""
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        temporary = Path(name)
+        body_temporary = _write_temporary(directory, name, body, size=size, sha256=sha256)
         try:
-            digest = hashlib.sha256()
-            written = 0
-            with os.fdopen(fd, "wb") as handle:
-                while chunk := body.read(COPY_CHUNK_BYTES):
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    written += len(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if size is not None and written != size:
-                raise ValueError(f"body has {written} bytes, not the declared size {size}")
-            if sha256 is not None and digest.hexdigest() != sha256:
-                raise ValueError(
-                    f"body sha256 is {digest.hexdigest()}, not the declared sha256 {sha256}"
-                )
+            meta_temporary = _write_temporary(
+                directory, name + META_SUFFIX, io.BytesIO(meta.encode())
+            )
         except BaseException:
-            temporary.unlink(missing_ok=True)
+            _remove(body_temporary)
             raise
-        return temporary
+        # Two writers of one key must not leave one's body beside the other's sidecar.
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.replace(body_temporary, path)
+            os.replace(meta_temporary, path + META_SUFFIX)
+            # The renames are durable once the directory's own data is.
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # closing releases the lock
+        # And so is the directory, once its entry in its parent is, up to the root.
+        parts = key.split("/")[:-1]
+        _DIRECTORIES.make_durable(
+            directory, [os.path.join(self._root, *parts[:n]) for n in range(len(parts) - 1, -1, -1)]
+        )
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=recorded_type)
 
     def head(self, key: str) -> StoredObject | None:
         path, meta_path = self._paths(key)
@@ -215,6 +211,130 @@ class LocalResultStore:
         if opened is None:
             raise FileNotFoundError(f"no result stored under {key!r} in {self.root}")
         return opened[0].read_bytes()
+
+
+# Directories whose entry this process knows to be durable, at most (one forgotten is
+# synced again).
+_DURABLE_KEPT = 1024
+
+
+class _DurableDirectories:
+    """Makes directories' entries durable: a new directory is an entry in its parent's
+    data, lost with what it holds if the machine stops before that is written (ext4 without
+    a journal puts it in lost+found). An entry is durable once a fsync of the parent that
+    began after the entry was made has ended; one such sync serves every put that needed
+    it meanwhile (the day's directory gets a new job directory with every put)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._syncs_begun = 0
+        # directory → the number of its last sync that ended; those under way
+        self._synced: OrderedDict[str, int] = OrderedDict()
+        self._syncing: set[str] = set()
+        self._durable: OrderedDict[str, None] = OrderedDict()
+
+    def make_durable(self, directory: str, ancestors: list[str]) -> None:
+        """Return once the entries of `directory` and of its `ancestors` (each there now)
+        are durable: `directory`'s always synced (a put's own, or made by the job's
+        earlier attempt: not remembered), its ancestors' when not known to be."""
+        with self._changed:
+            since = self._syncs_begun
+            unknown = [d for d in ancestors if d not in self._durable]
+        for entry in (directory, *unknown):
+            self._sync(os.path.dirname(entry), since)
+        with self._changed:
+            for entry in unknown:
+                self._durable[entry] = None
+            while len(self._durable) > _DURABLE_KEPT:
+                self._durable.popitem(last=False)
+
+    def _sync(self, directory: str, since: int) -> None:
+        """Return once a fsync of `directory` begun after sync number `since` has ended."""
+        with self._changed:
+            while self._synced.get(directory, 0) <= since:
+                if directory in self._syncing:
+                    self._changed.wait()
+                    continue
+                self._syncs_begun += 1
+                number = self._syncs_begun
+                self._syncing.add(directory)
+                try:
+                    self._changed.release()
+                    try:
+                        _fsync_directory(directory)
+                    finally:
+                        self._changed.acquire()
+                    self._synced[directory] = max(number, self._synced.get(directory, 0))
+                    self._synced.move_to_end(directory)
+                    while len(self._synced) > _DURABLE_KEPT:
+                        self._synced.popitem(last=False)
+                finally:
+                    self._syncing.discard(directory)
+                    self._changed.notify_all()
+
+
+_DIRECTORIES = _DurableDirectories()
+
+
+def _make_directories(directory: str) -> None:
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+
+
+# Temporary names are this process's id and a count: unique without random bytes, and a
+# name left by a killed process of the same id is skipped (O_EXCL).
+_temporary_numbers = itertools.count()
+
+
+def _write_temporary(
+    directory: str,
+    name: str,
+    body: BinaryIO,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+) -> str:
+    """Copy `body` into a fsynced temporary file in `directory` (a dot-name no key can
+    have), checking size and digest; its path."""
+    while True:
+        temporary = os.path.join(directory, f".{name}.{os.getpid()}-{next(_temporary_numbers)}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        try:
+            digest = hashlib.sha256()
+            written = 0
+            while chunk := body.read(COPY_CHUNK_BYTES):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                digest.update(chunk)
+                written += len(chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if size is not None and written != size:
+            raise ValueError(f"body has {written} bytes, not the declared size {size}")
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise ValueError(
+                f"body sha256 is {digest.hexdigest()}, not the declared sha256 {sha256}"
+            )
+    except BaseException:
+        _remove(temporary)
+        raise
+    return temporary
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager
