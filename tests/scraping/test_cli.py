@@ -89,9 +89,13 @@ def test_domain_list_with_nothing_to_list_says_so_and_gives_the_defaults(db_url:
 def test_pin_scraping_work_runs_a_worker_without_loading_dagster(db_url: str) -> None:
     """The fault suite, cron and an operator's shell start workers by the dozen; a worker
     outside Dagster has no use for Dagster's import (a second of CPU each)."""
-    env_python = ["-X", "importtime"]
     worked = pin(
-        "scraping", "work", "--idle-exit-seconds", "0.1", url=db_url, python_args=env_python
+        "scraping",
+        "work",
+        "--idle-exit-seconds",
+        "0.1",
+        url=db_url,
+        python_args=["-X", "importtime"],
     )
     assert worked.returncode == 0, worked.stderr[-3000:]
     assert json.loads(worked.stdout)["claimed"] == 0
