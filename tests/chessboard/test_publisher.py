@@ -32,6 +32,7 @@ from pin_orchestration.chessboard.outbox.publisher import (
 from pin_orchestration.chessboard.queue import request_project_recalc
 from pin_orchestration.coordination.locks import force_release_lock, list_locks, try_acquire_lock
 from tests.chessboard.world import add_layout, add_layout_group, add_object, add_project, outbox
+from tests.log_gates import LogSeen, watching_log
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 FAST_RECONNECT = {"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 200}
@@ -253,17 +254,6 @@ def test_without_kafka_events_go_to_a_local_sink_that_says_so(
     )
 
 
-class _LogSeen(logging.Handler):
-    def __init__(self, needle: str) -> None:
-        super().__init__()
-        self.needle = needle
-        self.seen = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.needle in record.getMessage():
-            self.seen.set()
-
-
 class RecordingSink:
     """A sink that appends to a JSONL file like the embedded default, remembers when it was
     called, and can be made to take `send_seconds` per round (a slow broker)."""
@@ -356,28 +346,27 @@ def test_publisher_stops_publishing_once_its_lock_is_lost(db_engine: Engine, tmp
         except BaseException as exc:
             errors.append(exc)
 
-    lost = _LogSeen("lost by first")
-    logging.getLogger("pin_orchestration.coordination.locks").addHandler(lost)
+    lost = LogSeen("lost by first")
     t = threading.Thread(target=run)
-    t.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not (locks := list_locks(db_engine)):
-            assert time.monotonic() < deadline, "the publisher never took its lock"
-            time.sleep(0.02)
-        assert locks[0].holder == "first"
-        # The lock passes to someone else (an operator's release, then another process).
-        assert force_release_lock(db_engine, LOCK_KEY)
-        assert try_acquire_lock(db_engine, LOCK_KEY, 60, "other")
-        assert lost.seen.wait(5), "the failed renewal was not noticed"
-        events = recalc_a_project_with_events(db_engine)
-        # Ten poll intervals in which a publisher still at work would have sent them.
-        threading.Event().wait(0.5)
-    finally:
-        stop.set()
-        t.join(10)
-        logging.getLogger("pin_orchestration.coordination.locks").removeHandler(lost)
-
+    with watching_log("pin_orchestration.coordination.locks", lost):
+        t.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not (locks := list_locks(db_engine)):
+                assert time.monotonic() < deadline, "the publisher never took its lock"
+                time.sleep(0.02)
+            assert locks[0].holder == "first"
+            # The lock passes to someone else (an operator's release, then another process).
+            assert force_release_lock(db_engine, LOCK_KEY)
+            assert try_acquire_lock(db_engine, LOCK_KEY, 60, "other")
+            assert lost.seen.wait(60), "the failed renewal was not noticed"
+            events = recalc_a_project_with_events(db_engine)
+            # Ten poll intervals in which a publisher still at work would have sent them.
+            threading.Event().wait(0.5)
+        finally:
+            stop.set()
+            t.join(60)
+    assert not t.is_alive()
     assert errors == []
     assert events and sink.sends == []
     assert list_locks(db_engine)[0].holder == "other"

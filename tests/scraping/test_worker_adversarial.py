@@ -32,6 +32,7 @@ from pin_orchestration.scraping.store.local import LocalResultStore
 from pin_orchestration.scraping.store.repository import JobRequest
 from pin_orchestration.scraping.worker.options import WorkerOptions
 from pin_orchestration.scraping.worker.run import claim_due_jobs, run_worker
+from tests.log_gates import LogSeen
 from tests.scraping.conftest import TEST_SETTINGS, LeaseClock, Worker, _with_allowed
 
 
@@ -474,17 +475,6 @@ class _GatedAnswer:
         self.listener.close()
 
 
-class _LogGate(logging.Handler):
-    def __init__(self, *messages: str) -> None:
-        super().__init__()
-        self.messages = messages
-        self.seen = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if any(m in record.getMessage() for m in self.messages):
-            self.seen.set()
-
-
 def test_a_redirect_slot_not_given_back_does_not_throw_away_the_answer(
     db_url: str,
     db_engine: Engine,
@@ -502,7 +492,7 @@ def test_a_redirect_slot_not_given_back_does_not_throw_away_the_answer(
     tenant = make_tenant("give-back")[0]
     other_host = _GatedAnswer()
     job_id = enqueue(db_engine, tenant.id, f"{site.url}/redirect?to={other_host.url}/page")
-    gate = _LogGate("failed unexpectedly", "not given back")
+    gate = LogSeen("failed unexpectedly", "not given back")
     logging.getLogger("pin_orchestration").addHandler(gate)
     stop = threading.Event()
     try:
