@@ -764,3 +764,18 @@ def test_a_kept_connection_the_server_closed_is_not_the_fetch_s_failure(
         (0, b"/b"),
         (1, b"/b"),
     ]
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_s_credentials_are_sent_nowhere(
+    fetcher: Fetcher, target: ScrapingTarget, status: int
+) -> None:
+    # A job's URL may hold no user:password@ (intake refuses it); a target's Location must
+    # not get one sent either: requests turns a URL's userinfo into Basic auth, so the
+    # scraper would authenticate, with whatever the target chose, at the host it chose.
+    to = f"http://scraper:secret@127.0.0.1:{target.port}/headers"
+    error = fetch_error(fetcher, f"{target.url}/redirect?status={status}&to={to}")
+    assert error.error_class == "invalid_url"
+    assert "redirect location" in error.detail
+    assert "secret" not in error.detail
+    assert target.requests == [f"/redirect?status={status}&to={to}"]

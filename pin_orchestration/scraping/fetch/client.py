@@ -459,6 +459,16 @@ def _checked_url(url: str, *, what: str) -> str:
         ) from None
     if not parts.hostname:
         raise FetchError("invalid_url", f"{what} {url[:200]!r} has no host") from None
+    if "@" in parts.netloc:
+        # requests sends a URL's user:password@ as Basic auth. Intake refuses it in a job's
+        # URL (fetch/hosts.py); a target's Location must not bring one in either: the
+        # scraper would authenticate, as the target chose, at the host it chose. The
+        # credentials are not repeated in the error, which the job's tenant reads.
+        raise FetchError(
+            "invalid_url",
+            f"{what} to {parts.hostname[:200]!r} holds credentials (user:password@), "
+            "which are never sent",
+        ) from None
     return url
 
 
