@@ -779,3 +779,28 @@ def test_a_redirect_s_credentials_are_sent_nowhere(
     assert "redirect location" in error.detail
     assert "secret" not in error.detail
     assert target.requests == [f"/redirect?status={status}&to={to}"]
+
+
+def test_the_environment_s_proxies_and_netrc_are_not_used(
+    target: ScrapingTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The address guard judges the address the fetcher connects to: through a proxy from
+    # the environment that would be the proxy's, and the proxy would connect anywhere. A
+    # .netrc's login for the target's host must not be sent as Basic auth either.
+    with ScrapingTarget("127.0.0.1") as proxy:
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine 127.0.0.1 login scraper password secret\n")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        (tmp_path / ".netrc").write_text(netrc.read_text())
+        (tmp_path / ".netrc").chmod(0o600)
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy.url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        with make_fetcher() as fetcher, fetcher.fetch(f"{target.url}/headers") as result:
+            sent = result.body.read().decode()
+        assert proxy.requests == []
+    assert target.requests == ["/headers"]
+    assert "Authorization" not in sent
