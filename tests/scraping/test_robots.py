@@ -875,3 +875,76 @@ def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
     assert during <= 2, during
     assert {job(db_engine, i).status for i in ids} == {"succeeded"}
     assert site.count("/robots.txt") == 1
+
+
+class _NoTurn:
+    """A hop's host that gives no turn within any attempt's wait (paused, or at its rate)."""
+
+    def take(self, host: str) -> float:
+        return 3600.0
+
+    def release(self) -> None:
+        return None
+
+
+def test_a_hop_that_gets_no_turn_for_its_robots_txt_fetch_gives_its_lease_back(
+    db_engine: Engine, make_tenant
+) -> None:
+    """A redirect hop's robots.txt is fetched on a turn of the hop's host: the slot takes the
+    origin's lease, then waits for the turn. Given none within its wait (or stopped while
+    waiting), it gave up holding the lease: every other worker's slot of that origin read
+    "being fetched" and waited for nothing while the job stayed claimed, and for the whole
+    lease (2 x the fetch timeout + 5 s) once the same worker claimed the job again."""
+    from pin_orchestration.scraping.fetch.robots import RobotsGuard, RobotsPending
+
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, "http://127.0.0.1:9/page")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'running', attempts = 1, lease_owner = 'w1',"
+                " lease_expires_at = now() + interval '1 hour' WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
+    claimed = leases.ClaimedJob(
+        id=job_id,
+        tenant_id=tenant.id,
+        url="http://127.0.0.1:9/page",
+        params={},
+        attempt=1,
+        budget_used=1,
+        created_at=datetime.now(UTC),
+        domain="127.0.0.1",
+        priority="normal",
+    )
+    hop = "http://127.0.0.2:9/elsewhere"  # nothing is sent: the turn never comes
+    guards = []
+    with Fetcher(fetch_policy_from(TEST_SETTINGS)) as fetcher:
+        for owner in ("w1", "w2"):
+            guards.append(
+                RobotsGuard(
+                    db_engine,
+                    fetcher,
+                    mode="obey",
+                    owner=owner,
+                    domain_defaults=leases.DomainDefaults(1.0, 1),
+                    retry_seconds=1.0,
+                    max_pause_seconds=60.0,
+                )
+            )
+        try:
+            check = guards[0].hop_checker(claimed, _NoTurn(), lambda: False)
+            with pytest.raises(RobotsPending, match="turn"):
+                check(hop)
+            with db_engine.connect() as conn:
+                owner = conn.execute(
+                    text("SELECT lease_owner FROM scraping.robots WHERE origin = :o"),
+                    {"o": origin_of(hop)},
+                ).scalar_one()
+            assert owner is None
+            # Another worker may fetch it at once.
+            assert guards[1]._rows.take_lease(origin_of(hop), "127.0.0.2", uuid.uuid4()) == 0
+        finally:
+            for guard in guards:
+                guard.close()
