@@ -804,3 +804,18 @@ def test_the_environment_s_proxies_and_netrc_are_not_used(
         assert proxy.requests == []
     assert target.requests == ["/headers"]
     assert "Authorization" not in sent
+
+
+@pytest.mark.parametrize("spelling", ["2130706433", "127.1", "0x7f.0.0.1", "0177.0.0.1"])
+def test_a_redirect_to_another_spelling_of_an_address_is_refused(
+    fetcher: Fetcher, target: ScrapingTarget, spelling: str
+) -> None:
+    # getaddrinfo reads each as 127.0.0.1, but a hop's host is its politeness key (its rate,
+    # its connections, its robots.txt): a target redirecting its jobs to one address under
+    # many spellings would get that address many rates. Intake refuses these hosts in a
+    # job's URL (fetch/hosts.py) for that reason; a hop gets the same rule.
+    to = f"http://{spelling}:{target.port}/bytes?n=1"
+    error = fetch_error(fetcher, f"{target.url}/redirect?to={to}")
+    assert error.error_class == "invalid_url"
+    assert "redirect location" in error.detail
+    assert target.requests == [f"/redirect?to={to}"]
