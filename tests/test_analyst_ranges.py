@@ -188,3 +188,50 @@ def test_a_range_that_fails_to_store_one_frame_changes_no_file_of_it(
         instance=analyst_env, asset_selection=[BUILDING_FREE_SHARE], tags=range_tags
     ).success
     assert all(frame_file(home, p).read_bytes() != stored[p] for p in ids)
+
+
+def test_a_reader_of_the_folder_during_a_range_s_write_reads_whole_files_of_one_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An analyst's `pandas.read_parquet(folder)` while a run of a range writes: the files
+    written aside (dot-names, which pyarrow's discovery skips) are not read, and until the
+    last is written none of the partitions has changed."""
+    import pandas as pd
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from pin_orchestration.analyst import BUILDING_FREE_SHARE_SCHEMA
+    from pin_orchestration.platform import frames
+
+    schema = frames.arrow_schema((c.name, c.type) for c in BUILDING_FREE_SHARE_SCHEMA)
+    store = frames.FrameStore(pafs.LocalFileSystem(), str(tmp_path))
+    asset = ["chessboard", "building_free_share"]
+
+    def version(free: int) -> dict[str | None, pd.DataFrame]:
+        return {
+            str(uuid.UUID(int=n)): pd.DataFrame(
+                {
+                    "building_id": [f"b{n}"],
+                    "name": ["x"],
+                    "total_count": [4],
+                    "free_count": [free],
+                    "free_share": [free / 4],
+                }
+            )
+            for n in range(3)
+        }
+
+    store.write_many(asset, version(1), schema)
+    folder = Path(store.path(asset, "x")).parent
+    real_write = pq.write_table
+    seen: list[pd.DataFrame] = []
+
+    def write_then_read(table: object, where: str, **kwargs: object) -> None:
+        real_write(table, where, **kwargs)
+        seen.append(pd.read_parquet(folder))
+
+    monkeypatch.setattr(frames.pq, "write_table", write_then_read)
+    store.write_many(asset, version(3), schema)
+    assert len(seen) == 3
+    assert all(sorted(frame["free_count"]) == [1, 1, 1] for frame in seen)
+    assert sorted(pd.read_parquet(folder)["free_count"]) == [3, 3, 3]
