@@ -15,7 +15,7 @@ type null, which no string or number column can be cast to.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -115,21 +115,42 @@ class FrameStore:
     ) -> str:
         """Store `frame` whole with the asset's `schema` (a reader sees the previous frame or
         this one, never a part of it) and return its URI."""
-        path = self.path(asset_path, partition)
-        table = frame_table(frame, schema)
-        if isinstance(self.filesystem, pafs.LocalFileSystem):
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            partial = f"{Path(path).parent}/.{Path(path).name}.{uuid.uuid4().hex}.tmp"
-            try:
+        return self.write_many(asset_path, {partition: frame}, schema)[partition]
+
+    def write_many(
+        self,
+        asset_path: Sequence[str],
+        frames: Mapping[str | None, pd.DataFrame],
+        schema: pa.Schema,
+    ) -> dict[str | None, str]:
+        """Store the frames of several partitions (a run of a range), each as `write` does,
+        and return their URIs. Locally all or none: a run that fails at one file (a full
+        disk) must not leave the files before it changed, holding frames no materialization
+        records, so every file is written aside before any is renamed into place. On S3
+        each object is whole, but a failure leaves the objects uploaded before it."""
+        # Every frame checked against the declaration before anything is written.
+        tables = {partition: frame_table(frame, schema) for partition, frame in frames.items()}
+        paths = {partition: self.path(asset_path, partition) for partition in tables}
+        if not isinstance(self.filesystem, pafs.LocalFileSystem):
+            # An S3 object appears when its upload completes, whole or not at all.
+            for partition, table in tables.items():
+                pq.write_table(table, paths[partition], filesystem=self.filesystem)
+            return {partition: self.scheme + path for partition, path in paths.items()}
+        partials: dict[str | None, str] = {}
+        try:
+            for partition, table in tables.items():
+                path = Path(paths[partition])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial = f"{path.parent}/.{path.name}.{uuid.uuid4().hex}.tmp"
+                partials[partition] = partial
                 pq.write_table(table, partial, filesystem=self.filesystem)
-                self.filesystem.move(partial, path)  # rename(2): atomic
-            finally:
+            for partition in tables:
+                self.filesystem.move(partials.pop(partition), paths[partition])  # rename(2)
+        finally:
+            for partial in partials.values():
                 if self.filesystem.get_file_info(partial).type != pafs.FileType.NotFound:
                     self.filesystem.delete_file(partial)
-        else:
-            # An S3 object appears when its upload completes, whole or not at all.
-            pq.write_table(table, path, filesystem=self.filesystem)
-        return self.scheme + path
+        return {partition: self.scheme + path for partition, path in paths.items()}
 
     def read(self, asset_path: Sequence[str], partition: str | None) -> pd.DataFrame:
         path = self.path(asset_path, partition)

@@ -147,12 +147,14 @@ class ParquetFrameIOManager(ConfigurableIOManager):
             context.add_output_metadata({"rows": len(obj), "path": uri})
             return
         frames = _frames_of_partitions(asset, partitions, obj)
+        # All or none: a run that fails records no materialization of any partition, so it
+        # must change none of their files (as a failed run of one partition does not).
+        uris = store.write_many(context.asset_key.path, frames, schema)
         for partition, frame in frames.items():
-            uri = store.write(context.asset_key.path, partition, frame, schema)
             # Each partition's materialization gets its own rows and file (output metadata
             # would give every partition the same), as a run of that partition alone does.
             context.step_context.add_asset_metadata(
-                {"rows": len(frame), "path": uri},
+                {"rows": len(frame), "path": uris[partition]},
                 asset_key=context.asset_key,
                 partition_key=partition,
             )

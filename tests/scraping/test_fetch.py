@@ -764,3 +764,58 @@ def test_a_kept_connection_the_server_closed_is_not_the_fetch_s_failure(
         (0, b"/b"),
         (1, b"/b"),
     ]
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_s_credentials_are_sent_nowhere(
+    fetcher: Fetcher, target: ScrapingTarget, status: int
+) -> None:
+    # A job's URL may hold no user:password@ (intake refuses it); a target's Location must
+    # not get one sent either: requests turns a URL's userinfo into Basic auth, so the
+    # scraper would authenticate, with whatever the target chose, at the host it chose.
+    to = f"http://scraper:secret@127.0.0.1:{target.port}/headers"
+    error = fetch_error(fetcher, f"{target.url}/redirect?status={status}&to={to}")
+    assert error.error_class == "invalid_url"
+    assert "redirect location" in error.detail
+    assert "secret" not in error.detail
+    assert target.requests == [f"/redirect?status={status}&to={to}"]
+
+
+def test_the_environment_s_proxies_and_netrc_are_not_used(
+    target: ScrapingTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The address guard judges the address the fetcher connects to: through a proxy from
+    # the environment that would be the proxy's, and the proxy would connect anywhere. A
+    # .netrc's login for the target's host must not be sent as Basic auth either.
+    with ScrapingTarget("127.0.0.1") as proxy:
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine 127.0.0.1 login scraper password secret\n")
+        netrc.chmod(0o600)
+        monkeypatch.setenv("NETRC", str(netrc))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        (tmp_path / ".netrc").write_text(netrc.read_text())
+        (tmp_path / ".netrc").chmod(0o600)
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy.url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        with make_fetcher() as fetcher, fetcher.fetch(f"{target.url}/headers") as result:
+            sent = result.body.read().decode()
+        assert proxy.requests == []
+    assert target.requests == ["/headers"]
+    assert "Authorization" not in sent
+
+
+@pytest.mark.parametrize("spelling", ["2130706433", "127.1", "0x7f.0.0.1", "0177.0.0.1"])
+def test_a_redirect_to_another_spelling_of_an_address_is_refused(
+    fetcher: Fetcher, target: ScrapingTarget, spelling: str
+) -> None:
+    # getaddrinfo reads each as 127.0.0.1, but a hop's host is its politeness key (its rate,
+    # its connections, its robots.txt): a target redirecting its jobs to one address under
+    # many spellings would get that address many rates. Intake refuses these hosts in a
+    # job's URL (fetch/hosts.py) for that reason; a hop gets the same rule.
+    to = f"http://{spelling}:{target.port}/bytes?n=1"
+    error = fetch_error(fetcher, f"{target.url}/redirect?to={to}")
+    assert error.error_class == "invalid_url"
+    assert "redirect location" in error.detail
+    assert target.requests == [f"/redirect?to={to}"]

@@ -875,3 +875,175 @@ def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
     assert during <= 2, during
     assert {job(db_engine, i).status for i in ids} == {"succeeded"}
     assert site.count("/robots.txt") == 1
+
+
+class _NoTurn:
+    """A hop's host that gives no turn within any attempt's wait (paused, or at its rate)."""
+
+    def take(self, host: str) -> float:
+        return 3600.0
+
+    def release(self) -> None:
+        return None
+
+
+def test_a_hop_that_gets_no_turn_for_its_robots_txt_fetch_gives_its_lease_back(
+    db_engine: Engine, make_tenant
+) -> None:
+    """A redirect hop's robots.txt is fetched on a turn of the hop's host: the slot takes the
+    origin's lease, then waits for the turn. Given none within its wait (or stopped while
+    waiting), it gave up holding the lease: every other worker's slot of that origin read
+    "being fetched" and waited for nothing while the job stayed claimed, and for the whole
+    lease (2 x the fetch timeout + 5 s) once the same worker claimed the job again."""
+    from pin_orchestration.scraping.fetch.robots import RobotsGuard, RobotsPending
+
+    tenant, _ = make_tenant("shop")
+    job_id = submit(db_engine, tenant.id, "http://127.0.0.1:9/page")
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.jobs SET status = 'running', attempts = 1, lease_owner = 'w1',"
+                " lease_expires_at = now() + interval '1 hour' WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
+    claimed = leases.ClaimedJob(
+        id=job_id,
+        tenant_id=tenant.id,
+        url="http://127.0.0.1:9/page",
+        params={},
+        attempt=1,
+        budget_used=1,
+        created_at=datetime.now(UTC),
+        domain="127.0.0.1",
+        priority="normal",
+    )
+    hop = "http://127.0.0.2:9/elsewhere"  # nothing is sent: the turn never comes
+    guards = []
+    with Fetcher(fetch_policy_from(TEST_SETTINGS)) as fetcher:
+        for owner in ("w1", "w2"):
+            guards.append(
+                RobotsGuard(
+                    db_engine,
+                    fetcher,
+                    mode="obey",
+                    owner=owner,
+                    domain_defaults=leases.DomainDefaults(1.0, 1),
+                    retry_seconds=1.0,
+                    max_pause_seconds=60.0,
+                )
+            )
+        try:
+            check = guards[0].hop_checker(claimed, _NoTurn(), lambda: False)
+            with pytest.raises(RobotsPending, match="turn"):
+                check(hop)
+            with db_engine.connect() as conn:
+                owner = conn.execute(
+                    text("SELECT lease_owner FROM scraping.robots WHERE origin = :o"),
+                    {"o": origin_of(hop)},
+                ).scalar_one()
+            assert owner is None
+            # Another worker may fetch it at once.
+            assert guards[1]._rows.take_lease(origin_of(hop), "127.0.0.2", uuid.uuid4()) == 0
+        finally:
+            for guard in guards:
+                guard.close()
+
+
+class _AlwaysTurn:
+    def take(self, host: str) -> float:
+        return 0.0
+
+    def release(self) -> None:
+        return None
+
+
+def _waiting_slots(
+    db_engine: Engine, site: ScrapingTarget, fetcher: Fetcher, n: int, stop: threading.Event
+) -> tuple[list[threading.Thread], list[BaseException | None]]:
+    """`n` slots of one run asking for pages of `site`, whose robots.txt is held at the
+    site: one fetches it, the others wait for it in the process. Each slot's end (None:
+    allowed) goes into the list."""
+    from pin_orchestration.scraping.fetch.robots import RobotsGuard
+
+    guard = RobotsGuard(
+        db_engine,
+        fetcher,
+        mode="obey",
+        owner="w1",
+        domain_defaults=leases.DomainDefaults(1000.0, 1000),
+        retry_seconds=60.0,
+        max_pause_seconds=600.0,
+    )
+    ends: list[BaseException | None] = [None] * n
+
+    def slot(i: int) -> None:
+        claimed = leases.ClaimedJob(
+            id=uuid.uuid4(),
+            tenant_id=uuid.uuid4(),
+            url=f"{site.url}/page/{i}",
+            params={},
+            attempt=1,
+            budget_used=1,
+            created_at=datetime.now(UTC),
+            domain="127.0.0.1",
+            priority="normal",
+        )
+        try:
+            guard.before_fetch(claimed, claimed.url, _AlwaysTurn(), stop.is_set)
+        except BaseException as exc:  # noqa: BLE001  # the slot's end, examined by the test
+            ends[i] = exc
+
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads, ends
+
+
+@pytest.mark.parametrize("end", ["stop", "robots_txt_fails"])
+def test_slots_waiting_for_a_held_robots_txt_end_on_a_stop_or_its_failure(
+    db_engine: Engine, site: ScrapingTarget, end: str
+) -> None:
+    """50 slots of a run wait for the one fetching their origin's robots.txt, which the site
+    holds. A stop ends them all, the fetching one too, long before any of their waits or
+    the fetch's timeout (10 minutes) would, and leaves the origin's row unleased for the
+    next run; a robots.txt that answers 503 ends them all unreachable, asked for once."""
+    from pin_orchestration.scraping.fetch.errors import FetchError
+    from pin_orchestration.scraping.fetch.robots import RobotsPending, RobotsUnreachable
+
+    gate = threading.Event()
+    site.robots = [(503, "down", {})]
+    site.robots_gate = gate
+    stop = threading.Event()
+    policy = dataclasses.replace(TEST_SETTINGS, fetch_timeout_seconds=600.0)
+    with Fetcher(fetch_policy_from(_with_allowed(policy, "127.0.0.1/32"))) as fetcher:
+        threads, ends = _waiting_slots(db_engine, site, fetcher, 50, stop)
+        try:
+            bound = time.monotonic() + 120  # only a broken run gets here
+            while site.count("/robots.txt") == 0:
+                assert time.monotonic() < bound, "the robots.txt was never asked for"
+                time.sleep(0.02)
+            if end == "stop":
+                stop.set()
+            else:
+                gate.set()
+            for thread in threads:
+                thread.join(timeout=max(bound - time.monotonic(), 0))
+            assert not any(thread.is_alive() for thread in threads), "a slot outlived the end"
+        finally:
+            stop.set()
+            gate.set()
+            for thread in threads:
+                thread.join()
+    assert site.count("/robots.txt") == 1
+    if end == "stop":
+        assert all(isinstance(e, (RobotsPending, FetchError)) for e in ends), ends
+        assert any(isinstance(e, FetchError) and e.error_class == "cancelled" for e in ends)
+        with db_engine.connect() as conn:
+            owner = conn.execute(
+                text("SELECT lease_owner FROM scraping.robots WHERE origin = :o"),
+                {"o": origin_of(site.url)},
+            ).scalar_one()
+        assert owner is None
+    else:
+        assert all(isinstance(e, RobotsUnreachable) for e in ends), ends

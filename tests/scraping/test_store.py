@@ -688,3 +688,40 @@ def test_a_hung_s3_store_fails_the_put_instead_of_holding_the_slot(
                 sha256=hashlib.sha256(b"x").hexdigest(),
                 content_type="text/plain",
             )
+
+
+def test_local_put_on_a_full_disk_leaves_the_old_object_and_no_temporary_file(
+    local_store: LocalResultStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC halfway through a body (os.write, as the put writes it) or at the sidecar: the
+    put raises, the object is what it was (absent, or the earlier put's), and nothing of the
+    failed put is left in the directory to fill the disk further."""
+    key = new_key()
+    final = local_store.root / key
+    real_write = os.write
+    budget = {"bytes": 0}
+
+    def full_disk(fd: int, data: Any) -> int:
+        if budget["bytes"] <= 0:
+            raise OSError(28, "No space left on device")
+        written = real_write(fd, bytes(data)[: budget["bytes"]])
+        budget["bytes"] -= written
+        return written
+
+    monkeypatch.setattr(os, "write", full_disk)
+    for room in (0, MIB, len(BIG_BODY)):  # the body's first byte, its middle, the sidecar
+        budget["bytes"] = room
+        with pytest.raises(OSError, match="No space"):
+            put_bytes(local_store, key, BIG_BODY, "text/plain")
+        assert local_store.head(key) is None
+        assert [p.name for p in final.parent.iterdir()] == []
+    monkeypatch.setattr(os, "write", real_write)
+    put_bytes(local_store, key, b"good", "text/plain")
+    monkeypatch.setattr(os, "write", full_disk)
+    budget["bytes"] = MIB
+    with pytest.raises(OSError, match="No space"):
+        put_bytes(local_store, key, BIG_BODY, None)
+    monkeypatch.setattr(os, "write", real_write)
+    assert local_store.read_bytes(key) == b"good"
+    assert local_store.head(key) == StoredObject(key, 4, sha256_hex(b"good"), "text/plain")
+    assert sorted(p.name for p in final.parent.iterdir()) == [final.name, final.name + ".meta.json"]

@@ -44,6 +44,7 @@ from pin_orchestration.scraping.fetch.headers import (
     parse_content_length,
     resolve_location,
 )
+from pin_orchestration.scraping.fetch.urls import checked_hop, checked_url
 
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _SPOOL_IN_MEMORY_BYTES = 1024 * 1024
@@ -160,7 +161,7 @@ class Fetcher:
         raises `FetchError` when there is none (or `should_stop` turned true: `cancelled`).
         `timeout_seconds` replaces the policy's for this fetch (a job's own timeout)."""
         query = _query_pairs(params)
-        target = _checked_url(url, what="url")
+        target = checked_url(url, what="url")
         timeout = timeout_seconds or self.policy.timeout_seconds
         try:
             return self._guarded(
@@ -188,7 +189,7 @@ class Fetcher:
         request to somewhere else. The answer's status is what counts: its body is read
         up to the policy's limit and cut there (the connection then closed, not reused),
         never a `body_too_large` failure of an answer that was given."""
-        target = _checked_url(url, what="url")
+        target = checked_url(url, what="url")
         timeout = self.policy.timeout_seconds
 
         def send(deadline: Deadline, started: float) -> FetchResult:
@@ -307,7 +308,7 @@ class Fetcher:
                     "too_many_redirects",
                     f"more than {self.policy.max_redirects} redirects (last to {location[:200]})",
                 )
-            url = _checked_url(location, what="redirect location")
+            url = checked_hop(location)
             if check_hop is not None:
                 check_hop(url)
             if redirect_slots is not None:
@@ -445,21 +446,6 @@ def _sent_again_if_kept_connection_dropped(
 def _raise_if_stopped(should_stop: Callable[[], bool] | None) -> None:
     if should_stop is not None and should_stop():
         raise FetchError("cancelled", "the job was cancelled while fetching")
-
-
-def _checked_url(url: str, *, what: str) -> str:
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise FetchError("invalid_url", f"{what} {url[:200]!r} does not parse: {exc}") from None
-    if parts.scheme.lower() not in ("http", "https"):
-        raise FetchError(
-            "invalid_url", f"{what} {url[:200]!r}: scheme must be http or https"
-        ) from None
-    if not parts.hostname:
-        raise FetchError("invalid_url", f"{what} {url[:200]!r} has no host") from None
-    return url
 
 
 def request_url(url: str, params: Mapping[str, Any] | None) -> str:

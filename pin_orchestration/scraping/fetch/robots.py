@@ -271,7 +271,14 @@ class RobotsGuard:
                         continue
                 if not stored.leased and self._rows.take_lease(origin, domain, job.id) is not None:
                     if not first_hop:
-                        self._wait_turn(domain, turns, should_stop, until)
+                        try:
+                            self._wait_turn(domain, turns, should_stop, until)
+                        except BaseException:
+                            # Given up before fetching: a lease kept would tell every other
+                            # slot of the origin it is being fetched, for as long as the
+                            # job stays claimed by this worker.
+                            self._rows.release_lease(origin)
+                            raise
                     self._rows.fetch_and_store(origin, domain, stored.failures, should_stop, turns)
                     continue
                 # Another worker is fetching it: its answer is everyone's.

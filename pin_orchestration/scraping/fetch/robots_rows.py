@@ -233,10 +233,13 @@ class RobotsRows:
             stored = True
         finally:
             if not stored:
-                with self._engine.begin() as conn:
-                    conn.execute(
-                        _q("robots_release_lease"), {"origin": origin, "owner": self._owner}
-                    )
+                self.release_lease(origin)
+
+    def release_lease(self, origin: str) -> None:
+        """Give back this worker's lease of `origin`'s row, its robots.txt not fetched: the
+        next slot of any worker takes it at once."""
+        with self._engine.begin() as conn:
+            conn.execute(_q("robots_release_lease"), {"origin": origin, "owner": self._owner})
 
     def _store(
         self,
