@@ -28,6 +28,19 @@ from pin_orchestration.scraping.store.local import LocalResultStore, load_or_cre
 from pin_orchestration.scraping.store.results import ResultStore, S3ResultStore, s3_client
 from pin_orchestration.scraping.store.tenancy import Tenant, create_tenant
 
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis names each operation's item `test[POST /jobs]`, but pytest 9.2 builds
+    the node id from its `originalname`, so all of a schema's items share one id; xdist
+    schedules by node id and ran only the first. Each gets the id its name says."""
+    from schemathesis.pytest.plugin import SchemathesisFunction
+
+    for item in items:
+        if isinstance(item, SchemathesisFunction) and item.nodeid.split("::")[-1] != item.name:
+            item._id = item.parent.id.child(item.name)  # noqa: SLF001 — no public setter
+
+
 # Starlette opens result files with anyio.open_file, which anyio imports lazily on first
 # use — inside a worker thread, where pytest's assertion rewriter then parses the module
 # and CPython 3.11 can fail with "AST constructor recursion depth mismatch" (gh-106905).

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,3 +166,23 @@ def test_stateful_runs_follow_the_links_from_post_to_get_cancel_and_attempts(
     assert {"GetJob", "CancelJob", "GetAttempts"} <= set(links)
     cancel_links = app.openapi()["paths"]["/jobs/{job_id}/cancel"]["post"]["responses"]["200"]
     assert {"GetJob", "GetAttempts"} <= set(cancel_links["links"])
+
+
+def test_every_operation_is_fuzzed_as_a_test_of_its_own() -> None:
+    """xdist schedules tests by node id: when schemathesis's items for the nine operations
+    shared one (pytest 9.2 builds it from `originalname`), only the first was ever run.
+    Collected as a run of the suite collects them."""
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", __file__],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    name = test_api_answers_only_what_it_documents.__name__
+    fuzzed = [line for line in collected.stdout.splitlines() if f"::{name}" in line]
+    operations = [result.ok().label for result in schema.get_all_operations()]
+    assert len(operations) > 1
+    assert sorted(fuzzed) == sorted(
+        f"tests/scraping/test_api_fuzz.py::{name}[{op}]" for op in operations
+    ), collected.stdout + collected.stderr
