@@ -77,7 +77,11 @@ def claim_due_jobs(
     scraping/sql/claim_jobs.sql (docs/jobs/scraping.md, "Scheduling")."""
     if limit <= 0:
         return []
-    with engine.begin() as conn:
+    # One statement, atomic by itself: in autocommit, no BEGIN and COMMIT round trips (each
+    # a wait for the GIL in a worker whose slots just ended a round), and its row locks go
+    # as it ends rather than when a COMMIT comes.
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         rows = conn.execute(
             _q("claim_due_jobs"),
             {
