@@ -459,6 +459,31 @@ def test_a_claim_is_one_statement_in_autocommit_without_begin_or_commit(
     assert running == 3
 
 
+def test_a_round_of_one_hosts_finished_jobs_is_written_in_one_statement_in_autocommit(
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
+) -> None:
+    """A round's outcomes of one host, none handed back and no host paused, are one
+    statement (finish_attempts), atomic by itself: sent in autocommit, without the BEGIN
+    and COMMIT round trips of the worker's main loop (bench/scraping_workers.py
+    --timeline: a slot idle a median 50-280 ms between its fetch's end and its next
+    claim, the loop's round trips each waiting for the GIL behind the slots)."""
+    ids = [enqueue(db_engine, tenant_id, f"{site.url}/page/{n}") for n in range(4)]
+    written: list[bool] = []
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def autocommit(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "UPDATE scraping.job_attempts" in statement:
+            written.append(conn.connection.dbapi_connection.autocommit)
+
+    try:
+        report = work()
+    finally:
+        event.remove(db_engine, "before_cursor_execute", autocommit)
+    assert report.succeeded == len(ids)
+    assert written and all(written), written
+    assert {job_row(db_engine, i).status for i in ids} == {"succeeded"}
+
+
 def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(
     db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker, s3_store
 ) -> None:
