@@ -325,10 +325,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--intake",
-        choices=["single", "batch", "both"],
+        choices=["single", "batch", "both", "batch-first"],
         default="both",
         help="how the jobs are posted: POST /jobs each, POST /jobs/batch of --batch-size "
-        "(all at once only), or one pipeline run of each, printed side by side",
+        "(all at once only), or one pipeline run of each, printed side by side (both: "
+        "POST /jobs first; batch-first: the other way round, to tell the intake from the "
+        "second pipeline's place)",
     )
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument(
@@ -359,7 +361,10 @@ def main() -> None:
         robots_s = robots_seconds(target)
         # The same loop obeying robots.txt: its pages wait for it, once.
         polite = args.jobs / (args.jobs / bare + robots_s)
-        intakes = ["single", "batch"] if args.intake == "both" else [args.intake]
+        intakes = {
+            "both": ["single", "batch"],
+            "batch-first": ["batch", "single"],
+        }.get(args.intake, [args.intake])
         if args.rate:
             intakes = ["single"]  # an open loop posts job by job
         results = {
