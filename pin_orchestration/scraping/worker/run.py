@@ -3,7 +3,8 @@ record outcomes (SCR-3, SCR-5, SCR-6, SCR-10).
 
 One run drains many jobs (a Dagster run costs seconds to launch). The main loop owns the
 database: each round it writes the outcomes the slots produced (one transaction for the
-round), then claims as many due jobs as there are free slots (one statement). Slot
+round; one statement in autocommit for one host's jobs done), then claims as many due jobs
+as there are free slots (one statement, in autocommit). Slot
 threads only fetch and store. A renewal thread extends the leases of jobs in flight and
 brings back cancel requests; a job whose lease was lost stops fetching, and its outcome
 is refused by the database (the write checks owner and attempt number), so a late worker
