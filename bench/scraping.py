@@ -37,6 +37,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -159,7 +160,7 @@ def pipeline(
     batch_size: int = 200,
     database: str = "pin_bench_scraping",
     with_timeline: bool = False,
-) -> dict[str, float | str]:
+) -> dict[str, Any]:
     db_url = fresh_bench_database(database)
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
