@@ -37,6 +37,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -46,6 +47,7 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
+from bench._scraping_timeline import timeline  # noqa: E402
 from pin_orchestration.devstack.processes import no_survivors, stop_process_tree  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url  # noqa: E402
 from pin_orchestration.platform.defaults import (  # noqa: E402
@@ -157,7 +159,8 @@ def pipeline(
     intake: str = "single",
     batch_size: int = 200,
     database: str = "pin_bench_scraping",
-) -> dict[str, float]:
+    with_timeline: bool = False,
+) -> dict[str, Any]:
     db_url = fresh_bench_database(database)
     engine = create_db_engine(db_url)
     _, key = create_tenant(engine, "bench")
@@ -279,6 +282,7 @@ def pipeline(
                 )
             ).one()
         return {
+            "timeline": timeline(engine, slots // runs) if with_timeline else "",
             "succeeded": figures.succeeded,
             "accept_s": accept_seconds,
             "jobs_per_s": jobs / float(figures.processing_s),
@@ -322,14 +326,21 @@ def main() -> None:
     )
     parser.add_argument(
         "--intake",
-        choices=["single", "batch", "both"],
+        choices=["single", "batch", "both", "batch-first"],
         default="both",
         help="how the jobs are posted: POST /jobs each, POST /jobs/batch of --batch-size "
-        "(all at once only), or one pipeline run of each, printed side by side",
+        "(all at once only), or one pipeline run of each, printed side by side (both: "
+        "POST /jobs first; batch-first: the other way round, to tell the intake from the "
+        "second pipeline's place)",
     )
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument(
         "--database", default="pin_bench_scraping", help="the scratch database (dropped after)"
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print where each pipeline run's time went (bench/_scraping_timeline.py)",
     )
     args = parser.parse_args()
     if args.api_port == 0:
@@ -351,7 +362,10 @@ def main() -> None:
         robots_s = robots_seconds(target)
         # The same loop obeying robots.txt: its pages wait for it, once.
         polite = args.jobs / (args.jobs / bare + robots_s)
-        intakes = ["single", "batch"] if args.intake == "both" else [args.intake]
+        intakes = {
+            "both": ["single", "batch"],
+            "batch-first": ["batch", "single"],
+        }.get(args.intake, [args.intake])
         if args.rate:
             intakes = ["single"]  # an open loop posts job by job
         results = {
@@ -365,6 +379,7 @@ def main() -> None:
                 intake=intake,
                 batch_size=args.batch_size,
                 database=args.database,
+                with_timeline=args.timeline,
             )
             for intake in intakes
         }
@@ -396,6 +411,8 @@ def main() -> None:
         print(f"p95 accept → first attempt         {piped['p95_first_attempt_s']:8.2f} s")
         print(f"intake of {args.jobs} jobs             {piped['accept_s']:8.2f} s")
         print(f"succeeded                          {piped['succeeded']:8.0f} of {args.jobs}")
+        if piped["timeline"]:
+            print(piped["timeline"])
 
 
 if __name__ == "__main__":

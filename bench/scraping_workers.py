@@ -41,6 +41,7 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._db import fresh_bench_database  # noqa: E402
+from bench._scraping_timeline import timeline  # noqa: E402
 from bench.scraping import _serve_target, bare_loop, robots_seconds  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 from pin_orchestration.scraping.store.tenancy import create_tenant  # noqa: E402
@@ -223,6 +224,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
             ),
             {"d": args.database, "slots": min(args.slots, args.jobs)},
         ).one()
+    where = timeline(engine, args.slots // args.runs) if args.timeline else ""
     engine.dispose()
     reports = [json.loads(Path(out).read_text()) for out in outs if Path(out).exists()]
     calls: Counter[str] = Counter()
@@ -249,6 +251,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
         "first_wave_s": float(figures.first_wave_s),
         "calls": calls,
         "seconds": seconds,
+        "timeline": where,
     }
 
 
@@ -266,6 +269,11 @@ def main() -> None:
     )
     parser.add_argument("--database", default="pin_bench_scraping_workers")
     parser.add_argument("--statements", action="store_true", help="print calls per statement")
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print where the runs' time went (bench/_scraping_timeline.py)",
+    )
     args = parser.parse_args()
     ports: multiprocessing.Queue = multiprocessing.Queue()
     server = multiprocessing.Process(
@@ -304,6 +312,8 @@ def main() -> None:
     )
     print(f"backend CPU per job       {result['backend_cpu_ms_per_job']:8.2f} ms")
     print(f"transactions per job      {result['xacts_per_job']:8.2f}")
+    if result["timeline"]:
+        print(result["timeline"])
     if args.statements:
         calls, seconds = result["calls"], result["seconds"]
         for key, n in sorted(calls.items(), key=lambda kv: -kv[1]):

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from pin_orchestration.devstack.standins.scraping_target import ScrapingTarget
 from pin_orchestration.scraping.store import leases, repository
@@ -421,6 +421,67 @@ def test_two_workers_on_separate_connections_never_claim_the_same_job(
     assert len(everything) == len(set(everything)) == 200
     assert set(everything) == ids
     assert all(claimed.values()), "each worker got a share"
+
+
+def test_a_claim_is_one_statement_in_autocommit_without_begin_or_commit(
+    db_engine: Engine, tenant_id
+) -> None:
+    """scraping.claim_jobs is one statement, atomic by itself: sent in a transaction of its
+    own, its BEGIN and COMMIT were two more round trips of the worker's main loop, each
+    waiting for the GIL behind hundreds of slot threads at a round's end, with the claim's
+    row locks (the tenant's, the domain's) held until the COMMIT came."""
+    ids = {enqueue(db_engine, tenant_id, f"http://127.0.0.1:9/{i}") for i in range(3)}
+    seen: list[tuple[bool, str]] = []
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def autocommit(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "scraping.claim_jobs(" in statement:
+            seen.append((conn.connection.dbapi_connection.autocommit, "execute"))
+
+    @event.listens_for(db_engine, "commit")
+    def committed(conn) -> None:  # type: ignore[no-untyped-def]
+        if seen:
+            seen.append((False, "commit"))
+
+    try:
+        jobs = claim_due_jobs(
+            db_engine, worker="w", limit=5, lease_seconds=30, domain_defaults=UNLIMITED
+        )
+    finally:
+        event.remove(db_engine, "before_cursor_execute", autocommit)
+        event.remove(db_engine, "commit", committed)
+    assert {j.id for j in jobs} == ids
+    assert seen == [(True, "execute")]
+    with db_engine.connect() as conn:
+        running = conn.execute(
+            text("SELECT count(*) FROM scraping.jobs WHERE status = 'running'")
+        ).scalar()
+    assert running == 3
+
+
+def test_a_round_of_one_hosts_finished_jobs_is_written_in_one_statement_in_autocommit(
+    db_engine: Engine, tenant_id, site: ScrapingTarget, work: Worker
+) -> None:
+    """A round's outcomes of one host, none handed back and no host paused, are one
+    statement (finish_attempts), atomic by itself: sent in autocommit, without the BEGIN
+    and COMMIT round trips of the worker's main loop (bench/scraping_workers.py
+    --timeline: a slot idle a median 50-280 ms between its fetch's end and its next
+    claim, the loop's round trips each waiting for the GIL behind the slots)."""
+    ids = [enqueue(db_engine, tenant_id, f"{site.url}/page/{n}") for n in range(4)]
+    written: list[bool] = []
+
+    @event.listens_for(db_engine, "before_cursor_execute")
+    def autocommit(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "UPDATE scraping.job_attempts" in statement:
+            written.append(conn.connection.dbapi_connection.autocommit)
+
+    try:
+        report = work()
+    finally:
+        event.remove(db_engine, "before_cursor_execute", autocommit)
+    assert report.succeeded == len(ids)
+    assert written and all(written), written
+    assert {job_row(db_engine, i).status for i in ids} == {"succeeded"}
 
 
 def test_results_go_to_s3_and_the_presigned_url_returns_the_exact_bytes(

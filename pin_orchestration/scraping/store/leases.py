@@ -259,10 +259,18 @@ def finish_attempts(
     for o in sorted(outcomes, key=lambda o: str(o.job_id)):
         by_domain.setdefault(o.job_domain or "", []).append(o)
     written: dict[uuid.UUID, str] = {}
+    handed_back = [o.job_id for o in outcomes if o.status == "queued"]
+    if len(by_domain) == 1 and not pauses and not handed_back:
+        # The round is one statement, atomic by itself (the common round: one host's jobs
+        # done): in autocommit, no BEGIN and COMMIT round trips of the worker's main loop,
+        # each a wait for the GIL behind its slots as a round ends.
+        [(_, ones)] = by_domain.items()
+        with _autocommit(engine) as conn:
+            return _finish_attempts(conn, worker, ones, seconds_from_now)
     with engine.begin() as conn:
         # A retry takes its tenant's next fair tag before its domain's queue is touched:
         # those rows first, in one order (two rounds whose tenants crossed deadlocked).
-        _lock_fair_tag_rows(conn, [o.job_id for o in outcomes if o.status == "queued"])
+        _lock_fair_tag_rows(conn, handed_back)
         if pauses and max_pause_seconds is not None:
             conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
         for domain in sorted(by_domain.keys() | pauses.keys()):

@@ -3,7 +3,8 @@ record outcomes (SCR-3, SCR-5, SCR-6, SCR-10).
 
 One run drains many jobs (a Dagster run costs seconds to launch). The main loop owns the
 database: each round it writes the outcomes the slots produced (one transaction for the
-round), then claims as many due jobs as there are free slots (one statement). Slot
+round; one statement in autocommit for one host's jobs done), then claims as many due jobs
+as there are free slots (one statement, in autocommit). Slot
 threads only fetch and store. A renewal thread extends the leases of jobs in flight and
 brings back cancel requests; a job whose lease was lost stops fetching, and its outcome
 is refused by the database (the write checks owner and attempt number), so a late worker
@@ -77,7 +78,11 @@ def claim_due_jobs(
     scraping/sql/claim_jobs.sql (docs/jobs/scraping.md, "Scheduling")."""
     if limit <= 0:
         return []
-    with engine.begin() as conn:
+    # One statement, atomic by itself: in autocommit, no BEGIN and COMMIT round trips (each
+    # a wait for the GIL in a worker whose slots just ended a round), and its row locks go
+    # as it ends rather than when a COMMIT comes.
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         rows = conn.execute(
             _q("claim_due_jobs"),
             {
