@@ -15,9 +15,10 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.scraping.store.leases import ClaimedJob
@@ -177,3 +178,109 @@ def test_concurrent_claimers_give_a_tenant_with_blocked_jobs_its_turns(
     # repeat a turn: A still gets at least 3 of its 5 in the first 20 (the bound per
     # claim, 2, is not summed over claims that overlap).
     assert started[a] >= 3, started
+
+
+def _claim_held_open(conn: Connection, limit: int) -> list[uuid.UUID]:
+    """A claim whose transaction stays open (the caller commits it): the tenants of its
+    picks, in order."""
+    return list(
+        conn.execute(
+            text("SELECT tenant_id FROM scraping.claim_jobs('x', :n, 600, 10000, 10000)"),
+            {"n": limit},
+        ).scalars()
+    )
+
+
+def _while_a_claim_is_open(db_url: str, during: Callable[[], object]) -> list[uuid.UUID]:
+    """A claim of one job (its transaction left open: it holds the tenant it picked from and
+    the class state) while `during` runs on other connections; committed when `during` has
+    ended or is waiting for a lock (then it is let go on by the commit). Returns the tenants
+    of its picks."""
+    holder = create_db_engine(db_url)
+    watcher = create_db_engine(db_url)
+    finished = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            during()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            finished.set()
+
+    try:
+        with holder.connect() as conn:
+            tx = conn.begin()
+            picked = _claim_held_open(conn, 1)
+            held_by = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            other = threading.Thread(target=run)
+            other.start()
+            with watcher.connect() as watch:
+                # the gate: `during` done, or blocked behind this transaction
+                while not finished.wait(0.01):
+                    if watch.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE :pid = ANY (pg_blocking_pids(pid))"
+                        ),
+                        {"pid": held_by},
+                    ).scalar_one():
+                        break
+            tx.commit()
+            other.join(timeout=60)
+    finally:
+        holder.dispose()
+        watcher.dispose()
+    assert not errors, errors
+    assert not other.is_alive()
+    return picked
+
+
+def test_a_claim_ending_while_another_writes_the_class_state_still_moves_its_clock(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """Two claims at once: X picks once from B, Y (while X is open, holding the class state)
+    picks 8 from C. The class clock must hold the tags Y picked (7), not only X's (0):
+    a tenant parked meanwhile (A, all its jobs on a paused host) comes back at that clock,
+    so it banks no turns for the time it had nothing to claim. With Y's clock lost, A came
+    back at 0, a clock 7 turns behind C's, and took 5 of the next 8 picks, C none."""
+    a, b, c = make_tenant("a")[0].id, make_tenant("b")[0].id, make_tenant("c")[0].id
+    _pause(db_engine)
+    _enqueue(db_engine, a, [f"http://{PAUSED}/{i}" for i in range(30)])
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    y: list[ClaimedJob] = []
+    assert _while_a_claim_is_open(db_url, lambda: y.extend(_claim(db_engine, 8, "y"))) == [b]
+    assert Counter(j.tenant_id for j in y) == {c: 8}
+    with db_engine.connect() as conn:
+        clock = conn.execute(
+            text("SELECT start_clock FROM scraping.pick_classes WHERE priority = 'normal'")
+        ).scalar_one()
+    assert clock == 7.0
+
+    assert resume_domain(db_engine, PAUSED)
+    # B (tag 1) catches up on the turns X's open claim kept from it; A comes back at 7.
+    started = Counter(j.tenant_id for j in _claim(db_engine, 8))
+    assert started[a] <= 1, started
+
+
+def test_a_tenant_held_by_one_claim_catches_up_in_the_next_fair_by_jobs_started(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The case the long model hunt flagged (seed 7): a claim alone after two ran at once
+    gives one tenant all its picks. Claims at once each continue from the start tags last
+    committed, and a tenant one claim holds is skipped by the other: here X holds B for its
+    one pick while Y starts 8 of C's. B was claimable all along, so the next claim is B's
+    turn until its tag reaches C's: 8 to 0 in that claim, 9 to 8 over the three, within
+    the bound (2) by jobs started. The bound over one claim holds from tags the sequence
+    left within one turn of each other, which overlapping claims do not promise."""
+    b, c = make_tenant("b")[0].id, make_tenant("c")[0].id
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    y: list[ClaimedJob] = []
+    x = _while_a_claim_is_open(db_url, lambda: y.extend(_claim(db_engine, 8, "y")))
+    later = _claim(db_engine, 8)
+    assert Counter(j.tenant_id for j in later) == {b: 8}
+    total = Counter([*x, *(j.tenant_id for j in [*y, *later])])
+    assert total == {b: 9, c: 8}, total

@@ -164,7 +164,6 @@ DECLARE
     v_tag double precision;
     v_next double precision;
     v_due timestamptz;
-    n_locked integer;
     -- a domain state row this call made (none was there)
     n_made integer;
     k integer;
@@ -636,18 +635,41 @@ BEGIN
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
 
-    -- The class state, unless another claim is writing it right now: then its write
-    -- stands (both continued the sequence from the same state), and this claim never
-    -- waits. All three rows or none, so the state stays one point of the sequence.
-    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
-    GET DIAGNOSTICS n_locked = ROW_COUNT;
-    IF n_locked = 3 THEN
+    -- The class state. Its rows are taken high first, then the others: the claim holding
+    -- 'high' holds them all (every writer takes them in that order), so it never waits
+    -- and no two claims each hold part of them. Unless another claim is writing it right
+    -- now, all of it: the 6:3:1 sequence and the clocks. If one is, its sequence write
+    -- stands (both continued it from the same state), but this claim's clocks are still
+    -- folded in (largest wins) once it commits: a clock lost here would bring a parked
+    -- tenant back behind tags this claim picked, with turns banked while it had nothing
+    -- to claim. That waits only for a claim at its last statements, at most half a second
+    -- (past that, or ended by the deadlock detector, the clocks are left as they are).
+    PERFORM 1 FROM scraping.pick_classes c WHERE c.priority = 'high'
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
         UPDATE scraping.pick_classes c
         SET vtime = c_finish[ck], last_start = c_start[ck],
             tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
             start_clock = greatest(c.start_clock, c_sclock[ck])
         FROM generate_subscripts(c_name, 1) AS ck
         WHERE c.priority = c_name[ck];
+    ELSE
+        v_lock_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', '500ms', true);
+        BEGIN
+            PERFORM 1 FROM scraping.pick_classes c
+            ORDER BY array_position(c_name, c.priority)
+            FOR UPDATE;
+            UPDATE scraping.pick_classes c
+            SET tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
+                start_clock = greatest(c.start_clock, c_sclock[ck])
+            FROM generate_subscripts(c_name, 1) AS ck
+            WHERE c.priority = c_name[ck]
+              AND (c.tenant_clock < c_tclock[ck] OR c.start_clock < c_sclock[ck]);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
 
     RETURN QUERY
