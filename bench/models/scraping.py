@@ -165,6 +165,7 @@ class ScrapingModel(RuleBasedStateMachine):
         self.jobs: list[tuple[uuid.UUID, uuid.UUID]] = []  # (tenant, job)
         self.n = 0
         self.rng = random.Random(0)
+        self.overlapped = False  # claim_both_at_once has run in this history
 
     # --- the clock ------------------------------------------------------------------
 
@@ -308,6 +309,7 @@ class ScrapingModel(RuleBasedStateMachine):
             th.start()
         for th in threads:
             th.join()
+        self.overlapped = True
         if errors:
             raise errors[0]
         both = {j.id for j in got[WORKERS[0]]} & {j.id for j in got[WORKERS[1]]}
@@ -389,6 +391,16 @@ class ScrapingModel(RuleBasedStateMachine):
                     wa, wb = weights[a], weights[b]
                     lag = n[a] / wa - n[b] / wb
                     sa, sb = tags.get((priority, a), 0.0), tags.get((priority, b), 0.0)
+                    if lag > 1 / wa + 1 / wb + EPSILON:
+                        # past the bound from level tags: a catch-up (if within the gap)
+                        self.stats[
+                            "claims catching a tenant up past the level bound"
+                            + (
+                                " (after claims at once)"
+                                if self.overlapped
+                                else " (no claims at once before)"
+                            )
+                        ] += 1
                     if lag > max(0.0, sb - sa) + 1 / wa + 1 / wb + EPSILON:
                         raise ModelViolation(
                             f"unfair claim in class {priority}: tenant {a} (weight {wa},"
