@@ -166,6 +166,7 @@ class ScrapingModel(RuleBasedStateMachine):
         self.n = 0
         self.rng = random.Random(0)
         self.overlapped = False  # claim_both_at_once has run in this history
+        self.reweighted: set[uuid.UUID] = set()  # tenants whose weight set_weight changed
 
     # --- the clock ------------------------------------------------------------------
 
@@ -398,7 +399,9 @@ class ScrapingModel(RuleBasedStateMachine):
                             + (
                                 " (after claims at once)"
                                 if self.overlapped
-                                else " (no claims at once before)"
+                                else " (after a weight change of either)"
+                                if {a, b} & self.reweighted
+                                else " (neither before: look)"
                             )
                         ] += 1
                     if lag > max(0.0, sb - sa) + 1 / wa + 1 / wb + EPSILON:
@@ -559,6 +562,7 @@ class ScrapingModel(RuleBasedStateMachine):
     @rule(t=st.integers(0, 2), weight=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def set_weight(self, t: int, weight: float) -> None:
         tenancy.set_tenant_weight(self.engine, self.tenants[t].name, weight)
+        self.reweighted.add(self.tenants[t].id)
 
     # --- invariants -------------------------------------------------------------------
 
