@@ -27,6 +27,7 @@ from pin_orchestration.scraping.store.politeness import (
     resume_domain,
     set_domain_limits,
 )
+from pin_orchestration.scraping.store.tenancy import set_tenant_weight
 from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 
@@ -284,3 +285,20 @@ def test_a_tenant_held_by_one_claim_catches_up_in_the_next_fair_by_jobs_started(
     assert Counter(j.tenant_id for j in later) == {b: 8}
     total = Counter([*x, *(j.tenant_id for j in [*y, *later])])
     assert total == {b: 9, c: 8}, total
+
+
+def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_tenant) -> None:
+    """The other case the model's bound from level tags flagged: a weight change applies
+    from the next start, so a start made before it stays charged at the old weight. B
+    starts one job at weight 1 (a whole turn), then both tenants go to weight 3: C's next
+    three starts (a third of a turn each) match B's one, so a claim of 3 is C's alone
+    although B could start a job all along (3 to 0, past the bound of 2/3 for weight 3
+    each), and after it they alternate."""
+    b, c = make_tenant("b")[0].id, make_tenant("c")[0].id
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    assert [j.tenant_id for j in _claim(db_engine, 1)] == [b]
+    for name in ("b", "c"):
+        set_tenant_weight(db_engine, name, 3.0)
+    assert [j.tenant_id for j in _claim(db_engine, 3)] == [c, c, c]
+    assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
