@@ -1,6 +1,7 @@
 -- 0042 (revises 0041): a claim that ends while another claim is writing the class state
 -- (scraping.pick_classes) still folds its clocks in, largest wins, once that claim commits
--- (waiting at most half a second): the start clock is where a parked tenant comes back,
+-- (waiting at most half a second) when its start clock is more than a turn ahead of the
+-- committed one: the start clock is where a parked tenant comes back,
 -- and with a concurrent claim's picks lost from it a tenant came back behind tags already
 -- picked, with turns banked while it had nothing to claim (issue 30 item 7). The 6:3:1
 -- sequence write is still the first claim's. The class rows are taken 'high' first, so
@@ -21,6 +22,9 @@ AS $fn$
 DECLARE
     -- flows set aside and tenants parked in one call, at most
     MAX_SET_ASIDE CONSTANT integer := 1024;
+    -- how far (in tags: a turn of a tenant of weight 1) a claim's start clock may be ahead
+    -- of the committed one and be left to the claim writing the class state
+    CLOCK_SLACK CONSTANT double precision := 1.0;
     c_name text[] := ARRAY['high', 'normal', 'low'];
     c_step bigint[];
     c_finish bigint[];
@@ -521,12 +525,16 @@ BEGIN
     -- The class state. Its rows are taken high first, then the others: the claim holding
     -- 'high' holds them all (every writer takes them in that order), so it never waits
     -- and no two claims each hold part of them. Unless another claim is writing it right
-    -- now, all of it: the 6:3:1 sequence and the clocks. If one is, its sequence write
-    -- stands (both continued it from the same state), but this claim's clocks are still
-    -- folded in (largest wins) once it commits: a clock lost here would bring a parked
-    -- tenant back behind tags this claim picked, with turns banked while it had nothing
-    -- to claim. That waits only for a claim at its last statements, at most half a second
-    -- (past that, or ended by the deadlock detector, the clocks are left as they are).
+    -- now, all of it: the 6:3:1 sequence and the clocks. If one is (with 4 claimers, most
+    -- claims), its sequence write stands (both continued it from the same state), and so
+    -- do the clocks while this claim's start clock is less than a turn (CLOCK_SLACK) ahead
+    -- of the one committed: that is the most a parked tenant coming back at it gains.
+    -- Further ahead (few tenants: a claim's picks move the clock by turns), this claim's
+    -- clocks are folded in (largest wins) once that claim commits: lost, they would bring
+    -- a parked tenant back behind tags this claim picked, with turns banked while it had
+    -- nothing to claim. That waits only for a claim at its last statements, at most half
+    -- a second (past that, or ended by the deadlock detector, they are left as they are).
+    -- The tenant clock only orders a tenant's own jobs: it is not waited for.
     PERFORM 1 FROM scraping.pick_classes c WHERE c.priority = 'high'
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
@@ -536,7 +544,9 @@ BEGIN
             start_clock = greatest(c.start_clock, c_sclock[ck])
         FROM generate_subscripts(c_name, 1) AS ck
         WHERE c.priority = c_name[ck];
-    ELSE
+    ELSIF EXISTS (SELECT 1 FROM scraping.pick_classes c
+                  WHERE c.start_clock
+                        < c_sclock[array_position(c_name, c.priority)] - CLOCK_SLACK) THEN
         v_lock_timeout := current_setting('lock_timeout');
         PERFORM set_config('lock_timeout', '500ms', true);
         BEGIN
