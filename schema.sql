@@ -345,9 +345,6 @@ CREATE FUNCTION scraping.claim_jobs(p_worker text, p_limit integer, p_lease_seco
 DECLARE
     -- flows set aside and tenants parked in one call, at most
     MAX_SET_ASIDE CONSTANT integer := 1024;
-    -- how far (in tags: a turn of a tenant of weight 1) a claim's start clock may be ahead
-    -- of the committed one and be left to the claim writing the class state
-    CLOCK_SLACK CONSTANT double precision := 1.0;
     c_name text[] := ARRAY['high', 'normal', 'low'];
     c_step bigint[];
     c_finish bigint[];
@@ -374,6 +371,7 @@ DECLARE
     v_tag double precision;
     v_next double precision;
     v_due timestamptz;
+    n_locked integer;
     -- a domain state row this call made (none was there)
     n_made integer;
     k integer;
@@ -845,47 +843,18 @@ BEGIN
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
 
-    -- The class state. Its rows are taken high first, then the others: the claim holding
-    -- 'high' holds them all (every writer takes them in that order), so it never waits
-    -- and no two claims each hold part of them. Unless another claim is writing it right
-    -- now, all of it: the 6:3:1 sequence and the clocks. If one is (with 4 claimers, most
-    -- claims), its sequence write stands (both continued it from the same state), and so
-    -- do the clocks while this claim's start clock is less than a turn (CLOCK_SLACK) ahead
-    -- of the one committed: that is the most a parked tenant coming back at it gains.
-    -- Further ahead (few tenants: a claim's picks move the clock by turns), this claim's
-    -- clocks are folded in (largest wins) once that claim commits: lost, they would bring
-    -- a parked tenant back behind tags this claim picked, with turns banked while it had
-    -- nothing to claim. That waits only for a claim at its last statements, at most half
-    -- a second (past that, or ended by the deadlock detector, they are left as they are).
-    -- The tenant clock only orders a tenant's own jobs: it is not waited for.
-    PERFORM 1 FROM scraping.pick_classes c WHERE c.priority = 'high'
-    FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
+    -- The class state, unless another claim is writing it right now: then its write
+    -- stands (both continued the sequence from the same state), and this claim never
+    -- waits. All three rows or none, so the state stays one point of the sequence.
+    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
+    GET DIAGNOSTICS n_locked = ROW_COUNT;
+    IF n_locked = 3 THEN
         UPDATE scraping.pick_classes c
         SET vtime = c_finish[ck], last_start = c_start[ck],
             tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
             start_clock = greatest(c.start_clock, c_sclock[ck])
         FROM generate_subscripts(c_name, 1) AS ck
         WHERE c.priority = c_name[ck];
-    ELSIF EXISTS (SELECT 1 FROM scraping.pick_classes c
-                  WHERE c.start_clock
-                        < c_sclock[array_position(c_name, c.priority)] - CLOCK_SLACK) THEN
-        v_lock_timeout := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', '500ms', true);
-        BEGIN
-            PERFORM 1 FROM scraping.pick_classes c
-            ORDER BY array_position(c_name, c.priority)
-            FOR UPDATE;
-            UPDATE scraping.pick_classes c
-            SET tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
-                start_clock = greatest(c.start_clock, c_sclock[ck])
-            FROM generate_subscripts(c_name, 1) AS ck
-            WHERE c.priority = c_name[ck]
-              AND (c.tenant_clock < c_tclock[ck] OR c.start_clock < c_sclock[ck]);
-        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            NULL;
-        END;
-        PERFORM set_config('lock_timeout', v_lock_timeout, true);
     END IF;
 
     RETURN QUERY

