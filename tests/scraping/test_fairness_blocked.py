@@ -15,9 +15,10 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.scraping.store.leases import ClaimedJob
@@ -26,6 +27,7 @@ from pin_orchestration.scraping.store.politeness import (
     resume_domain,
     set_domain_limits,
 )
+from pin_orchestration.scraping.store.tenancy import set_tenant_weight
 from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
 
@@ -177,3 +179,98 @@ def test_concurrent_claimers_give_a_tenant_with_blocked_jobs_its_turns(
     # repeat a turn: A still gets at least 3 of its 5 in the first 20 (the bound per
     # claim, 2, is not summed over claims that overlap).
     assert started[a] >= 3, started
+
+
+def _claim_held_open(conn: Connection, limit: int) -> list[uuid.UUID]:
+    """A claim whose transaction stays open (the caller commits it): the tenants of its
+    picks, in order."""
+    return list(
+        conn.execute(
+            text("SELECT tenant_id FROM scraping.claim_jobs('x', :n, 600, 10000, 10000)"),
+            {"n": limit},
+        ).scalars()
+    )
+
+
+def _while_a_claim_is_open(db_url: str, during: Callable[[], object]) -> list[uuid.UUID]:
+    """A claim of one job (its transaction left open: it holds the tenant it picked from and
+    the class state) while `during` runs on other connections; committed when `during` has
+    ended or is waiting for a lock (then it is let go on by the commit). Returns the tenants
+    of its picks."""
+    holder = create_db_engine(db_url)
+    watcher = create_db_engine(db_url)
+    finished = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            during()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            finished.set()
+
+    try:
+        with holder.connect() as conn:
+            tx = conn.begin()
+            picked = _claim_held_open(conn, 1)
+            held_by = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            other = threading.Thread(target=run)
+            other.start()
+            with watcher.connect() as watch:
+                # the gate: `during` done, or blocked behind this transaction
+                while not finished.wait(0.01):
+                    if watch.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE :pid = ANY (pg_blocking_pids(pid))"
+                        ),
+                        {"pid": held_by},
+                    ).scalar_one():
+                        break
+            tx.commit()
+            other.join(timeout=60)
+    finally:
+        holder.dispose()
+        watcher.dispose()
+    assert not errors, errors
+    assert not other.is_alive()
+    return picked
+
+
+def test_a_tenant_held_by_one_claim_catches_up_in_the_next_fair_by_jobs_started(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The case the long model hunt flagged (seed 7): a claim alone after two ran at once
+    gives one tenant all its picks. Claims at once each continue from the start tags last
+    committed, and a tenant one claim holds is skipped by the other: here X holds B for its
+    one pick while Y starts 8 of C's. B was claimable all along, so the next claim is B's
+    turn until its tag reaches C's: 8 to 0 in that claim, 9 to 8 over the three, within
+    the bound (2) by jobs started. The bound over one claim holds from tags the sequence
+    left within one turn of each other, which overlapping claims do not promise."""
+    b, c = make_tenant("b")[0].id, make_tenant("c")[0].id
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    y: list[ClaimedJob] = []
+    x = _while_a_claim_is_open(db_url, lambda: y.extend(_claim(db_engine, 8, "y")))
+    later = _claim(db_engine, 8)
+    assert Counter(j.tenant_id for j in later) == {b: 8}
+    total = Counter([*x, *(j.tenant_id for j in [*y, *later])])
+    assert total == {b: 9, c: 8}, total
+
+
+def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_tenant) -> None:
+    """The other case the model's bound from level tags flagged: a weight change applies
+    from the next start, so a start made before it stays charged at the old weight. B
+    starts one job at weight 1 (a whole turn), then both tenants go to weight 3: C's next
+    three starts (a third of a turn each) match B's one, so a claim of 3 is C's alone
+    although B could start a job all along (3 to 0, past the bound of 2/3 for weight 3
+    each), and after it they alternate."""
+    b, c = make_tenant("b")[0].id, make_tenant("c")[0].id
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    assert [j.tenant_id for j in _claim(db_engine, 1)] == [b]
+    for name in ("b", "c"):
+        set_tenant_weight(db_engine, name, 3.0)
+    assert [j.tenant_id for j in _claim(db_engine, 3)] == [c, c, c]
+    assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}

@@ -21,7 +21,9 @@
 --    claim) or when a job of it can be claimed at intake, at the class clock or its own
 --    tag, whichever is later. Bound: two tenants of weights w_a and w_b with claimable
 --    work all through a run of picks by one claim start n_a and n_b jobs with
---    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b.
+--    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b, from start tags level as claims one after the
+--    other leave them (claims at once may leave a tenant one of them held behind: the
+--    next claims serve it until it is level, docs/jobs/scraping.md).
 -- 3. Flow: scraping.tenant_flows holds one row per (domain, class, tenant) with queued
 --    jobs, its head (the smallest fair tag: a tenant's flows are taken oldest first) and
 --    whether it may be claimed (`ready`). A flow without a due job is set aside until its
