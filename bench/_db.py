@@ -26,6 +26,15 @@ def fresh_bench_database(name: str) -> str:
     return url
 
 
+def drop_bench_database(name: str) -> None:
+    """Drop the scratch database `name` made by `fresh_bench_database`."""
+    server_url = resolve_database_url(Settings.from_env(os.environ))
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,6 +1,7 @@
 """The scraping model (bench/models/scraping.py) run long: one seeded history of --steps
-steps per example, --examples examples, against a database of its own. The suite runs a
-few hundred steps (tests/scraping/test_state_machine.py); this is for hunting.
+steps per example, --examples examples, against a database of its own (dropped after).
+The suite runs a few hundred steps (tests/scraping/test_state_machine.py); this is for
+hunting.
 
     PIN_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/python bench/scraping_model.py --seed 7 --steps 400 [--examples 5]
@@ -23,7 +24,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import drop_bench_database, fresh_bench_database  # noqa: E402
 from bench.models.scraping import machine_for  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
 
@@ -66,6 +67,7 @@ def main() -> int:
         finally:
             for e in (engine, *workers.values()):
                 e.dispose()
+            drop_bench_database(args.database)
     took = time.monotonic() - began
     print(
         f"seed {args.seed}, {args.examples} example(s) of up to {args.steps} steps: "
