@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
@@ -489,6 +491,25 @@ def gated_updates(engine: Engine) -> None:
         )
 
 
+@contextmanager
+def a_run_held_at_the_gate(engine: Engine, options: ReconcileOptions) -> Iterator[list]:
+    """A reconcile run in a thread, its first batch held at the gate (`gated_updates`)
+    while the block runs; then the gate opens and the run ends. Yields the list its
+    result goes into."""
+    results: list = []
+    with engine.connect() as gate:
+        gate.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE_KEY})
+        worker = threading.Thread(target=lambda: results.append(reconcile(engine, options)))
+        worker.start()
+        try:
+            wait_for_backend_waiting_on(engine, "advisory")  # the first batch, at the gate
+            yield results
+        finally:
+            gate.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE_KEY})
+        worker.join(60)
+    assert not worker.is_alive()
+
+
 def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None:
     """The run is held mid-batch at a gate until its lock has been renewed past its first
     expiry; meanwhile a second runner never gets the lock, and the run then ends SUCCEEDED.
@@ -497,26 +518,17 @@ def test_lock_is_renewed_while_a_run_outlasts_its_ttl(db_engine: Engine) -> None
     posts = [add_post(db_engine, comments_count=1) for _ in range(4)]
     gated_updates(db_engine)
     options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=6)
-    results = []
-    with db_engine.connect() as gate:
-        gate.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE_KEY})
-        worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
-        worker.start()
-        try:
-            wait_for_backend_waiting_on(db_engine, "advisory")  # the first batch, at the gate
-            (first,) = list_locks(db_engine)
-            deadline = time.monotonic() + 60
-            while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
-                seconds=options.lock_ttl_seconds
-            ):
-                assert not try_acquire_lock(
-                    db_engine, RECONCILE_JOB.lock_key, 60, "second-runner"
-                ), "a second runner took the lock while the first was working"
-                assert time.monotonic() < deadline, "the lock was not renewed past its first expiry"
-                time.sleep(0.05)
-        finally:
-            gate.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE_KEY})
-        worker.join(60)
+    with a_run_held_at_the_gate(db_engine, options) as results:
+        (first,) = list_locks(db_engine)
+        deadline = time.monotonic() + 60
+        while list_locks(db_engine)[0].expires_at < first.expires_at + timedelta(
+            seconds=options.lock_ttl_seconds
+        ):
+            assert not try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "second-runner"), (
+                "a second runner took the lock while the first was working"
+            )
+            assert time.monotonic() < deadline, "the lock was not renewed past its first expiry"
+            time.sleep(0.05)
     assert results[0].status == RunStatus.SUCCEEDED
     assert all(comments_count(db_engine, p) == 0 for p in posts)
 
@@ -528,21 +540,10 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
     posts = [add_post(db_engine, comments_count=1) for _ in range(200)]
     gated_updates(db_engine)
     options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=1, lock_ttl_seconds=1)
-    results = []
-    with db_engine.connect() as gate:
-        gate.execute(text("SELECT pg_advisory_lock(:k)"), {"k": GATE_KEY})
-        worker = threading.Thread(target=lambda: results.append(reconcile(db_engine, options)))
-        worker.start()
-        try:
-            wait_for_backend_waiting_on(db_engine, "advisory")  # the first batch, at the gate
-            # The lock lapses under the batch (a renewal that never came). A takeover
-            # would wait for the batch's fence; an expiry does not.
-            with db_engine.begin() as conn:
-                conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now()"))
-        finally:
-            gate.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": GATE_KEY})
-        worker.join(60)
-    assert not worker.is_alive()
+    # The lock lapses under the batch (a renewal that never came). A takeover would wait
+    # for the batch's fence; an expiry does not.
+    with a_run_held_at_the_gate(db_engine, options) as results, db_engine.begin() as conn:
+        conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now()"))
     assert try_acquire_lock(db_engine, RECONCILE_JOB.lock_key, 60, "second-runner")
     result = results[0]
     assert result.status == RunStatus.FAILED

@@ -877,11 +877,15 @@ def test_slots_waiting_for_their_origins_robots_txt_share_one_read_of_its_row(
     assert site.count("/robots.txt") == 1
 
 
-class _NoTurn:
-    """A hop's host that gives no turn within any attempt's wait (paused, or at its rate)."""
+class _HostTurns:
+    """A host's turns, each `wait_seconds` away: 0, at once; 3600, none within any
+    attempt's wait (the host paused, or at its rate)."""
+
+    def __init__(self, wait_seconds: float) -> None:
+        self.wait_seconds = wait_seconds
 
     def take(self, host: str) -> float:
-        return 3600.0
+        return self.wait_seconds
 
     def release(self) -> None:
         return None
@@ -934,7 +938,7 @@ def test_a_hop_that_gets_no_turn_for_its_robots_txt_fetch_gives_its_lease_back(
                 )
             )
         try:
-            check = guards[0].hop_checker(claimed, _NoTurn(), lambda: False)
+            check = guards[0].hop_checker(claimed, _HostTurns(3600.0), lambda: False)
             with pytest.raises(RobotsPending, match="turn"):
                 check(hop)
             with db_engine.connect() as conn:
@@ -948,14 +952,6 @@ def test_a_hop_that_gets_no_turn_for_its_robots_txt_fetch_gives_its_lease_back(
         finally:
             for guard in guards:
                 guard.close()
-
-
-class _AlwaysTurn:
-    def take(self, host: str) -> float:
-        return 0.0
-
-    def release(self) -> None:
-        return None
 
 
 def _waiting_slots(
@@ -990,7 +986,7 @@ def _waiting_slots(
             priority="normal",
         )
         try:
-            guard.before_fetch(claimed, claimed.url, _AlwaysTurn(), stop.is_set)
+            guard.before_fetch(claimed, claimed.url, _HostTurns(0.0), stop.is_set)
         except BaseException as exc:  # noqa: BLE001  # the slot's end, examined by the test
             ends[i] = exc
 
