@@ -18,10 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import drop_bench_database, fresh_bench_database  # noqa: E402
 from bench.models.reconcile_history import HISTORY, Step, World, check_history  # noqa: E402
 
 DATABASE = "pin_bench_reconcile_history"
@@ -54,10 +53,7 @@ def main() -> int:
         history()
     finally:
         engine.dispose()
-        admin = create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-        admin.dispose()
+        drop_bench_database(DATABASE)
     elapsed = time.monotonic() - started
     print(
         f"seed {args.seed}: {len(ran)} histories ({sum(ran)} steps) held the invariant "

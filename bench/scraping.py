@@ -42,11 +42,10 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import drop_bench_database, fresh_bench_database  # noqa: E402
 from bench._scraping_timeline import timeline  # noqa: E402
 from pin_orchestration.devstack.processes import no_survivors, stop_process_tree  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, dagster_storage_url  # noqa: E402
@@ -296,10 +295,7 @@ def pipeline(
         for proc in procs:
             stop_process_tree(proc.pid, grace=20)
         engine.dispose()
-        server = make_url(db_url)
-        admin = create_db_engine(server.set(database="postgres").render_as_string(False))
-        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        drop_bench_database(database)
         shutil.rmtree(home, ignore_errors=True)
 
 

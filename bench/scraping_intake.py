@@ -40,6 +40,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._db import drop_bench_database  # noqa: E402
 from bench._machine import CpuTimes, cpu_shares_since  # noqa: E402
 from pin_orchestration.devstack.processes import no_survivors, stop_process_tree  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine, resolve_database_url  # noqa: E402
@@ -115,14 +116,6 @@ def fresh_database(tree: Path) -> str:
         stdout=subprocess.DEVNULL,
     )
     return url
-
-
-def drop_database() -> None:
-    server_url = resolve_database_url(Settings.from_env(os.environ))
-    admin = create_db_engine(server_url)
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def start_api(tree: Path, db_url: str, port: int) -> tuple[subprocess.Popen, str]:
@@ -270,7 +263,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        drop_database()
+        drop_bench_database(DATABASE)
         if baseline_dir is not None:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(baseline_dir)],

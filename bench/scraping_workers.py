@@ -36,11 +36,10 @@ from collections import Counter
 from pathlib import Path
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._db import fresh_bench_database  # noqa: E402
+from bench._db import drop_bench_database, fresh_bench_database  # noqa: E402
 from bench._scraping_timeline import timeline  # noqa: E402
 from bench.scraping import _serve_target, bare_loop, robots_seconds  # noqa: E402
 from pin_orchestration.platform.db import create_db_engine  # noqa: E402
@@ -233,10 +232,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, object]:
         calls.update(r["calls"])
         seconds.update(r["seconds"])
     shutil.rmtree(home, ignore_errors=True)
-    admin = create_db_engine(make_url(db_url).set(database="postgres").render_as_string(False))
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)'))
-    admin.dispose()
+    drop_bench_database(args.database)
     return {
         "succeeded": figures.succeeded,
         "attempts": figures.attempts,
