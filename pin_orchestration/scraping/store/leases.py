@@ -80,7 +80,7 @@ def queue_stats(conn: Connection, domain_defaults: DomainDefaults) -> QueueStats
 
 
 @contextlib.contextmanager
-def _autocommit(engine: Engine) -> Iterator[Connection]:
+def autocommit(engine: Engine) -> Iterator[Connection]:
     """A connection whose every statement is its own transaction, committed by the server
     as the statement ends."""
     with engine.connect() as conn:
@@ -114,7 +114,7 @@ class RedirectSlots:
         # One statement, its own transaction: committed as it ends, so the host's row lock
         # it takes is not held over a COMMIT's round trip (answered late by a worker busy
         # with its hundreds of slot threads, while every turn and claim of the host waits).
-        with _autocommit(self._engine) as conn:
+        with autocommit(self._engine) as conn:
             wait = conn.execute(
                 _q("take_redirect_slot"),
                 {
@@ -140,7 +140,7 @@ class RedirectSlots:
         if not self._holds:
             return
         try:
-            with _autocommit(self._engine) as conn:
+            with autocommit(self._engine) as conn:
                 conn.execute(
                     _q("release_redirect_slot"),
                     {"job_id": self._job.id, "attempt": self._job.attempt},
@@ -265,7 +265,7 @@ def finish_attempts(
         # done): in autocommit, no BEGIN and COMMIT round trips of the worker's main loop,
         # each a wait for the GIL behind its slots as a round ends.
         [(_, ones)] = by_domain.items()
-        with _autocommit(engine) as conn:
+        with autocommit(engine) as conn:
             return _finish_attempts(conn, worker, ones, seconds_from_now)
     with engine.begin() as conn:
         # A retry takes its tenant's next fair tag before its domain's queue is touched:

@@ -81,8 +81,7 @@ def claim_due_jobs(
     # One statement, atomic by itself: in autocommit, no BEGIN and COMMIT round trips (each
     # a wait for the GIL in a worker whose slots just ended a round), and its row locks go
     # as it ends rather than when a COMMIT comes.
-    with engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+    with leases.autocommit(engine) as conn:
         rows = conn.execute(
             _q("claim_due_jobs"),
             {
