@@ -33,11 +33,13 @@ WEBHOOK_ANSWER_MAX_BYTES = 64 * 1024
 
 
 def webhook_fetch_policy_from(settings: ScrapingSettings) -> FetchPolicy:
-    """The scraper's SSRF policy (same allow-list) with the webhook's timeout."""
+    """The scraper's SSRF policy (same allow-list) and User-Agent with the webhook's
+    timeout: a receiver knows the service by the name its targets see."""
     return FetchPolicy(
         timeout_seconds=settings.webhook_timeout_seconds,
         max_body_bytes=WEBHOOK_ANSWER_MAX_BYTES,
         allowed_cidrs=settings.allowed_cidrs,
+        user_agent=settings.user_agent,
     )
 
 

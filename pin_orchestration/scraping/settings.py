@@ -189,8 +189,8 @@ class ScrapingSettings:
     user_agent: str = setting(
         DEFAULT_USER_AGENT,
         env="PIN_SCRAPING_USER_AGENT",
-        help="the User-Agent of every fetch; its first word (the product token) is the name "
-        "robots.txt groups are matched against",
+        help="the User-Agent of every fetch and webhook delivery; its first word (the product "
+        "token) is the name robots.txt groups are matched against",
         parse=_user_agent,
         accepts="a User-Agent starting with a product token of letters, '_' and '-', such as "
         "`pin-scraper/0.1 (+https://example.com/bot)`",

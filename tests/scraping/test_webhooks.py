@@ -163,6 +163,26 @@ def test_a_finished_job_is_announced_once_signed_with_the_tenants_secret(
     assert len(receiver.received) == 1
 
 
+def test_a_delivery_names_the_service_by_its_configured_user_agent(
+    db_engine: Engine,
+    make_tenant: Callable[[str], tuple[Tenant, str]],
+    receiver: Receiver,
+) -> None:
+    # The receiver sees the operator's PIN_SCRAPING_USER_AGENT, as every target does.
+    tenant, _ = make_tenant("acme")
+    finished_job(db_engine, tenant, receiver.url())
+    settings = dataclasses.replace(
+        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), user_agent="acme-crawler/2.1 (+ops)"
+    )
+    with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
+        report = run_deliveries(
+            db_engine, fetcher, POLICY, DeliveryOptions(batch_size=10), rng=random.Random(3)
+        )
+    assert report.delivered == 1
+    [received] = receiver.received
+    assert received.headers["User-Agent"] == "acme-crawler/2.1 (+ops)"
+
+
 def test_a_rotation_signs_with_both_secrets_for_the_overlap_then_with_the_new_one(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
