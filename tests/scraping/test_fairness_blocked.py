@@ -274,3 +274,49 @@ def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_
         set_tenant_weight(db_engine, name, 3.0)
     assert [j.tenant_id for j in _claim(db_engine, 3)] == [c, c, c]
     assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
+
+
+def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
+    db_engine: Engine, make_tenant
+) -> None:
+    """The class clock is the largest tag picked, whoever else is writing the class state:
+    a claim that finds it held by another claim (a gate here: a transaction holding the
+    class rows, as a claim writing them does until it commits) does not wait, and its picks
+    still move the clock. A tenant parked meanwhile comes back at the clock, so it gets no
+    turns banked from the picks it sat out: A, parked on a paused host while C starts 8
+    jobs (tags 0 to 7), comes back level with C, and the next claim of 8 shares within
+    the bound (|n_A - n_C| <= 2) rather than being A's alone."""
+    a, c, d = (make_tenant(name)[0].id for name in ("a", "c", "d"))
+    _pause(db_engine)
+    _enqueue(db_engine, a, [f"http://{PAUSED}/{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+
+    with db_engine.connect() as gate:
+        gate_tx = gate.begin()
+        gate.execute(text("SELECT priority FROM scraping.pick_classes FOR UPDATE"))
+        picked = _claim(db_engine, 8, "y")
+        gate_tx.rollback()
+    assert Counter(j.tenant_id for j in picked) == {c: 8}
+
+    # A tenant arriving now starts at the class clock: at least C's last tag picked, 7.
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority, "
+                "next_attempt_at) VALUES (gen_random_uuid(), :d, 'http://d.example/', "
+                "'d.example', 'normal', now() + interval '1 hour')"
+            ),
+            {"d": d},
+        )
+        d_tag = conn.execute(
+            text(
+                "SELECT start_tag FROM scraping.tenant_queues"
+                " WHERE priority = 'normal' AND tenant_id = :d"
+            ),
+            {"d": d},
+        ).scalar_one()
+    assert d_tag >= 7, d_tag
+
+    assert resume_domain(db_engine, PAUSED)
+    woken = Counter(j.tenant_id for j in _claim(db_engine, 8))
+    assert woken[a] + woken[c] == 8 and abs(woken[a] - woken[c]) <= 2, woken
