@@ -276,16 +276,18 @@ def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_
     assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
 
 
+@pytest.mark.parametrize("held_slots", [0, 7], ids=["class-rows", "and-7-of-8-clock-slots"])
 def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
-    db_engine: Engine, make_tenant
+    db_engine: Engine, make_tenant, held_slots: int
 ) -> None:
     """The class clock is the largest tag picked, whoever else is writing the class state:
-    a claim that finds it held by another claim (a gate here: a transaction holding the
-    class rows, as a claim writing them does until it commits) does not wait, and its picks
-    still move the clock. A tenant parked meanwhile comes back at the clock, so it gets no
-    turns banked from the picks it sat out: A, parked on a paused host while C starts 8
-    jobs (tags 0 to 7), comes back level with C, and the next claim of 8 shares within
-    the bound (|n_A - n_C| <= 2) rather than being A's alone."""
+    a claim that finds it held by other claims (a gate here: a transaction holding the
+    class rows, as a claim writing them does until it commits, and with them all but one
+    of the clock slots) does not wait, and its picks still move the clock. A tenant parked
+    meanwhile comes back at the clock, so it gets no turns banked from the picks it sat
+    out: A, parked on a paused host while C starts 8 jobs (tags 0 to 7), comes back level
+    with C, and the next claim of 8 shares within the bound (|n_A - n_C| <= 2) rather than
+    being A's alone."""
     a, c, d = (make_tenant(name)[0].id for name in ("a", "c", "d"))
     _pause(db_engine)
     _enqueue(db_engine, a, [f"http://{PAUSED}/{i}" for i in range(30)])
@@ -294,6 +296,10 @@ def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
     with db_engine.connect() as gate:
         gate_tx = gate.begin()
         gate.execute(text("SELECT priority FROM scraping.pick_classes FOR UPDATE"))
+        gate.execute(
+            text("SELECT slot FROM scraping.pick_class_clocks ORDER BY slot LIMIT :n FOR UPDATE"),
+            {"n": held_slots},
+        )
         picked = _claim(db_engine, 8, "y")
         gate_tx.rollback()
     assert Counter(j.tenant_id for j in picked) == {c: 8}
