@@ -276,6 +276,27 @@ def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_
     assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
 
 
+def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> float:
+    """The start tag a tenant arriving now is given in class normal: the class clock (its
+    job is due in an hour, so it takes no pick)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority, "
+                "next_attempt_at) VALUES (gen_random_uuid(), :t, 'http://late.example/', "
+                "'late.example', 'normal', now() + interval '1 hour')"
+            ),
+            {"t": tenant_id},
+        )
+        return conn.execute(
+            text(
+                "SELECT start_tag FROM scraping.tenant_queues"
+                " WHERE priority = 'normal' AND tenant_id = :t"
+            ),
+            {"t": tenant_id},
+        ).scalar_one()
+
+
 @pytest.mark.parametrize("held_slots", [0, 7], ids=["class-rows", "and-7-of-8-clock-slots"])
 def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
     db_engine: Engine, make_tenant, held_slots: int
@@ -305,24 +326,30 @@ def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
     assert Counter(j.tenant_id for j in picked) == {c: 8}
 
     # A tenant arriving now starts at the class clock: at least C's last tag picked, 7.
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority, "
-                "next_attempt_at) VALUES (gen_random_uuid(), :d, 'http://d.example/', "
-                "'d.example', 'normal', now() + interval '1 hour')"
-            ),
-            {"d": d},
-        )
-        d_tag = conn.execute(
-            text(
-                "SELECT start_tag FROM scraping.tenant_queues"
-                " WHERE priority = 'normal' AND tenant_id = :d"
-            ),
-            {"d": d},
-        ).scalar_one()
+    d_tag = _arrival_tag(db_engine, d)
     assert d_tag >= 7, d_tag
 
     assert resume_domain(db_engine, PAUSED)
     woken = Counter(j.tenant_id for j in _claim(db_engine, 8))
     assert woken[a] + woken[c] == 8 and abs(woken[a] - woken[c]) <= 2, woken
+
+
+def test_concurrent_claimers_leave_the_class_clock_at_the_largest_tag_picked(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """Four claimers at once, each committing claims of 5: whichever of them overlapped,
+    once all have committed the class clock is the largest tag any of them picked. A
+    tenant's claims take its row in turn, so its tag moved 1 per start from 0 and the
+    largest tag picked is the largest tag left, less one."""
+    names = ("a", "b", "c", "d")
+    ids = [make_tenant(name)[0].id for name in names]
+    for name, tenant_id in zip(names, ids, strict=True):
+        _enqueue(db_engine, tenant_id, [f"http://{name}-{i}.example/{i}" for i in range(40)])
+
+    claimed = [j for batch in _concurrent_claims(db_url, 4, 5, 5) for j in batch]
+    assert len(claimed) == len({j.id for j in claimed}) == 100
+    with db_engine.connect() as conn:
+        largest_picked = conn.execute(
+            text("SELECT max(start_tag) - 1 FROM scraping.tenant_queues WHERE priority = 'normal'")
+        ).scalar_one()
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= largest_picked
