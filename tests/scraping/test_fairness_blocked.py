@@ -353,3 +353,44 @@ def test_concurrent_claimers_leave_the_class_clock_at_the_largest_tag_picked(
             text("SELECT max(start_tag) - 1 FROM scraping.tenant_queues WHERE priority = 'normal'")
         ).scalar_one()
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= largest_picked
+
+
+def test_a_claim_that_finds_every_clock_slot_held_waits_for_one_and_moves_the_clock(
+    db_engine: Engine, make_tenant
+) -> None:
+    """All eight slots held (eight claims committing at once; a gate here), a claim waits
+    for one rather than leave the clock behind, and writes it when that one commits."""
+    c = make_tenant("c")[0].id
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    picked: list[ClaimedJob] = []
+    finished = threading.Event()
+
+    def claim() -> None:
+        try:
+            picked.extend(_claim(db_engine, 8, "y"))
+        finally:
+            finished.set()
+
+    with db_engine.connect() as gate, db_engine.connect() as watch:
+        gate_tx = gate.begin()
+        gate.execute(text("SELECT slot FROM scraping.pick_class_clocks FOR UPDATE"))
+        held_by = gate.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        blocked = False
+        while not blocked and not finished.wait(0.01):
+            blocked = bool(
+                watch.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE :pid = ANY (pg_blocking_pids(pid))"
+                    ),
+                    {"pid": held_by},
+                ).scalar_one()
+            )
+        assert blocked and not picked, "the claim did not wait for a slot"
+        gate_tx.rollback()
+        claimer.join(timeout=60)
+    assert not claimer.is_alive()
+    assert Counter(j.tenant_id for j in picked) == {c: 8}
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
