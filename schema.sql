@@ -276,7 +276,7 @@ BEGIN
     END IF;
     INSERT INTO scraping.tenant_queues AS t (priority, tenant_id, start_tag, ready)
     SELECT p_priority, p_tenant_id, c.start_clock, true
-    FROM scraping.pick_classes c WHERE c.priority = p_priority
+    FROM scraping.class_clocks c WHERE c.priority = p_priority
     ON CONFLICT (priority, tenant_id) DO UPDATE
     SET ready = true, start_tag = greatest(t.start_tag, EXCLUDED.start_tag)
     WHERE NOT t.ready AND v_ready;
@@ -351,6 +351,9 @@ DECLARE
     c_start bigint[];
     c_tclock double precision[];
     c_sclock double precision[];
+    -- the class clocks as read at the start (written back only when a pick moved one)
+    c_tclock0 double precision[];
+    c_sclock0 double precision[];
     c_done boolean[] := ARRAY[false, false, false];
     v_clock bigint;
     ci integer;
@@ -426,14 +429,17 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
-           array_agg(vtime ORDER BY array_position(c_name, priority)),
-           array_agg(last_start ORDER BY array_position(c_name, priority)),
-           array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
-           array_agg(start_clock ORDER BY array_position(c_name, priority)),
-           max(last_start)
+    SELECT array_agg(60 / c.share ORDER BY array_position(c_name, c.priority)),
+           array_agg(c.vtime ORDER BY array_position(c_name, c.priority)),
+           array_agg(c.last_start ORDER BY array_position(c_name, c.priority)),
+           array_agg(k.tenant_clock ORDER BY array_position(c_name, c.priority)),
+           array_agg(k.start_clock ORDER BY array_position(c_name, c.priority)),
+           max(c.last_start)
     INTO c_step, c_finish, c_start, c_tclock, c_sclock, v_clock
-    FROM scraping.pick_classes;
+    FROM scraping.pick_classes c
+    JOIN scraping.class_clocks k ON k.priority = c.priority;
+    c_tclock0 := c_tclock;
+    c_sclock0 := c_sclock;
 
     -- Flows whose wait is over come back into their tenant's pick, and a parked tenant of
     -- such a flow comes back at the class clock or its own tag, whichever is later (a
@@ -843,20 +849,6 @@ BEGIN
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
 
-    -- The class state, unless another claim is writing it right now: then its write
-    -- stands (both continued the sequence from the same state), and this claim never
-    -- waits. All three rows or none, so the state stays one point of the sequence.
-    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
-    GET DIAGNOSTICS n_locked = ROW_COUNT;
-    IF n_locked = 3 THEN
-        UPDATE scraping.pick_classes c
-        SET vtime = c_finish[ck], last_start = c_start[ck],
-            tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
-            start_clock = greatest(c.start_clock, c_sclock[ck])
-        FROM generate_subscripts(c_name, 1) AS ck
-        WHERE c.priority = c_name[ck];
-    END IF;
-
     RETURN QUERY
     WITH claimed AS (
         UPDATE scraping.jobs j
@@ -876,6 +868,47 @@ BEGIN
     SELECT c.* FROM claimed c
     JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
     ORDER BY p.o;
+
+    -- The class state, written last, so its rows are held only until the commit. The
+    -- class sequence, unless another claim is writing it right now: then that write
+    -- stands (both continued the sequence from the same point) and this claim does not
+    -- wait; all three rows or none, so it stays one point of the sequence. (NO KEY:
+    -- intake's foreign-key checks on these rows neither wait for it nor make it skip.)
+    PERFORM 1 FROM scraping.pick_classes FOR NO KEY UPDATE SKIP LOCKED;
+    GET DIAGNOSTICS n_locked = ROW_COUNT;
+    IF n_locked = 3 THEN
+        UPDATE scraping.pick_classes c
+        SET vtime = c_finish[ck], last_start = c_start[ck]
+        FROM generate_subscripts(c_name, 1) AS ck
+        WHERE c.priority = c_name[ck];
+    END IF;
+    -- The class clocks, whenever a pick moved them: they only grow, so they go into
+    -- whichever of the eight slots no other claim holds (claimers at once try them from
+    -- different slots, by backend). All eight held (eight claims committing at once), it
+    -- waits for one, whose holder has nothing left but its commit.
+    IF c_tclock <> c_tclock0 OR c_sclock <> c_sclock0 THEN
+        UPDATE scraping.pick_class_clocks s
+        SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
+                                 greatest(s.tenant_clock[2], c_tclock[2]),
+                                 greatest(s.tenant_clock[3], c_tclock[3])],
+            start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
+                                greatest(s.start_clock[2], c_sclock[2]),
+                                greatest(s.start_clock[3], c_sclock[3])]
+        WHERE s.ctid = (SELECT s2.ctid FROM scraping.pick_class_clocks s2
+                        ORDER BY (s2.slot + pg_backend_pid()) % 8
+                        LIMIT 1
+                        FOR NO KEY UPDATE SKIP LOCKED);
+        IF NOT FOUND THEN
+            UPDATE scraping.pick_class_clocks s
+            SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
+                                     greatest(s.tenant_clock[2], c_tclock[2]),
+                                     greatest(s.tenant_clock[3], c_tclock[3])],
+                start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
+                                    greatest(s.start_clock[2], c_sclock[2]),
+                                    greatest(s.start_clock[3], c_sclock[3])]
+            WHERE s.slot = pg_backend_pid() % 8;
+        END IF;
+    END IF;
 END
 $$;
 
@@ -949,7 +982,7 @@ BEGIN
         ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
         INSERT INTO scraping.tenant_queues AS t (priority, tenant_id, start_tag)
         SELECT DISTINCT j.priority, j.tenant_id, c.start_clock FROM scraping.jobs j
-        JOIN scraping.pick_classes c ON c.priority = j.priority
+        JOIN scraping.class_clocks c ON c.priority = j.priority
         WHERE j.domain = OLD.domain AND j.status = 'queued'
         ON CONFLICT (priority, tenant_id) DO UPDATE
         SET ready = true, start_tag = greatest(t.start_tag, EXCLUDED.start_tag)
@@ -1601,7 +1634,7 @@ DECLARE
     v_first double precision;
 BEGIN
     SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = p_tenant_id;
-    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
+    SELECT c.tenant_clock INTO v_clock FROM scraping.class_clocks c
     WHERE c.priority = p_priority;
     INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
     VALUES (p_priority, p_tenant_id, v_clock + p_count * v_step)
@@ -2036,6 +2069,30 @@ CREATE TABLE pin.retired_totals (
 );
 
 --
+-- Name: pick_class_clocks; Type: TABLE; Schema: scraping; Owner: -
+--
+
+CREATE TABLE scraping.pick_class_clocks (
+    slot smallint NOT NULL,
+    tenant_clock double precision[] NOT NULL,
+    start_clock double precision[] NOT NULL,
+    CONSTRAINT pick_class_clocks_check CHECK (((cardinality(tenant_clock) = 3) AND (cardinality(start_clock) = 3))),
+    CONSTRAINT pick_class_clocks_slot_check CHECK (((slot >= 0) AND (slot <= 7)))
+);
+
+--
+-- Name: class_clocks; Type: VIEW; Schema: scraping; Owner: -
+--
+
+CREATE VIEW scraping.class_clocks AS
+ SELECT c.priority,
+    max(s.tenant_clock[c.k]) AS tenant_clock,
+    max(s.start_clock[c.k]) AS start_clock
+   FROM (unnest(ARRAY['high'::text, 'normal'::text, 'low'::text]) WITH ORDINALITY c(priority, k)
+     CROSS JOIN scraping.pick_class_clocks s)
+  GROUP BY c.priority;
+
+--
 -- Name: domain_queues; Type: TABLE; Schema: scraping; Owner: -
 --
 
@@ -2090,8 +2147,6 @@ CREATE TABLE scraping.pick_classes (
     share integer NOT NULL,
     vtime bigint DEFAULT 0 NOT NULL,
     last_start bigint DEFAULT 0 NOT NULL,
-    tenant_clock double precision DEFAULT 0 NOT NULL,
-    start_clock double precision DEFAULT 0 NOT NULL,
     CONSTRAINT pick_classes_priority_check CHECK ((priority = ANY (ARRAY['high'::text, 'normal'::text, 'low'::text]))),
     CONSTRAINT pick_classes_share_check CHECK (((share > 0) AND ((60 % share) = 0)))
 );
@@ -2407,6 +2462,13 @@ ALTER TABLE ONLY scraping.job_attempts
 
 ALTER TABLE ONLY scraping.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: pick_class_clocks pick_class_clocks_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -
+--
+
+ALTER TABLE ONLY scraping.pick_class_clocks
+    ADD CONSTRAINT pick_class_clocks_pkey PRIMARY KEY (slot);
 
 --
 -- Name: pick_classes pick_classes_pkey; Type: CONSTRAINT; Schema: scraping; Owner: -

@@ -64,9 +64,8 @@ def reset(engine: Engine) -> None:
         conn.execute(text("TRUNCATE scraping.job_attempts, scraping.jobs CASCADE"))
         conn.execute(text("DELETE FROM scraping.domains"))
         conn.execute(text("DELETE FROM scraping.tenant_vtimes"))
-        conn.execute(
-            text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
-        )
+        conn.execute(text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0"))
+        conn.execute(text("UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}'"))
 
 
 def one_run(

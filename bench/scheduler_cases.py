@@ -125,9 +125,8 @@ def clear(engine: Engine) -> None:
                 "scraping.webhook_deliveries, scraping.tenants CASCADE"
             )
         )
-        conn.execute(
-            text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
-        )
+        conn.execute(text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0"))
+        conn.execute(text("UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}'"))
 
 
 def tenants(engine: Engine, n: int) -> None:

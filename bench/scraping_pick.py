@@ -115,7 +115,14 @@ def vacuum(engine: Engine) -> None:
     """Every table a claim writes, so each contender starts without the dead rows and index
     entries the one before it left (the queues' pick index above all)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        for table in ("jobs", "job_attempts", "domain_queues", "domains", "pick_classes"):
+        for table in (
+            "jobs",
+            "job_attempts",
+            "domain_queues",
+            "domains",
+            "pick_classes",
+            "pick_class_clocks",
+        ):
             conn.execute(text(f"VACUUM ANALYZE scraping.{table}"))
 
 
@@ -132,9 +139,8 @@ def reset(engine: Engine) -> None:
         conn.execute(text("DELETE FROM scraping.job_attempts"))
         conn.execute(text("DELETE FROM scraping.domains"))
         conn.execute(text("DELETE FROM scraping.tenant_vtimes"))
-        conn.execute(
-            text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0")
-        )
+        conn.execute(text("UPDATE scraping.pick_classes SET vtime = 0, last_start = 0"))
+        conn.execute(text("UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}'"))
     vacuum(engine)
 
 

@@ -111,8 +111,8 @@ RESET = (
     "scraping.tenant_flows, scraping.tenant_queues, scraping.domains, scraping.tenant_vtimes, "
     "scraping.intake_buckets, scraping.webhook_deliveries, scraping.redirect_slots, "
     "scraping.tenants CASCADE; "
-    "UPDATE scraping.pick_classes SET vtime = 0, last_start = 0, tenant_clock = 0, "
-    "start_clock = 0"
+    "UPDATE scraping.pick_classes SET vtime = 0, last_start = 0; "
+    "UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}', start_clock = '{0,0,0}'"
 )
 EPSILON = 1e-6
 
@@ -335,7 +335,7 @@ class ScrapingModel(RuleBasedStateMachine):
                     "SELECT t.priority, t.tenant_id, CASE WHEN t.ready THEN t.start_tag"
                     " ELSE greatest(t.start_tag, c.start_clock) END AS tag"
                     " FROM scraping.tenant_queues t"
-                    " JOIN scraping.pick_classes c ON c.priority = t.priority"
+                    " JOIN scraping.class_clocks c ON c.priority = t.priority"
                 )
             ).all()
         return {(r.priority, r.tenant_id): r.tag for r in rows}

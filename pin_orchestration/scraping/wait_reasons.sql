@@ -31,7 +31,7 @@ WITH j AS (
                AS tag
     FROM j
     JOIN scraping.tenant_queues t ON t.priority = j.priority
-    JOIN scraping.pick_classes c ON c.priority = j.priority
+    JOIN scraping.class_clocks c ON c.priority = j.priority
 ), others AS NOT MATERIALIZED (
     -- the other tenants with a due job on the job's host in its class (their flows);
     -- read at j.at, not clock_timestamp() (volatile), so that each use below is inlined

@@ -274,3 +274,123 @@ def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_
         set_tenant_weight(db_engine, name, 3.0)
     assert [j.tenant_id for j in _claim(db_engine, 3)] == [c, c, c]
     assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
+
+
+def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> float:
+    """The start tag a tenant arriving now is given in class normal: the class clock (its
+    job is due in an hour, so it takes no pick)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority, "
+                "next_attempt_at) VALUES (gen_random_uuid(), :t, 'http://late.example/', "
+                "'late.example', 'normal', now() + interval '1 hour')"
+            ),
+            {"t": tenant_id},
+        )
+        return conn.execute(
+            text(
+                "SELECT start_tag FROM scraping.tenant_queues"
+                " WHERE priority = 'normal' AND tenant_id = :t"
+            ),
+            {"t": tenant_id},
+        ).scalar_one()
+
+
+@pytest.mark.parametrize("held_slots", [0, 7], ids=["class-rows", "and-7-of-8-clock-slots"])
+def test_a_claim_that_finds_the_class_state_held_still_moves_the_class_clock(
+    db_engine: Engine, make_tenant, held_slots: int
+) -> None:
+    """The class clock is the largest tag picked, whoever else is writing the class state:
+    a claim that finds it held by other claims (a gate here: a transaction holding the
+    class rows, as a claim writing them does until it commits, and with them all but one
+    of the clock slots) does not wait, and its picks still move the clock. A tenant parked
+    meanwhile comes back at the clock, so it gets no turns banked from the picks it sat
+    out: A, parked on a paused host while C starts 8 jobs (tags 0 to 7), comes back level
+    with C, and the next claim of 8 shares within the bound (|n_A - n_C| <= 2) rather than
+    being A's alone."""
+    a, c, d = (make_tenant(name)[0].id for name in ("a", "c", "d"))
+    _pause(db_engine)
+    _enqueue(db_engine, a, [f"http://{PAUSED}/{i}" for i in range(30)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+
+    with db_engine.connect() as gate:
+        gate_tx = gate.begin()
+        gate.execute(text("SELECT priority FROM scraping.pick_classes FOR UPDATE"))
+        gate.execute(
+            text("SELECT slot FROM scraping.pick_class_clocks ORDER BY slot LIMIT :n FOR UPDATE"),
+            {"n": held_slots},
+        )
+        picked = _claim(db_engine, 8, "y")
+        gate_tx.rollback()
+    assert Counter(j.tenant_id for j in picked) == {c: 8}
+
+    # A tenant arriving now starts at the class clock: at least C's last tag picked, 7.
+    d_tag = _arrival_tag(db_engine, d)
+    assert d_tag >= 7, d_tag
+
+    assert resume_domain(db_engine, PAUSED)
+    woken = Counter(j.tenant_id for j in _claim(db_engine, 8))
+    assert woken[a] + woken[c] == 8 and abs(woken[a] - woken[c]) <= 2, woken
+
+
+def test_concurrent_claimers_leave_the_class_clock_at_the_largest_tag_picked(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """Four claimers at once, each committing claims of 5: whichever of them overlapped,
+    once all have committed the class clock is the largest tag any of them picked. A
+    tenant's claims take its row in turn, so its tag moved 1 per start from 0 and the
+    largest tag picked is the largest tag left, less one."""
+    names = ("a", "b", "c", "d")
+    ids = [make_tenant(name)[0].id for name in names]
+    for name, tenant_id in zip(names, ids, strict=True):
+        _enqueue(db_engine, tenant_id, [f"http://{name}-{i}.example/{i}" for i in range(40)])
+
+    claimed = [j for batch in _concurrent_claims(db_url, 4, 5, 5) for j in batch]
+    assert len(claimed) == len({j.id for j in claimed}) == 100
+    with db_engine.connect() as conn:
+        largest_picked = conn.execute(
+            text("SELECT max(start_tag) - 1 FROM scraping.tenant_queues WHERE priority = 'normal'")
+        ).scalar_one()
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= largest_picked
+
+
+def test_a_claim_that_finds_every_clock_slot_held_waits_for_one_and_moves_the_clock(
+    db_engine: Engine, make_tenant
+) -> None:
+    """All eight slots held (eight claims committing at once; a gate here), a claim waits
+    for one rather than leave the clock behind, and writes it when that one commits."""
+    c = make_tenant("c")[0].id
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    picked: list[ClaimedJob] = []
+    finished = threading.Event()
+
+    def claim() -> None:
+        try:
+            picked.extend(_claim(db_engine, 8, "y"))
+        finally:
+            finished.set()
+
+    with db_engine.connect() as gate, db_engine.connect() as watch:
+        gate_tx = gate.begin()
+        gate.execute(text("SELECT slot FROM scraping.pick_class_clocks FOR UPDATE"))
+        held_by = gate.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        blocked = False
+        while not blocked and not finished.wait(0.01):
+            blocked = bool(
+                watch.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE :pid = ANY (pg_blocking_pids(pid))"
+                    ),
+                    {"pid": held_by},
+                ).scalar_one()
+            )
+        assert blocked and not picked, "the claim did not wait for a slot"
+        gate_tx.rollback()
+        claimer.join(timeout=60)
+    assert not claimer.is_alive()
+    assert Counter(j.tenant_id for j in picked) == {c: 8}
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7

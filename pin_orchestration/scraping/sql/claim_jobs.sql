@@ -14,7 +14,8 @@
 --    per (class, tenant) with queued jobs: its start tag and whether it is parked. The
 --    pick takes the unparked tenant with the smallest start tag (ix_tenant_queues_pick)
 --    and, when it starts one of its jobs, advances its tag by 1/weight; the class clock
---    (pick_classes.start_clock) is the largest tag picked. A tenant none of whose flows can
+--    (scraping.class_clocks.start_clock) is the largest tag picked, by any claim (each
+--    claim raises it in a clock slot of its own, below). A tenant none of whose flows can
 --    be claimed (every one on a domain without room, or not due) is parked: it leaves the
 --    pick, and its tag stands still, so jobs waiting on a paused or full domain neither
 --    cost nor bank a turn. It comes back when one of its flows wakes (here, at the next
@@ -63,8 +64,14 @@
 -- tenants' start tags and the flows' heads are written once, at the end (set-based; the
 -- rows stay locked by this transaction until it ends). At the end one UPDATE claims the
 -- batch (each job's lease stamped with its pick's clock_timestamp()) and one INSERT
--- writes its attempt rows. Nothing per pick grows with tenants, domains, paused domains or
--- queue depth.
+-- writes its attempt rows. Then the class state, last, so its rows are held only for the
+-- commit: the class sequence (pick_classes: vtime, last_start) all three rows or, when
+-- another claim holds them, not at all (both continued it from the same point); the class
+-- clocks (start_clock, tenant_clock), which only grow, as greatest() into one of eight
+-- slots (scraping.pick_class_clocks), the first no other claim holds, so a claim never
+-- waits for them (unless all eight are held) and never leaves them behind; every reader
+-- takes the largest over the slots (view scraping.class_clocks). Nothing per pick grows
+-- with tenants, domains, paused domains or queue depth.
 -- A domain's token bucket at p_now: one second's worth (at least 1) when full, refilled at
 -- p_rps since it was last spent. Also what a redirect hop spends (redirect_slots.sql).
 CREATE OR REPLACE FUNCTION scraping.domain_tokens(
@@ -146,6 +153,9 @@ DECLARE
     c_start bigint[];
     c_tclock double precision[];
     c_sclock double precision[];
+    -- the class clocks as read at the start (written back only when a pick moved one)
+    c_tclock0 double precision[];
+    c_sclock0 double precision[];
     c_done boolean[] := ARRAY[false, false, false];
     v_clock bigint;
     ci integer;
@@ -221,14 +231,17 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(60 / share ORDER BY array_position(c_name, priority)),
-           array_agg(vtime ORDER BY array_position(c_name, priority)),
-           array_agg(last_start ORDER BY array_position(c_name, priority)),
-           array_agg(tenant_clock ORDER BY array_position(c_name, priority)),
-           array_agg(start_clock ORDER BY array_position(c_name, priority)),
-           max(last_start)
+    SELECT array_agg(60 / c.share ORDER BY array_position(c_name, c.priority)),
+           array_agg(c.vtime ORDER BY array_position(c_name, c.priority)),
+           array_agg(c.last_start ORDER BY array_position(c_name, c.priority)),
+           array_agg(k.tenant_clock ORDER BY array_position(c_name, c.priority)),
+           array_agg(k.start_clock ORDER BY array_position(c_name, c.priority)),
+           max(c.last_start)
     INTO c_step, c_finish, c_start, c_tclock, c_sclock, v_clock
-    FROM scraping.pick_classes;
+    FROM scraping.pick_classes c
+    JOIN scraping.class_clocks k ON k.priority = c.priority;
+    c_tclock0 := c_tclock;
+    c_sclock0 := c_sclock;
 
     -- Flows whose wait is over come back into their tenant's pick, and a parked tenant of
     -- such a flow comes back at the class clock or its own tag, whichever is later (a
@@ -638,20 +651,6 @@ BEGIN
         AS u(domain, tokens, tokens_at, picks)
     WHERE d.domain = u.domain AND u.picks > 0;
 
-    -- The class state, unless another claim is writing it right now: then its write
-    -- stands (both continued the sequence from the same state), and this claim never
-    -- waits. All three rows or none, so the state stays one point of the sequence.
-    PERFORM 1 FROM scraping.pick_classes FOR UPDATE SKIP LOCKED;
-    GET DIAGNOSTICS n_locked = ROW_COUNT;
-    IF n_locked = 3 THEN
-        UPDATE scraping.pick_classes c
-        SET vtime = c_finish[ck], last_start = c_start[ck],
-            tenant_clock = greatest(c.tenant_clock, c_tclock[ck]),
-            start_clock = greatest(c.start_clock, c_sclock[ck])
-        FROM generate_subscripts(c_name, 1) AS ck
-        WHERE c.priority = c_name[ck];
-    END IF;
-
     RETURN QUERY
     WITH claimed AS (
         UPDATE scraping.jobs j
@@ -671,5 +670,46 @@ BEGIN
     SELECT c.* FROM claimed c
     JOIN unnest(picked) WITH ORDINALITY AS p(id, o) ON p.id = c.id
     ORDER BY p.o;
+
+    -- The class state, written last, so its rows are held only until the commit. The
+    -- class sequence, unless another claim is writing it right now: then that write
+    -- stands (both continued the sequence from the same point) and this claim does not
+    -- wait; all three rows or none, so it stays one point of the sequence. (NO KEY:
+    -- intake's foreign-key checks on these rows neither wait for it nor make it skip.)
+    PERFORM 1 FROM scraping.pick_classes FOR NO KEY UPDATE SKIP LOCKED;
+    GET DIAGNOSTICS n_locked = ROW_COUNT;
+    IF n_locked = 3 THEN
+        UPDATE scraping.pick_classes c
+        SET vtime = c_finish[ck], last_start = c_start[ck]
+        FROM generate_subscripts(c_name, 1) AS ck
+        WHERE c.priority = c_name[ck];
+    END IF;
+    -- The class clocks, whenever a pick moved them: they only grow, so they go into
+    -- whichever of the eight slots no other claim holds (claimers at once try them from
+    -- different slots, by backend). All eight held (eight claims committing at once), it
+    -- waits for one, whose holder has nothing left but its commit.
+    IF c_tclock <> c_tclock0 OR c_sclock <> c_sclock0 THEN
+        UPDATE scraping.pick_class_clocks s
+        SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
+                                 greatest(s.tenant_clock[2], c_tclock[2]),
+                                 greatest(s.tenant_clock[3], c_tclock[3])],
+            start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
+                                greatest(s.start_clock[2], c_sclock[2]),
+                                greatest(s.start_clock[3], c_sclock[3])]
+        WHERE s.ctid = (SELECT s2.ctid FROM scraping.pick_class_clocks s2
+                        ORDER BY (s2.slot + pg_backend_pid()) % 8
+                        LIMIT 1
+                        FOR NO KEY UPDATE SKIP LOCKED);
+        IF NOT FOUND THEN
+            UPDATE scraping.pick_class_clocks s
+            SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
+                                     greatest(s.tenant_clock[2], c_tclock[2]),
+                                     greatest(s.tenant_clock[3], c_tclock[3])],
+                start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
+                                    greatest(s.start_clock[2], c_sclock[2]),
+                                    greatest(s.start_clock[3], c_sclock[3])]
+            WHERE s.slot = pg_backend_pid() % 8;
+        END IF;
+    END IF;
 END
 $fn$;

@@ -26,7 +26,7 @@ DECLARE
     v_first double precision;
 BEGIN
     SELECT 1.0 / t.weight INTO v_step FROM scraping.tenants t WHERE t.id = p_tenant_id;
-    SELECT c.tenant_clock INTO v_clock FROM scraping.pick_classes c
+    SELECT c.tenant_clock INTO v_clock FROM scraping.class_clocks c
     WHERE c.priority = p_priority;
     INSERT INTO scraping.tenant_vtimes AS v (priority, tenant_id, vtime)
     VALUES (p_priority, p_tenant_id, v_clock + p_count * v_step)
@@ -142,7 +142,7 @@ BEGIN
     END IF;
     INSERT INTO scraping.tenant_queues AS t (priority, tenant_id, start_tag, ready)
     SELECT p_priority, p_tenant_id, c.start_clock, true
-    FROM scraping.pick_classes c WHERE c.priority = p_priority
+    FROM scraping.class_clocks c WHERE c.priority = p_priority
     ON CONFLICT (priority, tenant_id) DO UPDATE
     SET ready = true, start_tag = greatest(t.start_tag, EXCLUDED.start_tag)
     WHERE NOT t.ready AND v_ready;
@@ -276,7 +276,7 @@ BEGIN
         ON CONFLICT (domain, priority, tenant_id) DO NOTHING;
         INSERT INTO scraping.tenant_queues AS t (priority, tenant_id, start_tag)
         SELECT DISTINCT j.priority, j.tenant_id, c.start_clock FROM scraping.jobs j
-        JOIN scraping.pick_classes c ON c.priority = j.priority
+        JOIN scraping.class_clocks c ON c.priority = j.priority
         WHERE j.domain = OLD.domain AND j.status = 'queued'
         ON CONFLICT (priority, tenant_id) DO UPDATE
         SET ready = true, start_tag = greatest(t.start_tag, EXCLUDED.start_tag)
