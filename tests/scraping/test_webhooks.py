@@ -81,8 +81,9 @@ def deliver(db_engine: Engine) -> Deliver:
         *,
         allowed: str = "127.0.0.1/32",
         policy: WebhookPolicy = POLICY,
+        user_agent: str = TEST_SETTINGS.user_agent,
     ) -> DeliveryReport:
-        settings = _with_allowed(TEST_SETTINGS, allowed)
+        settings = dataclasses.replace(_with_allowed(TEST_SETTINGS, allowed), user_agent=user_agent)
         with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
             return run_deliveries(
                 db_engine,
@@ -167,18 +168,11 @@ def test_a_delivery_names_the_service_by_its_configured_user_agent(
     db_engine: Engine,
     make_tenant: Callable[[str], tuple[Tenant, str]],
     receiver: Receiver,
+    deliver: Deliver,
 ) -> None:
     # The receiver sees the operator's PIN_SCRAPING_USER_AGENT, as every target does.
-    tenant, _ = make_tenant("acme")
-    finished_job(db_engine, tenant, receiver.url())
-    settings = dataclasses.replace(
-        _with_allowed(TEST_SETTINGS, "127.0.0.1/32"), user_agent="acme-crawler/2.1 (+ops)"
-    )
-    with Fetcher(webhook_fetch_policy_from(settings)) as fetcher:
-        report = run_deliveries(
-            db_engine, fetcher, POLICY, DeliveryOptions(batch_size=10), rng=random.Random(3)
-        )
-    assert report.delivered == 1
+    finished_job(db_engine, make_tenant("acme")[0], receiver.url())
+    assert deliver(user_agent="acme-crawler/2.1 (+ops)").delivered == 1
     [received] = receiver.received
     assert received.headers["User-Agent"] == "acme-crawler/2.1 (+ops)"
 
