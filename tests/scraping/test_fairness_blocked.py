@@ -396,17 +396,6 @@ def test_a_claim_that_finds_every_clock_slot_held_waits_for_one_and_moves_the_cl
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the clock write finds its slot by ctid: when the slot it locks was committed by "
-        "another claim after the UPDATE's snapshot, the lock goes to the new version, the "
-        "UPDATE (reading its snapshot) matches no row, and the claim falls back to waiting "
-        "on slot pg_backend_pid() % 8 while 6 slots are free and holding the one it "
-        "locked (two such claims can deadlock); by slot (the key) it updates the newest "
-        "version instead"
-    ),
-)
 def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_wait(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -415,7 +404,10 @@ def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_w
     a gate here: pg_backend_pid() shadowed in the claimer's search path by one that first
     waits for an advisory lock, so the claim stops inside its slot statement, after its
     snapshot). The claim must still write the clock into a free slot without waiting:
-    the slot it would fall back to is held (a gate), and it must not wait for it."""
+    the slot it would fall back to is held (a gate), and it must not wait for it. (Found
+    by ctid, the slot's new version was locked but not seen by the UPDATE's snapshot: no
+    row matched, and the claim waited for its fall-back slot holding the one it locked;
+    migration 0043 finds it by key.)"""
     import psycopg
 
     from pin_orchestration.migrations.schema_dump import libpq_url
