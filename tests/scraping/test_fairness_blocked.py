@@ -17,9 +17,11 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
+import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration.migrations.schema_dump import libpq_url
 from pin_orchestration.platform.db import create_db_engine
 from pin_orchestration.scraping.store.leases import ClaimedJob
 from pin_orchestration.scraping.store.politeness import (
@@ -408,10 +410,6 @@ def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_w
     by ctid, the slot's new version was locked but not seen by the UPDATE's snapshot: no
     row matched, and the claim waited for its fall-back slot holding the one it locked;
     migration 0043 finds it by key.)"""
-    import psycopg
-
-    from pin_orchestration.migrations.schema_dump import libpq_url
-
     c = make_tenant("c")[0].id
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
     with db_engine.begin() as conn:
