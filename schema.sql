@@ -885,7 +885,10 @@ BEGIN
     -- The class clocks, whenever a pick moved them: they only grow, so they go into
     -- whichever of the eight slots no other claim holds (claimers at once try them from
     -- different slots, by backend). All eight held (eight claims committing at once), it
-    -- waits for one, whose holder has nothing left but its commit.
+    -- waits for one, whose holder has nothing left but its commit. The slot is named by
+    -- its key, not its ctid: a slot another claim committed after this statement's
+    -- snapshot is locked in its new version, which the snapshot does not see (by ctid
+    -- no row matched, and the claim waited for its fall-back slot with others free).
     IF c_tclock <> c_tclock0 OR c_sclock <> c_sclock0 THEN
         UPDATE scraping.pick_class_clocks s
         SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
@@ -894,7 +897,7 @@ BEGIN
             start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
                                 greatest(s.start_clock[2], c_sclock[2]),
                                 greatest(s.start_clock[3], c_sclock[3])]
-        WHERE s.ctid = (SELECT s2.ctid FROM scraping.pick_class_clocks s2
+        WHERE s.slot = (SELECT s2.slot FROM scraping.pick_class_clocks s2
                         ORDER BY (s2.slot + pg_backend_pid()) % 8
                         LIMIT 1
                         FOR NO KEY UPDATE SKIP LOCKED);
