@@ -9,8 +9,9 @@ A target on 127.0.0.1 (its own process, asyncio, keep-alive) answers every GET a
 `--latency` seconds with 10 KB (/robots.txt after `--robots-latency`, default the same:
 everything allowed). The bare loop is `--slots` threads with one pooled
 `requests` session making `--jobs` GETs, run again before each pipeline (the machine's
-pace drifts over minutes of load; each pipeline is judged against the loop beside it). The pipeline: `pin api` (uvicorn) and
-`dagster-daemon` in their own processes on a fresh database; `--jobs` POST /jobs from 16
+pace drifts over minutes of load; each pipeline is judged against the loop beside it).
+The pipeline: `pin api` (uvicorn) and `dagster-daemon` in their own processes on a fresh
+database; `--jobs` POST /jobs from 16
 client threads (`--intake batch`: POST /jobs/batch of `--batch-size`; `both`, the
 default: one pipeline run each, printed side by side); the daemon's sensor launches
 worker runs (PIN_SCRAPING_MAX_WORKER_RUNS=1 by default so the pipeline has the same
