@@ -2,6 +2,7 @@
 another claim committed after the statement's snapshot was locked in its new version, which
 that snapshot does not see, so the UPDATE matched no row and the claim waited for its
 fall-back slot (pg_backend_pid() % 8) with other slots free, holding the one it had locked.
+Now the slot is locked by a statement of its own and written by its key in the next.
 
 The SQL is frozen in 0043_scraping_class_clock_slot_by_key.sql / .down.sql beside this
 file; the live definition is pin_orchestration/scraping/sql/claim_jobs.sql.

@@ -177,6 +177,8 @@ DECLARE
     v_next double precision;
     v_due timestamptz;
     n_locked integer;
+    -- the class clock slot this claim raises
+    v_slot integer;
     -- a domain state row this call made (none was there)
     n_made integer;
     k integer;
@@ -687,11 +689,16 @@ BEGIN
     -- The class clocks, whenever a pick moved them: they only grow, so they go into
     -- whichever of the eight slots no other claim holds (claimers at once try them from
     -- different slots, by backend). All eight held (eight claims committing at once), it
-    -- waits for one, whose holder has nothing left but its commit. The slot is named by
-    -- its key, not its ctid: a slot another claim committed after this statement's
-    -- snapshot is locked in its new version, which the snapshot does not see (by ctid
-    -- no row matched, and the claim waited for its fall-back slot with others free).
+    -- waits for one, whose holder has nothing left but its commit. The slot is locked
+    -- first and then written by its key in a statement of its own: a slot another claim
+    -- committed after the locking statement's snapshot is locked in its new version,
+    -- which that snapshot does not see (matched by ctid there, no row was written and
+    -- the claim waited for its fall-back slot with others free).
     IF c_tclock <> c_tclock0 OR c_sclock <> c_sclock0 THEN
+        SELECT s.slot INTO v_slot FROM scraping.pick_class_clocks s
+        ORDER BY (s.slot + pg_backend_pid()) % 8
+        LIMIT 1
+        FOR NO KEY UPDATE SKIP LOCKED;
         UPDATE scraping.pick_class_clocks s
         SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
                                  greatest(s.tenant_clock[2], c_tclock[2]),
@@ -699,20 +706,7 @@ BEGIN
             start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
                                 greatest(s.start_clock[2], c_sclock[2]),
                                 greatest(s.start_clock[3], c_sclock[3])]
-        WHERE s.slot = (SELECT s2.slot FROM scraping.pick_class_clocks s2
-                        ORDER BY (s2.slot + pg_backend_pid()) % 8
-                        LIMIT 1
-                        FOR NO KEY UPDATE SKIP LOCKED);
-        IF NOT FOUND THEN
-            UPDATE scraping.pick_class_clocks s
-            SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
-                                     greatest(s.tenant_clock[2], c_tclock[2]),
-                                     greatest(s.tenant_clock[3], c_tclock[3])],
-                start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
-                                    greatest(s.start_clock[2], c_sclock[2]),
-                                    greatest(s.start_clock[3], c_sclock[3])]
-            WHERE s.slot = pg_backend_pid() % 8;
-        END IF;
+        WHERE s.slot = coalesce(v_slot, pg_backend_pid() % 8);
     END IF;
 END
 $fn$;
