@@ -66,7 +66,8 @@ def tenant_list() -> None:
 @click.argument("name")
 @click.argument("weight", type=float)
 def tenant_set_weight(name: str, weight: float) -> None:
-    """Give a tenant WEIGHT times the default share of picks inside each priority class."""
+    """Give a tenant WEIGHT times the default share of picks inside each priority class
+    (0.001 to 1000)."""
     from pin_orchestration.scraping.store.tenancy import TenantError, set_tenant_weight
 
     try:

@@ -92,14 +92,22 @@ def tenant_by_name(conn: Connection, name: str) -> Tenant | None:
     return Tenant(row.id, row.name) if row else None
 
 
+# The bounds of scraping.tenants.weight (0044). The floor keeps start tags, which grow by
+# 1/weight a job, far inside a double's exact range: below it, one tenant's picks pushed
+# the class clock where the others' steps were lost.
+MIN_TENANT_WEIGHT = 0.001
 MAX_TENANT_WEIGHT = 1000.0
 
 
 def set_tenant_weight(engine: Engine, name: str, weight: float) -> Tenant:
     """A tenant's share of the picks inside each priority class (default 1: a tenant of
     weight 2 starts twice as many jobs as one of weight 1 while both have work)."""
-    if not 0 < weight <= MAX_TENANT_WEIGHT:
-        raise TenantError(f"weight must be > 0 and <= {MAX_TENANT_WEIGHT} (got {weight})")
+    if not MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT:
+        raise TenantError(
+            f"weight must be between {MIN_TENANT_WEIGHT:g} and {MAX_TENANT_WEIGHT:g} "
+            f"(got {weight:g}): it is the tenant's share beside weight 1, e.g. "
+            f"`pin tenant set-weight {name} 0.5` for half"
+        )
     with engine.begin() as conn:
         row = conn.execute(_q("set_tenant_weight"), {"name": name, "weight": weight}).one_or_none()
     if row is None:
