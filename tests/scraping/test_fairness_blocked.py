@@ -604,3 +604,34 @@ def test_a_claim_that_found_every_slot_held_writes_its_fall_back_slot_once_that_
     assert not errors, errors
     assert len(picked) == 8
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "The floor 0.001 keeps a weight-1 tenant's step of 1 inside a double, not a weight-"
+        "1000 tenant's step of 0.001: a tenant at the floor alone grows the class clock 1000 "
+        "a job, and from 2**44 (~1.8e10 of its jobs, 200 days at 1000 jobs/s) x + 0.001 == x, "
+        "so two weight-1000 tenants coming back at the clock stand still and one takes every "
+        "pick (b 10 : c 0). Reproduce: class normal's clocks at 2**44 in every slot (the "
+        "history), b and c at weight 1000 with 20 jobs each, claim 10."
+    ),
+)
+def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
+    db_engine: Engine, make_tenant
+) -> None:
+    b, c = (make_tenant(name)[0].id for name in ("b", "c"))
+    for name in ("b", "c"):
+        set_tenant_weight(db_engine, name, MAX_TENANT_WEIGHT)
+    # the clocks a tenant of weight 0.001 alone leaves after 2**44 / 1000 jobs
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.pick_class_clocks"
+                " SET tenant_clock[2] = 2.0 ^ 44, start_clock[2] = 2.0 ^ 44"
+            )
+        )
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(20)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(20)])
+    picked = Counter(j.tenant_id for j in _claim(db_engine, 10))
+    assert picked[b] + picked[c] == 10 and abs(picked[b] - picked[c]) <= 2, picked
