@@ -635,3 +635,95 @@ def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(20)])
     picked = Counter(j.tenant_id for j in _claim(db_engine, 10))
     assert picked[b] + picked[c] == 10 and abs(picked[b] - picked[c]) <= 2, picked
+
+
+def test_a_claim_whose_slot_was_committed_and_then_locked_by_others_takes_a_free_one(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The slot a claim is about to take (after its snapshot) is committed by one claim and
+    its new version then held by another, open: following the update the lock finds that
+    version held, SKIP LOCKED passes it over, and the claim writes another free slot
+    without waiting (its fall-back slot held too). Gate as in the test above."""
+    c = make_tenant("c")[0].id
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
+                " $$BEGIN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242);"
+                " RETURN pg_catalog.pg_backend_pid(); END$$"
+            )
+        )
+    url = libpq_url(db_url)
+    opened = []
+    while not opened or opened[-1].info.backend_pid % 4 == 0:
+        opened.append(psycopg.connect(url, autocommit=True))
+    claimer = opened.pop()
+    for spare in opened:
+        spare.close()
+    pid = claimer.info.backend_pid
+    first_choice, fallback = -pid % 8, pid % 8
+    claimer.execute("SET search_path = public, pg_catalog")
+    picked: list[object] = []
+    errors: list[BaseException] = []
+    finished = threading.Event()
+
+    def claim() -> None:
+        try:
+            picked.extend(
+                claimer.execute(
+                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
+                ).fetchall()
+            )
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            finished.set()
+
+    with (
+        psycopg.connect(url, autocommit=True) as gate,
+        psycopg.connect(url) as holder,
+        psycopg.connect(url) as second,
+        psycopg.connect(url, autocommit=True) as other,
+    ):
+        gate.execute("SELECT pg_advisory_lock(4242)")
+        holder.execute(
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE", (fallback,)
+        )
+        thread = threading.Thread(target=claim)
+        thread.start()
+        stopped = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
+        while not finished.is_set() and other.execute(stopped, (pid,)).fetchone() is None:
+            finished.wait(0.01)
+        other.execute(
+            "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
+            (first_choice,),
+        )
+        second.execute(
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+            (first_choice,),
+        )
+        gate.execute("SELECT pg_advisory_unlock(4242)")
+        waited = False
+        while not waited and not finished.wait(0.01):
+            waited = (
+                other.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                    " AND cardinality(pg_blocking_pids(pid)) > 0",
+                    (pid,),
+                ).fetchone()
+                is not None
+            )
+        holder.rollback()
+        second.rollback()
+        thread.join(timeout=60)
+    claimer.close()
+    assert not errors, errors
+    assert len(picked) == 8
+    assert not waited, "the claim waited for a slot with 6 free"
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
+    with db_engine.connect() as conn:
+        moved = conn.execute(
+            text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
+        ).scalars()
+        assert set(moved).isdisjoint({first_choice, fallback})
