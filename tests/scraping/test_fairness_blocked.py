@@ -517,3 +517,213 @@ def test_the_smallest_weight_accepted_leaves_the_others_their_turns(
     assert resume_domain(db_engine, PAUSED)
     woken = Counter(j.tenant_id for j in _claim(db_engine, 10))
     assert woken[b] + woken[c] == 10 and abs(woken[b] - woken[c]) <= 2, woken
+
+
+def test_a_claim_that_found_every_slot_held_writes_its_fall_back_slot_once_that_commits(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """All eight slots held when the claim's slot statement runs (v_slot NULL), then seven
+    of them let go before its write: the claim waits for its fall-back slot (pid mod 8)
+    only, as documented (its holder has nothing left but its commit), neither errors nor
+    deadlocks, and writes the clock when that holder ends. Gate: pg_backend_pid() shadowed
+    in the claimer's search path by one whose calls after the slot statement's eight wait
+    for an advisory lock, so the claim stops between the slot statement and its UPDATE."""
+    c = make_tenant("c")[0].id
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
+                " $$DECLARE n integer := coalesce(nullif(current_setting('a3.calls', true),"
+                " ''), '0')::integer + 1;"
+                " BEGIN PERFORM set_config('a3.calls', n::text, true);"
+                " IF n > 8 THEN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4243); END IF;"
+                " RETURN pg_catalog.pg_backend_pid(); END$$"
+            )
+        )
+    url = libpq_url(db_url)
+    claimer = psycopg.connect(url, autocommit=True)
+    claimer.execute("SET search_path = public, pg_catalog")
+    pid = claimer.info.backend_pid
+    fallback = pid % 8
+    picked: list[object] = []
+    errors: list[BaseException] = []
+    finished = threading.Event()
+
+    def claim() -> None:
+        try:
+            picked.extend(
+                claimer.execute(
+                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
+                ).fetchall()
+            )
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            finished.set()
+
+    holders = [psycopg.connect(url) for _ in range(8)]
+    try:
+        with (
+            psycopg.connect(url, autocommit=True) as gate,
+            psycopg.connect(url, autocommit=True) as watch,
+        ):
+            gate.execute("SELECT pg_advisory_lock(4243)")
+            for slot, holder in enumerate(holders):
+                holder.execute(
+                    "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+                    (slot,),
+                )
+            thread = threading.Thread(target=claim)
+            thread.start()
+            stopped = (
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
+            )
+            while not finished.is_set() and watch.execute(stopped, (pid,)).fetchone() is None:
+                finished.wait(0.01)
+            assert not finished.is_set(), errors
+            for slot, holder in enumerate(holders):
+                if slot != fallback:
+                    holder.rollback()
+            gate.execute("SELECT pg_advisory_unlock(4243)")
+            blocked_by = None
+            while blocked_by is None and not finished.wait(0.01):
+                blocked_by = watch.execute(
+                    "SELECT pg_blocking_pids(pid) FROM pg_stat_activity"
+                    " WHERE pid = %s AND cardinality(pg_blocking_pids(pid)) > 0",
+                    (pid,),
+                ).fetchone()
+            assert blocked_by == ([holders[fallback].info.backend_pid],), blocked_by
+            holders[fallback].rollback()
+            thread.join(timeout=60)
+        assert not thread.is_alive()
+    finally:
+        for holder in holders:
+            holder.close()
+        claimer.close()
+    assert not errors, errors
+    assert len(picked) == 8
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "The floor 0.001 keeps a weight-1 tenant's step of 1 inside a double, not a weight-"
+        "1000 tenant's step of 0.001: a tenant at the floor alone grows the class clock 1000 "
+        "a job, and from 2**44 (~1.8e10 of its jobs, 200 days at 1000 jobs/s) x + 0.001 == x, "
+        "so two weight-1000 tenants coming back at the clock stand still and one takes every "
+        "pick (b 10 : c 0). Reproduce: class normal's clocks at 2**44 in every slot (the "
+        "history), b and c at weight 1000 with 20 jobs each, claim 10."
+    ),
+)
+def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
+    db_engine: Engine, make_tenant
+) -> None:
+    b, c = (make_tenant(name)[0].id for name in ("b", "c"))
+    for name in ("b", "c"):
+        set_tenant_weight(db_engine, name, MAX_TENANT_WEIGHT)
+    # the clocks a tenant of weight 0.001 alone leaves after 2**44 / 1000 jobs
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.pick_class_clocks"
+                " SET tenant_clock[2] = 2.0 ^ 44, start_clock[2] = 2.0 ^ 44"
+            )
+        )
+    _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(20)])
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(20)])
+    picked = Counter(j.tenant_id for j in _claim(db_engine, 10))
+    assert picked[b] + picked[c] == 10 and abs(picked[b] - picked[c]) <= 2, picked
+
+
+def test_a_claim_whose_slot_was_committed_and_then_locked_by_others_takes_a_free_one(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The slot a claim is about to take (after its snapshot) is committed by one claim and
+    its new version then held by another, open: following the update the lock finds that
+    version held, SKIP LOCKED passes it over, and the claim writes another free slot
+    without waiting (its fall-back slot held too). Gate as in the test above."""
+    c = make_tenant("c")[0].id
+    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
+                " $$BEGIN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242);"
+                " RETURN pg_catalog.pg_backend_pid(); END$$"
+            )
+        )
+    url = libpq_url(db_url)
+    opened = []
+    while not opened or opened[-1].info.backend_pid % 4 == 0:
+        opened.append(psycopg.connect(url, autocommit=True))
+    claimer = opened.pop()
+    for spare in opened:
+        spare.close()
+    pid = claimer.info.backend_pid
+    first_choice, fallback = -pid % 8, pid % 8
+    claimer.execute("SET search_path = public, pg_catalog")
+    picked: list[object] = []
+    errors: list[BaseException] = []
+    finished = threading.Event()
+
+    def claim() -> None:
+        try:
+            picked.extend(
+                claimer.execute(
+                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
+                ).fetchall()
+            )
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            finished.set()
+
+    with (
+        psycopg.connect(url, autocommit=True) as gate,
+        psycopg.connect(url) as holder,
+        psycopg.connect(url) as second,
+        psycopg.connect(url, autocommit=True) as other,
+    ):
+        gate.execute("SELECT pg_advisory_lock(4242)")
+        holder.execute(
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE", (fallback,)
+        )
+        thread = threading.Thread(target=claim)
+        thread.start()
+        stopped = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
+        while not finished.is_set() and other.execute(stopped, (pid,)).fetchone() is None:
+            finished.wait(0.01)
+        other.execute(
+            "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
+            (first_choice,),
+        )
+        second.execute(
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+            (first_choice,),
+        )
+        gate.execute("SELECT pg_advisory_unlock(4242)")
+        waited = False
+        while not waited and not finished.wait(0.01):
+            waited = (
+                other.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                    " AND cardinality(pg_blocking_pids(pid)) > 0",
+                    (pid,),
+                ).fetchone()
+                is not None
+            )
+        holder.rollback()
+        second.rollback()
+        thread.join(timeout=60)
+    claimer.close()
+    assert not errors, errors
+    assert len(picked) == 8
+    assert not waited, "the claim waited for a slot with 6 free"
+    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
+    with db_engine.connect() as conn:
+        moved = conn.execute(
+            text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
+        ).scalars()
+        assert set(moved).isdisjoint({first_choice, fallback})

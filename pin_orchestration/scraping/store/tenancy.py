@@ -105,7 +105,7 @@ def set_tenant_weight(engine: Engine, name: str, weight: float) -> Tenant:
     if not MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT:
         raise TenantError(
             f"weight must be between {MIN_TENANT_WEIGHT:g} and {MAX_TENANT_WEIGHT:g} "
-            f"(got {weight:g}): it is the tenant's share beside weight 1, e.g. "
+            f"(got {weight!r}): it is the tenant's share beside weight 1, e.g. "
             f"`pin tenant set-weight {name} 0.5` for half"
         )
     with engine.begin() as conn:
