@@ -284,6 +284,76 @@ def test_a_start_is_charged_at_the_weight_of_its_moment(db_engine: Engine, make_
     assert Counter(j.tenant_id for j in _claim(db_engine, 6)) == {b: 3, c: 3}
 
 
+# A claim stopped inside its clock-slot statements: pg_backend_pid() shadowed, first in
+# the claimer's search path, by a function that waits for an advisory lock the test holds.
+STOP_AT_GATE = (
+    "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
+    " $$BEGIN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242);"
+    " RETURN pg_catalog.pg_backend_pid(); END$$"
+)
+
+
+class _GatedClaim:
+    """A claim of 8 on a connection of its own whose pg_backend_pid() is `gate_function`,
+    run in a thread. With `first_choice_apart` the connection's first-choice clock slot,
+    (-pid) mod 8, is not its fall-back slot, pid mod 8."""
+
+    def __init__(
+        self, db_url: str, db_engine: Engine, gate_function: str, *, first_choice_apart: bool
+    ) -> None:
+        with db_engine.begin() as conn:
+            conn.execute(text(gate_function))
+        self.url = libpq_url(db_url)
+        opened: list[psycopg.Connection] = []
+        while not opened or (first_choice_apart and opened[-1].info.backend_pid % 4 == 0):
+            opened.append(psycopg.connect(self.url, autocommit=True))
+        self.conn = opened.pop()
+        for spare in opened:
+            spare.close()
+        self.pid = self.conn.info.backend_pid
+        self.first_choice, self.fallback = -self.pid % 8, self.pid % 8
+        self.conn.execute("SET search_path = public, pg_catalog")
+        self.picked: list[object] = []
+        self.errors: list[BaseException] = []
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._claim)
+
+    def _claim(self) -> None:
+        try:
+            self.picked.extend(
+                self.conn.execute(
+                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
+                ).fetchall()
+            )
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.errors.append(e)
+        finally:
+            self.finished.set()
+
+    def start_and_wait_at_the_gate(self, watch: psycopg.Connection) -> None:
+        self.thread.start()
+        stopped = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
+        while not self.finished.is_set() and watch.execute(stopped, (self.pid,)).fetchone() is None:
+            self.finished.wait(0.01)
+
+    def blocked_by(self, watch: psycopg.Connection) -> list[int] | None:
+        """The backends the claim first waits for, or None when it ends without waiting."""
+        while not self.finished.wait(0.01):
+            row = watch.execute(
+                "SELECT pg_blocking_pids(pid) FROM pg_stat_activity"
+                " WHERE pid = %s AND cardinality(pg_blocking_pids(pid)) > 0",
+                (self.pid,),
+            ).fetchone()
+            if row is not None:
+                return list(row[0])
+        return None
+
+    def close(self) -> None:
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+        self.conn.close()
+
+
 def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> float:
     """The start tag a tenant arriving now is given in class normal: the class clock (its
     job is due in an hour, so it takes no pick)."""
@@ -418,78 +488,31 @@ def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_w
     migration 0043 finds it by key.)"""
     c = make_tenant("c")[0].id
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
-                " $$BEGIN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242);"
-                " RETURN pg_catalog.pg_backend_pid(); END$$"
-            )
-        )
-    url = libpq_url(db_url)
-    opened = []
-    # A claimer whose first-choice slot, (-pid) mod 8, is not its fall-back slot, pid mod 8.
-    while not opened or opened[-1].info.backend_pid % 4 == 0:
-        opened.append(psycopg.connect(url, autocommit=True))
-    claimer = opened.pop()
-    for spare in opened:
-        spare.close()
-    pid = claimer.info.backend_pid
-    first_choice, fallback = -pid % 8, pid % 8
-    claimer.execute("SET search_path = public, pg_catalog")
-    picked: list[object] = []
-    errors: list[BaseException] = []
-    finished = threading.Event()
-
-    def claim() -> None:
-        try:
-            picked.extend(
-                claimer.execute(
-                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
-                ).fetchall()
-            )
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-        finally:
-            finished.set()
-
+    claim = _GatedClaim(db_url, db_engine, STOP_AT_GATE, first_choice_apart=True)
     with (
-        psycopg.connect(url, autocommit=True) as gate,
-        psycopg.connect(url) as holder,
-        psycopg.connect(url, autocommit=True) as other,
+        psycopg.connect(claim.url, autocommit=True) as gate,
+        psycopg.connect(claim.url) as holder,
+        psycopg.connect(claim.url, autocommit=True) as other,
     ):
         gate.execute("SELECT pg_advisory_lock(4242)")
         holder.execute(
-            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE", (fallback,)
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+            (claim.fallback,),
         )
-        thread = threading.Thread(target=claim)
-        thread.start()
         # the claim is in its slot statement, after its snapshot, before its lock
-        stopped = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
-        while not finished.is_set() and other.execute(stopped, (pid,)).fetchone() is None:
-            finished.wait(0.01)
+        claim.start_and_wait_at_the_gate(other)
         # another claim commits the claimer's first-choice slot meanwhile
         other.execute(
             "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
-            (first_choice,),
+            (claim.first_choice,),
         )
         gate.execute("SELECT pg_advisory_unlock(4242)")
-        waited = False
-        while not waited and not finished.wait(0.01):
-            waited = (
-                other.execute(
-                    "SELECT 1 FROM pg_stat_activity"
-                    " WHERE pid = %s AND %s = ANY (pg_blocking_pids(pid))",
-                    (pid, holder.info.backend_pid),
-                ).fetchone()
-                is not None
-            )
+        waited = claim.blocked_by(other)
         holder.rollback()
-        thread.join(timeout=60)
-    claimer.close()
-    assert not errors, errors
-    assert len(picked) == 8
-    assert not waited, f"the claim waited for slot {fallback} with 6 slots free"
+        claim.close()
+    assert not claim.errors, claim.errors
+    assert len(claim.picked) == 8
+    assert waited is None, f"the claim waited for slot {claim.fallback} with 6 slots free"
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
 
 
@@ -530,79 +553,42 @@ def test_a_claim_that_found_every_slot_held_writes_its_fall_back_slot_once_that_
     for an advisory lock, so the claim stops between the slot statement and its UPDATE."""
     c = make_tenant("c")[0].id
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
-                " $$DECLARE n integer := coalesce(nullif(current_setting('a3.calls', true),"
-                " ''), '0')::integer + 1;"
-                " BEGIN PERFORM set_config('a3.calls', n::text, true);"
-                " IF n > 8 THEN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4243); END IF;"
-                " RETURN pg_catalog.pg_backend_pid(); END$$"
-            )
-        )
-    url = libpq_url(db_url)
-    claimer = psycopg.connect(url, autocommit=True)
-    claimer.execute("SET search_path = public, pg_catalog")
-    pid = claimer.info.backend_pid
-    fallback = pid % 8
-    picked: list[object] = []
-    errors: list[BaseException] = []
-    finished = threading.Event()
-
-    def claim() -> None:
-        try:
-            picked.extend(
-                claimer.execute(
-                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
-                ).fetchall()
-            )
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-        finally:
-            finished.set()
-
-    holders = [psycopg.connect(url) for _ in range(8)]
+    after_eight_calls = (
+        "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
+        " $$DECLARE n integer := coalesce(nullif(current_setting('a3.calls', true),"
+        " ''), '0')::integer + 1;"
+        " BEGIN PERFORM set_config('a3.calls', n::text, true);"
+        " IF n > 8 THEN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242); END IF;"
+        " RETURN pg_catalog.pg_backend_pid(); END$$"
+    )
+    claim = _GatedClaim(db_url, db_engine, after_eight_calls, first_choice_apart=False)
+    holders = [psycopg.connect(claim.url) for _ in range(8)]
     try:
         with (
-            psycopg.connect(url, autocommit=True) as gate,
-            psycopg.connect(url, autocommit=True) as watch,
+            psycopg.connect(claim.url, autocommit=True) as gate,
+            psycopg.connect(claim.url, autocommit=True) as watch,
         ):
-            gate.execute("SELECT pg_advisory_lock(4243)")
+            gate.execute("SELECT pg_advisory_lock(4242)")
             for slot, holder in enumerate(holders):
                 holder.execute(
                     "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
                     (slot,),
                 )
-            thread = threading.Thread(target=claim)
-            thread.start()
-            stopped = (
-                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
-            )
-            while not finished.is_set() and watch.execute(stopped, (pid,)).fetchone() is None:
-                finished.wait(0.01)
-            assert not finished.is_set(), errors
+            claim.start_and_wait_at_the_gate(watch)
+            assert not claim.finished.is_set(), claim.errors
             for slot, holder in enumerate(holders):
-                if slot != fallback:
+                if slot != claim.fallback:
                     holder.rollback()
-            gate.execute("SELECT pg_advisory_unlock(4243)")
-            blocked_by = None
-            while blocked_by is None and not finished.wait(0.01):
-                blocked_by = watch.execute(
-                    "SELECT pg_blocking_pids(pid) FROM pg_stat_activity"
-                    " WHERE pid = %s AND cardinality(pg_blocking_pids(pid)) > 0",
-                    (pid,),
-                ).fetchone()
-            assert blocked_by == ([holders[fallback].info.backend_pid],), blocked_by
-            holders[fallback].rollback()
-            thread.join(timeout=60)
-        assert not thread.is_alive()
+            gate.execute("SELECT pg_advisory_unlock(4242)")
+            blocked_by = claim.blocked_by(watch)
+            assert blocked_by == [holders[claim.fallback].info.backend_pid], blocked_by
+            holders[claim.fallback].rollback()
+            claim.close()
     finally:
         for holder in holders:
             holder.close()
-        claimer.close()
-    assert not errors, errors
-    assert len(picked) == 8
+    assert not claim.errors, claim.errors
+    assert len(claim.picked) == 8
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
 
 
@@ -646,84 +632,38 @@ def test_a_claim_whose_slot_was_committed_and_then_locked_by_others_takes_a_free
     without waiting (its fall-back slot held too). Gate as in the test above."""
     c = make_tenant("c")[0].id
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
-    with db_engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE plpgsql AS"
-                " $$BEGIN PERFORM pg_catalog.pg_advisory_xact_lock_shared(4242);"
-                " RETURN pg_catalog.pg_backend_pid(); END$$"
-            )
-        )
-    url = libpq_url(db_url)
-    opened = []
-    while not opened or opened[-1].info.backend_pid % 4 == 0:
-        opened.append(psycopg.connect(url, autocommit=True))
-    claimer = opened.pop()
-    for spare in opened:
-        spare.close()
-    pid = claimer.info.backend_pid
-    first_choice, fallback = -pid % 8, pid % 8
-    claimer.execute("SET search_path = public, pg_catalog")
-    picked: list[object] = []
-    errors: list[BaseException] = []
-    finished = threading.Event()
-
-    def claim() -> None:
-        try:
-            picked.extend(
-                claimer.execute(
-                    "SELECT id FROM scraping.claim_jobs('y', 8, 600, 10000, 10000)"
-                ).fetchall()
-            )
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-        finally:
-            finished.set()
-
+    claim = _GatedClaim(db_url, db_engine, STOP_AT_GATE, first_choice_apart=True)
     with (
-        psycopg.connect(url, autocommit=True) as gate,
-        psycopg.connect(url) as holder,
-        psycopg.connect(url) as second,
-        psycopg.connect(url, autocommit=True) as other,
+        psycopg.connect(claim.url, autocommit=True) as gate,
+        psycopg.connect(claim.url) as holder,
+        psycopg.connect(claim.url) as second,
+        psycopg.connect(claim.url, autocommit=True) as other,
     ):
         gate.execute("SELECT pg_advisory_lock(4242)")
         holder.execute(
-            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE", (fallback,)
+            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+            (claim.fallback,),
         )
-        thread = threading.Thread(target=claim)
-        thread.start()
-        stopped = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND NOT granted"
-        while not finished.is_set() and other.execute(stopped, (pid,)).fetchone() is None:
-            finished.wait(0.01)
+        claim.start_and_wait_at_the_gate(other)
         other.execute(
             "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
-            (first_choice,),
+            (claim.first_choice,),
         )
         second.execute(
             "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
-            (first_choice,),
+            (claim.first_choice,),
         )
         gate.execute("SELECT pg_advisory_unlock(4242)")
-        waited = False
-        while not waited and not finished.wait(0.01):
-            waited = (
-                other.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
-                    " AND cardinality(pg_blocking_pids(pid)) > 0",
-                    (pid,),
-                ).fetchone()
-                is not None
-            )
+        waited = claim.blocked_by(other)
         holder.rollback()
         second.rollback()
-        thread.join(timeout=60)
-    claimer.close()
-    assert not errors, errors
-    assert len(picked) == 8
-    assert not waited, "the claim waited for a slot with 6 free"
+        claim.close()
+    assert not claim.errors, claim.errors
+    assert len(claim.picked) == 8
+    assert waited is None, "the claim waited for a slot with 6 free"
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
     with db_engine.connect() as conn:
         moved = conn.execute(
             text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
         ).scalars()
-        assert set(moved).isdisjoint({first_choice, fallback})
+        assert set(moved).isdisjoint({claim.first_choice, claim.fallback})
