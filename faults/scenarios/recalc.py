@@ -742,26 +742,43 @@ def cut_kafka(rig: Rig, outcome: Outcome) -> None:
 
 
 def _events_in_flight(rig: Rig) -> None:
-    """Raise changes until a publisher has taken events written after the cut into a
-    round: it tried to send them (a failed attempt counted), or it marked them published.
-    Only such events: a round that read them began after the cut, so none of its messages
-    can have reached the broker. An event in flight at the cut may have been appended
-    before its connection was reset and still count a failed attempt (its acknowledgement
-    lost): taking that for the round the kill must interrupt let a publisher that marks
-    before the acknowledgement lose nothing, one run in five."""
+    """Raise changes until a publisher has taken events into a round that began after the
+    cut: it marked them published (after the cut), or counted a failed attempt on an
+    event written after the cut, or a second one since the cut on an older event (the
+    publisher reads the oldest first, so a backlog keeps newer events out of every round).
+    None of such a round's messages can have reached the broker. One failed attempt on an
+    older event is not enough: it may be the round in flight at the cut, whose messages
+    may have been appended before the reset (the acknowledgement lost), and taking that
+    round for the one the kill must interrupt let a publisher that marks before the
+    acknowledgement lose nothing, one run in five."""
     cut_at = rig.db_now()
     project = rig.world[0]
+    with rig.engine.connect() as conn:
+        attempts_at_cut = dict(
+            conn.execute(
+                text(
+                    "SELECT id, publish_attempts FROM chessboard.event_outbox"
+                    " WHERE published_at IS NULL"
+                )
+            ).all()
+        )
 
     def taken() -> bool:
         with rig.engine.connect() as conn:
-            return bool(
-                conn.execute(
-                    text(
-                        "SELECT count(*) FROM chessboard.event_outbox WHERE created_at > :t "
-                        "AND (publish_attempts > 0 OR published_at IS NOT NULL)"
-                    ),
-                    {"t": cut_at},
-                ).scalar_one()
+            rows = conn.execute(
+                text(
+                    "SELECT id, publish_attempts, published_at > :t AS marked,"
+                    " created_at > :t AS written_after"
+                    " FROM chessboard.event_outbox"
+                    " WHERE publish_attempts > 0 OR published_at > :t"
+                ),
+                {"t": cut_at},
+            ).tuples()
+            return any(
+                marked
+                or (written_after and attempts > 0)
+                or (id_ in attempts_at_cut and attempts - attempts_at_cut[id_] >= 2)
+                for id_, attempts, marked, written_after in rows
             )
 
     def raise_and_look() -> bool:
