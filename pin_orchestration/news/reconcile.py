@@ -455,12 +455,16 @@ class _Sweep:
             )
 
     def _failed(self, piece: _Slice) -> bool:
-        if piece.lock_lost:
+        # Lost during the slice (its renewal unanswered) while the slice's own fence still
+        # passed: its batches stand, but the run stops and fails, even at the pass's end.
+        if piece.lock_lost or self.lease.lost.is_set():
             self.lease.mark_lost("a batch found the lock expired or taken over")
             self.result.status = RunStatus.FAILED
             self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
             self.logger.error(
-                "%s lost its lock; the batch changed nothing, stopped", RECONCILE_JOB.code
+                "%s lost its lock; %s, stopped",
+                RECONCILE_JOB.code,
+                "the batch changed nothing" if piece.lock_lost else "committed work kept",
             )
             return True
         if piece.error is not None:
