@@ -407,11 +407,7 @@ class _Sweep:
 
     def _stopped_before_slice(self) -> bool:
         if self.lease.lost.is_set():
-            # Another runner may hold the lock now: not one more batch.
-            self.result.status = RunStatus.FAILED
-            self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
-            self.logger.error("%s lost its lock; stopped, committed work kept", RECONCILE_JOB.code)
-            return True
+            return self._stopped_on_a_lost_lock("committed work kept")
         if self.stop_requested is not None and self.stop_requested.is_set():
             self.result.status = RunStatus.CANCELLED
             self.logger.warning(
@@ -454,19 +450,21 @@ class _Sweep:
                 piece.skipped_locked,
             )
 
+    def _stopped_on_a_lost_lock(self, kept: str) -> bool:
+        # Another runner may hold the lock now: not one more batch.
+        self.result.status = RunStatus.FAILED
+        self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
+        self.logger.error("%s lost its lock; stopped, %s", RECONCILE_JOB.code, kept)
+        return True
+
     def _failed(self, piece: _Slice) -> bool:
+        if piece.lock_lost:
+            self.lease.mark_lost("a batch found the lock expired or taken over")
+            return self._stopped_on_a_lost_lock("the batch changed nothing")
         # Lost during the slice (its renewal unanswered) while the slice's own fence still
         # passed: its batches stand, but the run stops and fails, even at the pass's end.
-        if piece.lock_lost or self.lease.lost.is_set():
-            self.lease.mark_lost("a batch found the lock expired or taken over")
-            self.result.status = RunStatus.FAILED
-            self.result.error = f"lost the lock {RECONCILE_JOB.lock_key}; stopped"
-            self.logger.error(
-                "%s lost its lock; %s, stopped",
-                RECONCILE_JOB.code,
-                "the batch changed nothing" if piece.lock_lost else "committed work kept",
-            )
-            return True
+        if self.lease.lost.is_set():
+            return self._stopped_on_a_lost_lock("committed work kept")
         if piece.error is not None:
             self.result.status = RunStatus.FAILED
             self.result.error = piece.error[:512]
