@@ -61,20 +61,6 @@ def test_0044_raises_weights_below_the_floor_and_nothing_else(empty_db_url: str)
         engine.dispose()
 
 
-def _enqueue(engine: Engine, tenant_id: object, urls: list[str]) -> None:
-    with engine.begin() as conn:
-        for url in urls:
-            conn.execute(
-                text(
-                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority, "
-                    "next_attempt_at) VALUES (gen_random_uuid(), :tenant_id, :url, "
-                    "split_part(split_part(:url, '://', 2), '/', 1), 'normal', "
-                    "now() - interval '1 hour')"
-                ),
-                {"tenant_id": tenant_id, "url": url},
-            )
-
-
 @pytest.mark.xfail(
     strict=True,
     reason=(
@@ -89,10 +75,9 @@ def _enqueue(engine: Engine, tenant_id: object, urls: list[str]) -> None:
 def test_0044_leaves_the_others_their_turns_after_a_tiny_weight_has_run(
     empty_db_url: str,
 ) -> None:
-    from pin_orchestration.scraping.store.politeness import pause_domain, resume_domain
+    from pin_orchestration.scraping.store.politeness import resume_domain
     from pin_orchestration.scraping.store.tenancy import create_tenant
-    from pin_orchestration.scraping.worker.run import claim_due_jobs
-    from tests.scraping.conftest import UNLIMITED
+    from tests.scraping.test_fairness_blocked import PAUSED, _claim, _enqueue, _pause
 
     config = alembic_config(empty_db_url)
     command.upgrade(config, "0043")
@@ -101,22 +86,15 @@ def test_0044_leaves_the_others_their_turns_after_a_tiny_weight_has_run(
         a, b, c = (create_tenant(engine, name)[0].id for name in ("a", "b", "c"))
         with engine.begin() as conn:
             conn.execute(text("UPDATE scraping.tenants SET weight = 1e-300 WHERE name = 'a'"))
-        pause_domain(engine, "paused.example", seconds=600, max_pause_seconds=3600)
-        _enqueue(engine, b, [f"http://paused.example/b{i}" for i in range(20)])
-        _enqueue(engine, c, [f"http://paused.example/c{i}" for i in range(20)])
+        _pause(engine)
+        _enqueue(engine, b, [f"http://{PAUSED}/b{i}" for i in range(20)])
+        _enqueue(engine, c, [f"http://{PAUSED}/c{i}" for i in range(20)])
         _enqueue(engine, a, [f"http://a-{i}.example/{i}" for i in range(3)])
-
-        def claim(n: int) -> Counter[object]:
-            jobs = claim_due_jobs(
-                engine, worker="w", limit=n, lease_seconds=600, domain_defaults=UNLIMITED
-            )
-            return Counter(j.tenant_id for j in jobs)
-
-        assert claim(3) == {a: 3}
+        assert Counter(j.tenant_id for j in _claim(engine, 3)) == {a: 3}
 
         command.upgrade(config, "0044")
-        assert resume_domain(engine, "paused.example")
-        woken = claim(10)
+        assert resume_domain(engine, PAUSED)
+        woken = Counter(j.tenant_id for j in _claim(engine, 10))
         assert woken[b] + woken[c] == 10 and abs(woken[b] - woken[c]) <= 2, woken
     finally:
         engine.dispose()

@@ -474,8 +474,9 @@ def test_a_claim_that_finds_every_clock_slot_held_waits_for_one_and_moves_the_cl
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
 
 
-def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_wait(
-    db_url: str, db_engine: Engine, make_tenant
+@pytest.mark.parametrize("then_held", [False, True], ids=["committed", "committed-then-held"])
+def test_a_claim_whose_slot_another_claim_just_committed_still_does_not_wait(
+    db_url: str, db_engine: Engine, make_tenant, then_held: bool
 ) -> None:
     """Another claim commits the slot a claim is about to take, between that claim's
     snapshot and its lock (a microsecond window, hit by claimers committing back to back;
@@ -485,13 +486,16 @@ def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_w
     the slot it would fall back to is held (a gate), and it must not wait for it. (Found
     by ctid, the slot's new version was locked but not seen by the UPDATE's snapshot: no
     row matched, and the claim waited for its fall-back slot holding the one it locked;
-    migration 0043 finds it by key.)"""
+    migration 0043 finds it by key.) `then_held`: the committed slot's new version is then
+    held by a third claim, open: following the update the lock finds that version held,
+    SKIP LOCKED passes it over, and the claim writes another free slot."""
     c = make_tenant("c")[0].id
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
     claim = _GatedClaim(db_url, db_engine, STOP_AT_GATE, first_choice_apart=True)
     with (
         psycopg.connect(claim.url, autocommit=True) as gate,
         psycopg.connect(claim.url) as holder,
+        psycopg.connect(claim.url) as second,
         psycopg.connect(claim.url, autocommit=True) as other,
     ):
         gate.execute("SELECT pg_advisory_lock(4242)")
@@ -506,14 +510,26 @@ def test_a_claim_whose_slot_was_just_committed_by_another_claim_still_does_not_w
             "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
             (claim.first_choice,),
         )
+        if then_held:
+            second.execute(
+                "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
+                (claim.first_choice,),
+            )
         gate.execute("SELECT pg_advisory_unlock(4242)")
         waited = claim.blocked_by(other)
         holder.rollback()
+        second.rollback()
         claim.close()
     assert not claim.errors, claim.errors
     assert len(claim.picked) == 8
     assert waited is None, f"the claim waited for slot {claim.fallback} with 6 slots free"
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
+    if then_held:
+        with db_engine.connect() as conn:
+            moved = conn.execute(
+                text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
+            ).scalars()
+            assert set(moved).isdisjoint({claim.first_choice, claim.fallback})
 
 
 def test_the_smallest_weight_accepted_leaves_the_others_their_turns(
@@ -621,49 +637,3 @@ def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(20)])
     picked = Counter(j.tenant_id for j in _claim(db_engine, 10))
     assert picked[b] + picked[c] == 10 and abs(picked[b] - picked[c]) <= 2, picked
-
-
-def test_a_claim_whose_slot_was_committed_and_then_locked_by_others_takes_a_free_one(
-    db_url: str, db_engine: Engine, make_tenant
-) -> None:
-    """The slot a claim is about to take (after its snapshot) is committed by one claim and
-    its new version then held by another, open: following the update the lock finds that
-    version held, SKIP LOCKED passes it over, and the claim writes another free slot
-    without waiting (its fall-back slot held too). Gate as in the test above."""
-    c = make_tenant("c")[0].id
-    _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(30)])
-    claim = _GatedClaim(db_url, db_engine, STOP_AT_GATE, first_choice_apart=True)
-    with (
-        psycopg.connect(claim.url, autocommit=True) as gate,
-        psycopg.connect(claim.url) as holder,
-        psycopg.connect(claim.url) as second,
-        psycopg.connect(claim.url, autocommit=True) as other,
-    ):
-        gate.execute("SELECT pg_advisory_lock(4242)")
-        holder.execute(
-            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
-            (claim.fallback,),
-        )
-        claim.start_and_wait_at_the_gate(other)
-        other.execute(
-            "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
-            (claim.first_choice,),
-        )
-        second.execute(
-            "SELECT 1 FROM scraping.pick_class_clocks WHERE slot = %s FOR UPDATE",
-            (claim.first_choice,),
-        )
-        gate.execute("SELECT pg_advisory_unlock(4242)")
-        waited = claim.blocked_by(other)
-        holder.rollback()
-        second.rollback()
-        claim.close()
-    assert not claim.errors, claim.errors
-    assert len(claim.picked) == 8
-    assert waited is None, "the claim waited for a slot with 6 free"
-    assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
-    with db_engine.connect() as conn:
-        moved = conn.execute(
-            text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
-        ).scalars()
-        assert set(moved).isdisjoint({claim.first_choice, claim.fallback})
