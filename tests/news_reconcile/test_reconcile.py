@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -550,6 +551,44 @@ def test_run_stops_at_once_when_its_lock_is_lost(db_engine: Engine) -> None:
     assert "lock" in (result.error or "")
     assert result.backlog_remaining is True
     assert sum(comments_count(db_engine, p) for p in posts) > 0
+
+
+class _LeaseLostSignal(logging.Handler):
+    """Sets `lost` when the lock module reports a lease lost (its renewal's verdict)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lost = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "lost by" in record.getMessage():
+            self.lost.set()
+
+
+def test_a_lock_lost_during_the_passs_last_slice_fails_the_run(db_engine: Engine) -> None:
+    """The renewal finds the lock lapsed while the pass's only slice is held at the gate
+    (its fence taken before, so its batch stands); the slice then reaches the pass's end,
+    and the run still ends FAILED: another runner may hold the lock by then. (Found by the
+    fault suite's reconcile-pg-hang: the run logged its lost lock and exited succeeded.)"""
+    post = add_post(db_engine, comments_count=1)
+    gated_updates(db_engine)
+    # Renewed every second: the renewal, not a batch's fence, notices the lapse.
+    options = ReconcileOptions(scope=Scope.FULL_SWEEP, batch_size=10, lock_ttl_seconds=3)
+    signal = _LeaseLostSignal()
+    locks_log = logging.getLogger("pin_orchestration.coordination.locks")
+    locks_log.addHandler(signal)
+    try:
+        with a_run_held_at_the_gate(db_engine, options) as results:
+            with db_engine.begin() as conn:
+                conn.execute(text("UPDATE pin.distributed_locks SET expires_at = now()"))
+            assert signal.lost.wait(60), "the renewal never found the lock lapsed"
+    finally:
+        locks_log.removeHandler(signal)
+    result = results[0]
+    assert result.status == RunStatus.FAILED, result
+    assert "lost the lock" in (result.error or "")
+    assert result.batches_processed == 1
+    assert comments_count(db_engine, post) == 0  # the held batch's correction stands
 
 
 def test_a_batch_after_a_takeover_changes_nothing_and_stops_the_run(
