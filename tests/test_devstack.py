@@ -338,9 +338,9 @@ def demo_job_urls(db_url: str) -> list[str]:
 
 
 RUNS_OF_JOB = """
-query($job: String!) {
-  runsOrError(filter: {pipelineName: $job}, limit: 20) {
-    ... on Runs { results { status } }
+query($job: String!, $statuses: [RunStatus!]) {
+  runsOrError(filter: {pipelineName: $job, statuses: $statuses}, limit: 100) {
+    ... on Runs { results { runId status } }
   }
 }
 """
@@ -359,9 +359,13 @@ query($key: AssetKeyInput!, $check: String!) {
 """
 
 
+def runs_of_job(port: int, job: str, statuses: list[str] | None = None) -> list[dict]:
+    answer = graphql(port, RUNS_OF_JOB, {"job": job, "statuses": statuses})["runsOrError"]
+    return answer["results"]
+
+
 def run_statuses(port: int, job: str) -> set[str]:
-    runs = graphql(port, RUNS_OF_JOB, {"job": job})["runsOrError"]["results"]
-    return {run["status"] for run in runs}
+    return {run["status"] for run in runs_of_job(port, job)}
 
 
 def materialized_partitions(port: int, key: list[str]) -> set[str]:
@@ -425,8 +429,11 @@ query($selector: SensorSelector!) {
   }
 }
 """
-# The chessboard sensor ticks every 5 s: twelve ticks are a minute of an idle stack.
-IDLE_TICKS = 12
+# The window of an idle stack: seven ticks of the chessboard sensor (every 5 s: at least
+# 30 s, so every 30-s sensor ticks in it too) and one whole run of the stuck sweeper (its
+# schedule starts one a minute), so a tick's or a run's logging would show.
+IDLE_TICKS = 7
+IDLE_SCHEDULED_JOB = "scraping_sweep_expired_leases"
 
 
 def sensor_tick_count(port: int, sensor: str) -> int:
@@ -439,17 +446,26 @@ def sensor_tick_count(port: int, sensor: str) -> int:
     return len(answer["sensorState"]["ticks"])
 
 
+def run_ids(port: int, job: str, statuses: list[str] | None = None) -> set[str]:
+    return {run["runId"] for run in runs_of_job(port, job, statuses)}
+
+
 def assert_an_idle_stack_is_quiet(port: int, log_path: Path) -> None:
-    """While the daemon ticks a minute's worth (gated on the sensor's ticks, not on a
-    clock), pin up writes about a line at most: no sensor INFO, no run DEBUG events."""
+    """While the daemon ticks its sensors and a scheduled run starts and ends (gated on the
+    sensor's ticks and the run's status, not on a clock), pin up writes about a line at
+    most: no sensor INFO, no run DEBUG events."""
     sensor = "chessboard_project_recalc_sensor"
+    runs_before = run_ids(port, IDLE_SCHEDULED_JOB)
     before_ticks = sensor_tick_count(port, sensor)
     assert before_ticks < 100 - IDLE_TICKS, "the tick window would not show the count"
     before_lines = log_path.read_text().count("\n")
     wait_until(
-        lambda: sensor_tick_count(port, sensor) >= before_ticks + IDLE_TICKS,
+        lambda: (
+            sensor_tick_count(port, sensor) >= before_ticks + IDLE_TICKS
+            and bool(run_ids(port, IDLE_SCHEDULED_JOB, ["SUCCESS"]) - runs_before)
+        ),
         300,
-        f"{IDLE_TICKS} sensor ticks",
+        f"{IDLE_TICKS} sensor ticks and a whole {IDLE_SCHEDULED_JOB} run",
     )
     added = log_path.read_text().splitlines()[before_lines:]
     assert len(added) <= 2, "an idle stack logged:\n" + "\n".join(added[:40])
