@@ -8,6 +8,8 @@ import io
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -725,3 +727,60 @@ def test_local_put_on_a_full_disk_leaves_the_old_object_and_no_temporary_file(
     assert local_store.read_bytes(key) == b"good"
     assert local_store.head(key) == StoredObject(key, 4, sha256_hex(b"good"), "text/plain")
     assert sorted(p.name for p in final.parent.iterdir()) == [final.name, final.name + ".meta.json"]
+
+
+# A worker killed in the middle of a put: the body's first chunk written to its temporary
+# file, then the body holds until the process is killed (SIGKILL: no cleanup runs).
+_PUT_KILLED_MIDWAY = """
+import io, sys, threading
+from pathlib import Path
+from pin_orchestration.scraping.store.local import LocalResultStore
+
+class FirstChunkThenHold(io.RawIOBase):
+    def __init__(self):
+        self.sent = False
+    def readable(self):
+        return True
+    def read(self, n=-1):
+        if not self.sent:
+            self.sent = True
+            return b"x" * 1000
+        threading.Event().wait()
+
+root, key = Path(sys.argv[1]), sys.argv[2]
+store = LocalResultStore(root, public_base_url="http://127.0.0.1:1", signing_key=b"k" * 32)
+store.put(key, FirstChunkThenHold(), size=10**6, sha256="0" * 64, content_type=None)
+"""
+
+
+def test_deleting_a_key_removes_what_a_put_killed_midway_left_of_it(
+    local_store: LocalResultStore,
+) -> None:
+    """A put killed between its temporary file and the rename leaves that file (a dot-name,
+    invisible as an object) in the job's directory; deleting the key (retention deletes
+    the keys of every attempt of a job) removes it too, and nothing of another key."""
+    key = new_key()
+    final = local_store.root / key
+    other = key[: -len(final.name)] + final.name + "0"  # attempt 10 beside attempt 1
+    put_bytes(local_store, other, b"other", None)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _PUT_KILLED_MIDWAY, str(local_store.root), key]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(
+            p.name.startswith(f".{final.name}.") and p.stat().st_size
+            for p in final.parent.iterdir()
+        ):
+            assert worker.poll() is None, "the put ended before it was killed"
+            assert time.monotonic() < deadline, "the put never wrote its temporary file"
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert local_store.head(key) is None
+    assert local_store.delete_many([key]) == 1
+    assert sorted(p.name for p in final.parent.iterdir()) == sorted(
+        [Path(other).name, Path(other).name + ".meta.json"]
+    )
+    assert local_store.read_bytes(other) == b"other"

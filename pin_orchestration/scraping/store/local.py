@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import re
 import secrets
 import tempfile
 import threading
@@ -204,6 +205,10 @@ class LocalResultStore:
                 # is the folder of its attempts' objects): no object by that name exists.
                 if not path.is_dir():
                     path.unlink(missing_ok=True)
+                # And what a put of this key killed midway left (retention deletes the keys
+                # of finished jobs' attempts, so no put of them is under way).
+                for temporary in _temporaries_of(os.fspath(path.parent), path.name):
+                    _remove(temporary)
         return len(unique)
 
     def read_bytes(self, key: str) -> bytes:
@@ -288,6 +293,23 @@ def _make_directories(directory: str) -> None:
 # Temporary names are this process's id and a count: unique without random bytes, and a
 # name left by a killed process of the same id is skipped (O_EXCL).
 _temporary_numbers = itertools.count()
+_TEMPORARY_SUFFIX = re.compile(r"\.[0-9]+-[0-9]+\.tmp")
+
+
+def _temporaries_of(directory: str, name: str) -> list[str]:
+    """The temporary files of the object `name` in `directory` (its body's and its
+    sidecar's; `_write_temporary` names them)."""
+    prefixes = (f".{name}.", f".{name}{META_SUFFIX}.")
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [
+        os.path.join(directory, entry)
+        for entry in entries
+        for prefix in prefixes
+        if entry.startswith(prefix) and _TEMPORARY_SUFFIX.fullmatch(entry, len(prefix) - 1)
+    ]
 
 
 def _write_temporary(
