@@ -784,3 +784,85 @@ def test_deleting_a_key_removes_what_a_put_killed_midway_left_of_it(
         [Path(other).name, Path(other).name + ".meta.json"]
     )
     assert local_store.read_bytes(other) == b"other"
+
+
+class _FirstChunkThenWait(io.RawIOBase):
+    """A body whose first `first` bytes come at once and the rest once `release` is set."""
+
+    def __init__(self, data: bytes, first: int) -> None:
+        self.data, self.first, self.pos = data, first, 0
+        self.release = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.pos >= self.first:
+            assert self.release.wait(30)
+        end = len(self.data) if self.pos >= self.first else self.first
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+
+def test_a_put_under_way_when_its_key_is_deleted_leaves_no_temporary(
+    local_store: LocalResultStore,
+) -> None:
+    """A late put of a key retention deletes meanwhile (a worker whose lease was lost, still
+    writing): the delete takes its temporary file; the put then fails, and leaves nothing
+    (its sidecar's temporary included) in the directory."""
+    key = new_key()
+    final = local_store.root / key
+    data = b"y" * 3000
+    body = _FirstChunkThenWait(data, 1000)
+    outcome: list[BaseException | StoredObject] = []
+
+    def put() -> None:
+        try:
+            outcome.append(
+                local_store.put(
+                    key, body, size=len(data), sha256=sha256_hex(data), content_type=None
+                )
+            )
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=put)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (final.parent.is_dir() and any(final.parent.iterdir())):
+        assert time.monotonic() < deadline, "the put never wrote its temporary file"
+        time.sleep(0.01)
+    assert local_store.delete_many([key]) == 1  # the body's temporary, mid-write
+    body.release.set()
+    worker.join(30)
+    assert isinstance(outcome[0], FileNotFoundError), outcome
+    assert local_store.head(key) is None
+    assert sorted(p.name for p in final.parent.iterdir()) == []
+
+
+def test_deleting_the_pre_0012_keys_of_a_day_lists_the_day_once(
+    local_store: LocalResultStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes each swept job's pre-0012 key, `…/{day}/{job}`, whose directory is
+    the tenant's day: its temporaries are looked for with one listing of it per batch, not
+    one per key (a batch of 5,000 jobs of one busy day)."""
+    tenant, day = uuid.uuid4(), datetime.now(UTC)
+    jobs = [uuid.uuid4() for _ in range(40)]
+    for job in jobs:
+        put_bytes(local_store, result_key(tenant, job, day, 1), b"r", None)
+    listed = 0
+    real_listdir = os.listdir
+
+    def counting_listdir(path: Any = ".") -> list[str]:
+        nonlocal listed
+        entries = real_listdir(path)
+        listed += len(entries)
+        return entries
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    local_store.delete_many([result_key(tenant, job, day, 1).rsplit("/", 1)[0] for job in jobs])
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    assert listed <= 2 * len(jobs)
+    for job in jobs:  # the attempts' objects under the jobs' folders stay
+        assert local_store.read_bytes(result_key(tenant, job, day, 1)) == b"r"

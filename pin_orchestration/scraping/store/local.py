@@ -123,6 +123,10 @@ class LocalResultStore:
             os.replace(meta_temporary, path + META_SUFFIX)
             # The renames are durable once the directory's own data is.
             os.fsync(fd)
+        except BaseException:
+            _remove(body_temporary)
+            _remove(meta_temporary)
+            raise
         finally:
             os.close(fd)  # closing releases the lock
         # And so is the directory, once its entry in its parent is, up to the root.
@@ -194,20 +198,26 @@ class LocalResultStore:
 
     def delete_many(self, keys: Sequence[str]) -> int:
         unique = unique_keys(keys)
+        by_directory: dict[Path, list[Path]] = {}
         for key in unique:
-            path, meta_path = self._paths(key)
-            if not path.parent.is_dir():
+            path, _ = self._paths(key)
+            by_directory.setdefault(path.parent, []).append(path)
+        for directory, paths in by_directory.items():
+            if not directory.is_dir():
                 continue
-            with _locked_directory(path.parent):
-                # Sidecar first: from that moment the object reads as absent.
-                meta_path.unlink(missing_ok=True)
-                # A directory under a key's name holds other keys (a job's pre-0012 key
-                # is the folder of its attempts' objects): no object by that name exists.
-                if not path.is_dir():
-                    path.unlink(missing_ok=True)
-                # And what a put of this key killed midway left (retention deletes the keys
-                # of finished jobs' attempts, so no put of them is under way).
-                for temporary in _temporaries_of(os.fspath(path.parent), path.name):
+            with _locked_directory(directory):
+                for path in paths:
+                    # Sidecar first: from that moment the object reads as absent.
+                    path.with_name(path.name + META_SUFFIX).unlink(missing_ok=True)
+                    # A directory under a key's name holds other keys (a job's pre-0012 key
+                    # is the folder of its attempts' objects): no object by that name exists.
+                    if not path.is_dir():
+                        path.unlink(missing_ok=True)
+                # And what puts of these keys killed midway left, with one listing of the
+                # directory (a day's, for pre-0012 keys). A put still under way (a worker
+                # whose lease was lost) then fails and removes its own files.
+                names = {path.name for path in paths}
+                for temporary in _temporaries_of(os.fspath(directory), names):
                     _remove(temporary)
         return len(unique)
 
@@ -293,23 +303,29 @@ def _make_directories(directory: str) -> None:
 # Temporary names are this process's id and a count: unique without random bytes, and a
 # name left by a killed process of the same id is skipped (O_EXCL).
 _temporary_numbers = itertools.count()
-_TEMPORARY_SUFFIX = re.compile(r"\.[0-9]+-[0-9]+\.tmp")
+# What `_write_temporary` names a temporary file of the object (or sidecar) `name`: the
+# suffix holds two dots, so an entry splits into name and suffix one way only.
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9]+-[0-9]+\.tmp", re.DOTALL)
 
 
-def _temporaries_of(directory: str, name: str) -> list[str]:
-    """The temporary files of the object `name` in `directory` (its body's and its
-    sidecar's; `_write_temporary` names them)."""
-    prefixes = (f".{name}.", f".{name}{META_SUFFIX}.")
+def _temporaries_of(directory: str, names: set[str]) -> list[str]:
+    """The temporary files of the objects `names` in `directory` (bodies' and sidecars';
+    `_write_temporary` names them), with one listing of the directory."""
     try:
         entries = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return [
-        os.path.join(directory, entry)
-        for entry in entries
-        for prefix in prefixes
-        if entry.startswith(prefix) and _TEMPORARY_SUFFIX.fullmatch(entry, len(prefix) - 1)
-    ]
+    found = []
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry)
+        if match is None:
+            continue
+        name = match.group(1)  # no key ends with META_SUFFIX: a sidecar's is its object's
+        if name.endswith(META_SUFFIX):
+            name = name[: -len(META_SUFFIX)]
+        if name in names:
+            found.append(os.path.join(directory, entry))
+    return found
 
 
 def _write_temporary(
