@@ -58,6 +58,7 @@ from pin_orchestration.chessboard.metrics import (
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
 from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
+from pin_orchestration.coordination.locks import end_transaction_idle_past
 from pin_orchestration.platform import tracing
 
 POISON_ALERT = "CHESSBOARD_RECALC_POISON"
@@ -171,6 +172,11 @@ def process_next_due(
             return None
         try:
             with engine.begin() as conn:
+                # Past the lease another drain may take the row over: a drain cut off
+                # mid-recalc (a hung network) must not hold the project's rows and its
+                # queue row beyond it, or no drain could recalc the project until the
+                # server noticed the dead connection (hours of TCP keepalive).
+                end_transaction_idle_past(conn, policy.claim_lease_seconds)
                 recalc = recalc_project(conn, claim.project_id, claim.tenant_id)
                 # Usually the row is free: finished in the recalc's own commit.
                 finished = conn.execute(

@@ -208,12 +208,20 @@ class LockLease:
             self.on_lost()
 
 
+def end_transaction_idle_past(conn: Connection, seconds: float) -> None:
+    """Have PostgreSQL end this transaction (and its session) once it has waited longer than
+    `seconds` for the client's next statement: a client cut off mid-transaction (a hung
+    network, a stalled process) must not hold its row locks past the moment another
+    worker may take its work over (a lock's TTL, a claim's lease)."""
+    conn.execute(_IDLE_TIMEOUT, {"ms": str(max(int(seconds * 1000), 1))})
+
+
 def take_fence(conn: Connection, lease: LockLease) -> None:
     """The first statement of a transaction whose writes must have one holder: key-share-lock
     the lease's lock row, or — when the lock expired or passed to another holder — mark
     the lease lost and raise LockLost (the caller's transaction then rolls back)."""
     if lease.ttl_seconds is not None:
-        conn.execute(_IDLE_TIMEOUT, {"ms": str(max(int(lease.ttl_seconds * 1000), 1))})
+        end_transaction_idle_past(conn, lease.ttl_seconds)
     if conn.execute(_FENCE, {"key": lease.key, "token": lease.token}).first() is None:
         lease.mark_lost("a fenced write found the lock expired or taken over")
         lease.check()

@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, text
+import pytest
+from sqlalchemy import Connection, Engine, text
 
+from pin_orchestration.chessboard import drain as drain_module
 from pin_orchestration.chessboard.drain import (
     ProjectOutcome,
     claim_next_due,
@@ -286,3 +288,47 @@ def test_two_workers_retry_a_failing_row_no_sooner_than_a_tick_apart(
     with db_engine.connect() as conn:
         request = queue_row(conn, bad)
     assert request["attempt_count"] == 5
+
+
+def test_a_drain_stalled_inside_its_recalc_holds_the_project_no_longer_than_its_lease(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain whose client stops mid-recalc (a hung network: its next statement never
+    reaches PostgreSQL) holds the project's rows and its queue row only as long as its lease:
+    the server ends its transaction, idle past the lease, and another drain recalculates the
+    project. (The fault suite's recalc-pg-hang: a drain behind a blackholed proxy held them
+    for the whole hang, and the requests due at it were not drained.)"""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    policy = RecalcPolicy(claim_lease_seconds=1)
+    stalled, release = threading.Event(), threading.Event()
+    real_recalc = drain_module.recalc_project
+
+    def recalc_then_stall(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
+        result = real_recalc(conn, project_id, tenant_id)
+        stalled.set()
+        release.wait(60)
+        return result
+
+    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_stall)
+    first = Worker(lambda: process_next_due(db_engine, now=DUE, policy=policy))
+    first.start()
+    try:
+        assert stalled.wait(30), "the first drain never reached its recalc"
+        monkeypatch.setattr(drain_module, "recalc_project", real_recalc)
+        taken, later = None, DUE
+        deadline = time.monotonic() + 30
+        while taken is None:
+            assert time.monotonic() < deadline, "the stalled drain still holds the project"
+            later += timedelta(minutes=1)  # past its lease and any retry delay
+            taken = process_next_due(db_engine, now=later, policy=policy)
+            if taken is None:
+                time.sleep(0.2)
+    finally:
+        release.set()
+        first.join(30)
+    assert isinstance(taken, ProjectOutcome) and taken.project_id == p
+    assert taken.result == "recalculated"
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p) is None
+        assert row(conn, "projects", p)["version"] == 2  # the stalled recalc rolled back
