@@ -56,7 +56,13 @@ from pin_orchestration.chessboard.metrics import (
     record_outcomes,
 )
 from pin_orchestration.chessboard.outcomes import ProjectOutcome, Result, TickResult
-from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
+from pin_orchestration.chessboard.queue import (
+    DEFAULT_POLICY,
+    DRAIN_IDLE_SECONDS,
+    RecalcPolicy,
+    query,
+    queue_stats,
+)
 from pin_orchestration.chessboard.recalc import RecalcResult, recalc_project
 from pin_orchestration.coordination.locks import end_transaction_idle_past
 from pin_orchestration.platform import tracing
@@ -100,12 +106,24 @@ def is_lock_conflict(exc: BaseException) -> bool:
     )
 
 
+# The sqlstate of a session PostgreSQL ended for idling in its transaction: this drain's own
+# stall (DRAIN_IDLE_SECONDS without a statement), not a failure of the project.
+IDLE_TIMEOUT_SQLSTATE = "25P03"
+
+
+def _ended_for_idling(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) == IDLE_TIMEOUT_SQLSTATE
+    )
+
+
 def claim_next_due(
     engine: Engine, *, now: datetime | None = None, policy: RecalcPolicy = DEFAULT_POLICY
 ) -> Claim | None:
     """Lease the oldest claimable row to this drain (committed at once); None when no row
     is claimable."""
     with engine.begin() as conn:
+        end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
         row = conn.execute(
             query("claim_next_due"),
             {
@@ -136,6 +154,7 @@ def finish_claim(engine: Engine, claim: Claim) -> bool:
     for a raiser holding the row; the drain holds no other lock then."""
     params = _finish_params(claim)
     with engine.begin() as conn:
+        end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
         if conn.execute(query("finish_claim"), params).first() is not None:
             return True
         if claim.claim_token is not None:
@@ -172,18 +191,16 @@ def process_next_due(
             return None
         try:
             with engine.begin() as conn:
-                # Past the lease another drain may take the row over: a drain cut off
-                # mid-recalc (a hung network) must not hold the project's rows and its
-                # queue row beyond it, or no drain could recalc the project until the
-                # server noticed the dead connection (hours of TCP keepalive).
-                end_transaction_idle_past(conn, policy.claim_lease_seconds)
+                end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
                 recalc = recalc_project(conn, claim.project_id, claim.tenant_id)
                 # Usually the row is free: finished in the recalc's own commit.
                 finished = conn.execute(
                     query("finish_claim_in_recalc"), _finish_params(claim)
                 ).one()
         except Exception as exc:
-            if not is_lock_conflict(exc):
+            # Ended for idling: this drain stalled, the project did not fail; retried
+            # like a conflict, no attempt counted (the lease may have passed on already).
+            if not (is_lock_conflict(exc) or _ended_for_idling(exc)):
                 return _record_failure(engine, claim, exc, started, policy, now)
             _defer(engine, claim, exc, policy, now)
             continue
@@ -237,6 +254,7 @@ def _defer(
     lock_conflicts_total. May wait for a raiser holding the queue row: the drain holds no
     other lock now."""
     with engine.begin() as conn:
+        end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
         conn.execute(
             query("defer_claim"),
             {
@@ -267,6 +285,7 @@ def _record_failure(
     in a transaction of its own."""
     error = _error_text(exc)
     with engine.begin() as conn:
+        end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
         attempts = conn.execute(
             query("record_failure"),
             {
@@ -277,9 +296,11 @@ def _record_failure(
                 "retry_after_seconds": policy.tick_seconds,
             },
         ).scalar()
-    # None: the lease passed to another drain meanwhile, which records its own attempt.
-    attempts = attempts if attempts is not None else claim.attempt_count + 1
-    poisoned = attempts >= policy.poison_threshold
+    # None: the lease passed to another drain meanwhile, which records its own attempt (and
+    # its own poison): this failure counts none, and raises no alert.
+    lease_lost = attempts is None
+    attempts = claim.attempt_count if attempts is None else attempts
+    poisoned = not lease_lost and attempts >= policy.poison_threshold
     log.error(
         "project_recalc_failed project_id=%s attempt_count=%s error=%s",
         claim.project_id,

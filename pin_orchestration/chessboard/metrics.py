@@ -23,7 +23,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine
 
 from pin_orchestration.chessboard.outcomes import ProjectOutcome
-from pin_orchestration.chessboard.queue import DEFAULT_POLICY, RecalcPolicy, query, queue_stats
+from pin_orchestration.chessboard.queue import (
+    DEFAULT_POLICY,
+    DRAIN_IDLE_SECONDS,
+    RecalcPolicy,
+    query,
+    queue_stats,
+)
+from pin_orchestration.coordination.locks import end_transaction_idle_past
 
 # Buckets of chessboard_recalc_process_duration_seconds (SLO: p99 < 2 s per project).
 DURATION_BUCKETS: Sequence[float] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
@@ -69,7 +76,9 @@ def record_heartbeat(engine: Engine) -> None:
 
 
 def add_metrics(conn: Connection, increments: Mapping[tuple[str, str], float]) -> None:
-    """Add to persisted counters (name, label) in the caller's transaction."""
+    """Add to persisted counters (name, label) in the caller's transaction, which PostgreSQL
+    ends if it idles DRAIN_IDLE_SECONDS: every drain's outcomes wait for these rows."""
+    end_transaction_idle_past(conn, DRAIN_IDLE_SECONDS)
     keys = list(increments)
     conn.execute(
         query("add_metric"),

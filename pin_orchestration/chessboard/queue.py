@@ -45,6 +45,14 @@ class RecalcConfigError(ValueError):
     """A recalc policy or a request names an invalid value."""
 
 
+# A drain's transactions are a few statements with milliseconds of Python between them;
+# one idle this long is a client cut off (a hung network, a stalled process), and
+# PostgreSQL ends it, so the queue row, the project's rows or the shared metrics rows it
+# holds do not keep raisers and other drains waiting until the server notices the dead
+# connection (hours of TCP keepalive). A statement that runs long is not idle.
+DRAIN_IDLE_SECONDS = 5.0
+
+
 @dataclass(frozen=True)
 class RecalcPolicy:
     """The chessboard recalc options, declared once: the seed's thresholds (debounce 30 s,

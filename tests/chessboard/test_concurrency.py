@@ -3,6 +3,7 @@ PostgreSQL: the claim, the lease, re-raises during a recalc, retries of a failed
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -11,16 +12,19 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, event, text
 
 from pin_orchestration.chessboard import drain as drain_module
 from pin_orchestration.chessboard.drain import (
+    POISON_ALERT,
     ProjectOutcome,
     claim_next_due,
     drain_loop,
+    drain_tick,
     finish_claim,
     process_next_due,
 )
+from pin_orchestration.chessboard.metrics import record_heartbeat
 from pin_orchestration.chessboard.queue import RecalcPolicy, request_project_recalc
 from pin_orchestration.chessboard.recalc import find_divergence
 from tests.chessboard.world import (
@@ -290,12 +294,12 @@ def test_two_workers_retry_a_failing_row_no_sooner_than_a_tick_apart(
     assert request["attempt_count"] == 5
 
 
-def test_a_drain_stalled_inside_its_recalc_holds_the_project_no_longer_than_its_lease(
+def test_a_drain_stalled_inside_its_recalc_lets_another_drain_recalculate_the_project(
     db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A drain whose client stops mid-recalc (a hung network: its next statement never
-    reaches PostgreSQL) holds the project's rows and its queue row only as long as its lease:
-    the server ends its transaction, idle past the lease, and another drain recalculates the
+    reaches PostgreSQL) holds the project's rows and its queue row only DRAIN_IDLE_SECONDS:
+    the server ends its transaction, and another drain, past the lease, recalculates the
     project. (The fault suite's recalc-pg-hang: a drain behind a blackholed proxy held them
     for the whole hang, and the requests due at it were not drained.)"""
     p, _, _ = stale_project(db_engine)
@@ -332,3 +336,177 @@ def test_a_drain_stalled_inside_its_recalc_holds_the_project_no_longer_than_its_
     with db_engine.connect() as conn:
         assert queue_row(conn, p) is None
         assert row(conn, "projects", p)["version"] == 2  # the stalled recalc rolled back
+
+
+def _stall_after_recalc(
+    monkeypatch: pytest.MonkeyPatch, stalled: threading.Event, release: threading.Event
+) -> Callable[..., object]:
+    """The drain's recalc goes quiet after its statements, transaction open, until released."""
+    real_recalc = drain_module.recalc_project
+
+    def recalc_then_stall(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
+        result = real_recalc(conn, project_id, tenant_id)
+        stalled.set()
+        release.wait(60)
+        return result
+
+    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_stall)
+    return real_recalc
+
+
+def wait_until_no_transaction_idles(engine: Engine) -> None:
+    """Until PostgreSQL has ended every session idling in a transaction on this database."""
+    deadline = time.monotonic() + 60
+    with engine.connect() as conn:
+        while conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'idle in transaction'"
+            )
+        ).scalar_one():
+            assert time.monotonic() < deadline, "a transaction idled past its limit"
+            conn.rollback()
+            time.sleep(0.2)
+
+
+def test_a_drain_ended_for_stalling_counts_no_attempt_and_raises_no_alert(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ended a stalled drain's recalc (idle past its limit): the drain stalled,
+    the project did not fail. No attempt is counted (five stalls would poison a healthy
+    project), and at the poison threshold's edge no alert is raised."""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE chessboard.project_recalc_requests SET attempt_count = 4 "
+                "WHERE project_id = :p"
+            ),
+            {"p": p},
+        )
+    stalled, release = threading.Event(), threading.Event()
+    real_recalc = _stall_after_recalc(monkeypatch, stalled, release)
+    policy = RecalcPolicy(claim_lease_seconds=1)
+    first = Worker(lambda: process_next_due(db_engine, now=DUE, policy=policy))
+    first.start()
+    assert stalled.wait(30)
+    wait_until_no_transaction_idles(db_engine)
+    monkeypatch.setattr(drain_module, "recalc_project", real_recalc)
+    with caplog.at_level(logging.INFO):
+        release.set()
+        outcome = first.outcome()
+    # Deferred like a conflict (retried conflict_retry_seconds later), no attempt counted.
+    assert outcome is None
+    assert "project_recalc_deferred" in caplog.text
+    assert POISON_ALERT not in caplog.text and "project_recalc_failed" not in caplog.text
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p)["attempt_count"] == 4
+    again = process_next_due(db_engine, now=DUE + timedelta(minutes=1), policy=policy)
+    assert isinstance(again, ProjectOutcome) and again.result == "recalculated"
+    with db_engine.connect() as conn:
+        assert queue_row(conn, p) is None
+
+
+def test_a_stalled_drain_whose_row_another_drain_finished_raises_no_alert(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drain's failure after its lease passed to another drain (which recalculated and
+    finished the row) is not the project's: no attempt and no poison alert."""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    policy = RecalcPolicy(claim_lease_seconds=1, poison_threshold=1)
+    claim = claim_next_due(db_engine, now=DUE, policy=policy)
+    assert claim is not None
+    taken = process_next_due(db_engine, now=DUE + timedelta(minutes=1), policy=policy)
+    assert isinstance(taken, ProjectOutcome) and taken.result == "recalculated"
+    with caplog.at_level(logging.ERROR):
+        late = drain_module._record_failure(
+            db_engine, claim, RuntimeError("late"), time.perf_counter(), policy, DUE
+        )
+    assert not late.poisoned and late.attempt_count == claim.attempt_count
+    assert POISON_ALERT not in caplog.text
+
+
+class _CommitHangs:
+    """The COMMIT of `thread`'s transaction never reaches PostgreSQL until released (a
+    network blackholed between a transaction's last statement and its COMMIT)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.thread: threading.Thread | None = None
+        self.hung, self.release = threading.Event(), threading.Event()
+        event.listen(engine, "commit", self._on_commit)
+
+    def _on_commit(self, conn: object) -> None:
+        if threading.current_thread() is self.thread and not self.release.is_set():
+            self.hung.set()
+            self.release.wait(90)
+
+    def remove(self) -> None:
+        self.release.set()
+        event.remove(self.engine, "commit", self._on_commit)
+
+
+def test_a_drain_hung_before_its_heartbeat_commit_does_not_stall_the_other_drains(
+    db_engine: Engine,
+) -> None:
+    """Every drain adds to the shared metrics rows: one hung with them locked must not stop
+    the others' ticks for longer than the idle limit."""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    hang = _CommitHangs(db_engine)
+    try:
+        hung = Worker(lambda: record_heartbeat(db_engine))
+        hang.thread = hung
+        hung.start()
+        assert hang.hung.wait(30)
+        other = Worker(lambda: drain_tick(db_engine, now=DUE))
+        other.start()
+        tick = other.outcome(timeout=60)
+    finally:
+        hang.remove()
+    assert [o.project_id for o in tick.outcomes] == [p]  # type: ignore[attr-defined]
+
+
+def test_a_drain_hung_before_its_claim_commit_does_not_block_a_raiser(db_engine: Engine) -> None:
+    """A raiser never waits for a drain beyond a few statements: not for one whose claim's
+    COMMIT is lost in a hung network either (the claim's row lock ends with its idle limit)."""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    hang = _CommitHangs(db_engine)
+    try:
+        hung = Worker(lambda: claim_next_due(db_engine, now=DUE))
+        hang.thread = hung
+        hung.start()
+        assert hang.hung.wait(30)
+
+        def raise_again() -> None:
+            with db_engine.begin() as conn:
+                tenant = row(conn, "projects", p)["tenant_id"]
+                request_project_recalc(conn, p, tenant, "Crud", now=DUE)
+
+        raiser = Worker(raise_again)
+        raiser.start()
+        raiser.outcome(timeout=60)
+    finally:
+        hang.remove()
+
+
+def test_a_healthy_drain_with_a_short_lease_is_not_ended_between_its_statements(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease shorter than a pause between the recalc's statements (Python work, a starved
+    CPU) must not end a live recalc: the idle limit never goes under MIN_IDLE_SECONDS."""
+    p, _, _ = stale_project(db_engine)
+    enqueue(db_engine, p)
+    real_recalc = drain_module.recalc_project
+
+    def recalc_then_pause(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
+        result = real_recalc(conn, project_id, tenant_id)
+        time.sleep(0.05)  # the client's own pause before the next statement
+        return result
+
+    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_pause)
+    outcome = process_next_due(db_engine, now=DUE, policy=RecalcPolicy(claim_lease_seconds=0.01))
+    assert isinstance(outcome, ProjectOutcome) and outcome.result == "recalculated"
