@@ -98,23 +98,18 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:LAST_ERROR_MAX]
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc.orig, "sqlstate", None) if isinstance(exc, DBAPIError) else None
+
+
 def is_lock_conflict(exc: BaseException) -> bool:
     """The recalc met a row another transaction holds (see LOCK_CONFLICT_SQLSTATES)."""
-    return (
-        isinstance(exc, DBAPIError)
-        and getattr(exc.orig, "sqlstate", None) in LOCK_CONFLICT_SQLSTATES
-    )
+    return _sqlstate(exc) in LOCK_CONFLICT_SQLSTATES
 
 
 # The sqlstate of a session PostgreSQL ended for idling in its transaction: this drain's own
 # stall (DRAIN_IDLE_SECONDS without a statement), not a failure of the project.
 IDLE_TIMEOUT_SQLSTATE = "25P03"
-
-
-def _ended_for_idling(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) == IDLE_TIMEOUT_SQLSTATE
-    )
 
 
 def claim_next_due(
@@ -200,7 +195,7 @@ def process_next_due(
         except Exception as exc:
             # Ended for idling: this drain stalled, the project did not fail; retried
             # like a conflict, no attempt counted (the lease may have passed on already).
-            if not (is_lock_conflict(exc) or _ended_for_idling(exc)):
+            if not (is_lock_conflict(exc) or _sqlstate(exc) == IDLE_TIMEOUT_SQLSTATE):
                 return _record_failure(engine, claim, exc, started, policy, now)
             _defer(engine, claim, exc, policy, now)
             continue

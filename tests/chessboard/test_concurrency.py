@@ -294,6 +294,22 @@ def test_two_workers_retry_a_failing_row_no_sooner_than_a_tick_apart(
     assert request["attempt_count"] == 5
 
 
+def _stall_after_recalc(
+    monkeypatch: pytest.MonkeyPatch, stalled: threading.Event, release: threading.Event
+) -> Callable[..., object]:
+    """The drain's recalc goes quiet after its statements, transaction open, until released."""
+    real_recalc = drain_module.recalc_project
+
+    def recalc_then_stall(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
+        result = real_recalc(conn, project_id, tenant_id)
+        stalled.set()
+        release.wait(60)
+        return result
+
+    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_stall)
+    return real_recalc
+
+
 def test_a_drain_stalled_inside_its_recalc_lets_another_drain_recalculate_the_project(
     db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -306,15 +322,7 @@ def test_a_drain_stalled_inside_its_recalc_lets_another_drain_recalculate_the_pr
     enqueue(db_engine, p)
     policy = RecalcPolicy(claim_lease_seconds=1)
     stalled, release = threading.Event(), threading.Event()
-    real_recalc = drain_module.recalc_project
-
-    def recalc_then_stall(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
-        result = real_recalc(conn, project_id, tenant_id)
-        stalled.set()
-        release.wait(60)
-        return result
-
-    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_stall)
+    real_recalc = _stall_after_recalc(monkeypatch, stalled, release)
     first = Worker(lambda: process_next_due(db_engine, now=DUE, policy=policy))
     first.start()
     try:
@@ -336,22 +344,6 @@ def test_a_drain_stalled_inside_its_recalc_lets_another_drain_recalculate_the_pr
     with db_engine.connect() as conn:
         assert queue_row(conn, p) is None
         assert row(conn, "projects", p)["version"] == 2  # the stalled recalc rolled back
-
-
-def _stall_after_recalc(
-    monkeypatch: pytest.MonkeyPatch, stalled: threading.Event, release: threading.Event
-) -> Callable[..., object]:
-    """The drain's recalc goes quiet after its statements, transaction open, until released."""
-    real_recalc = drain_module.recalc_project
-
-    def recalc_then_stall(conn: Connection, project_id: uuid.UUID, tenant_id: uuid.UUID):
-        result = real_recalc(conn, project_id, tenant_id)
-        stalled.set()
-        release.wait(60)
-        return result
-
-    monkeypatch.setattr(drain_module, "recalc_project", recalc_then_stall)
-    return real_recalc
 
 
 def wait_until_no_transaction_idles(engine: Engine) -> None:

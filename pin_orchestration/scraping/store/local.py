@@ -198,17 +198,17 @@ class LocalResultStore:
 
     def delete_many(self, keys: Sequence[str]) -> int:
         unique = unique_keys(keys)
-        by_directory: dict[Path, list[Path]] = {}
+        by_directory: dict[Path, list[tuple[Path, Path]]] = {}
         for key in unique:
-            path, _ = self._paths(key)
-            by_directory.setdefault(path.parent, []).append(path)
+            path, meta_path = self._paths(key)
+            by_directory.setdefault(path.parent, []).append((path, meta_path))
         for directory, paths in by_directory.items():
             if not directory.is_dir():
                 continue
             with _locked_directory(directory):
-                for path in paths:
+                for path, meta_path in paths:
                     # Sidecar first: from that moment the object reads as absent.
-                    path.with_name(path.name + META_SUFFIX).unlink(missing_ok=True)
+                    meta_path.unlink(missing_ok=True)
                     # A directory under a key's name holds other keys (a job's pre-0012 key
                     # is the folder of its attempts' objects): no object by that name exists.
                     if not path.is_dir():
@@ -216,7 +216,7 @@ class LocalResultStore:
                 # And what puts of these keys killed midway left, with one listing of the
                 # directory (a day's, for pre-0012 keys). A put still under way (a worker
                 # whose lease was lost) then fails and removes its own files.
-                names = {path.name for path in paths}
+                names = {path.name for path, _ in paths}
                 for temporary in _temporaries_of(os.fspath(directory), names):
                     _remove(temporary)
         return len(unique)
