@@ -236,6 +236,9 @@ def _while_a_claim_is_open(db_url: str, during: Callable[[], object]) -> list[uu
                         {"pid": held_by},
                     ).scalar_one():
                         break
+                    # pg_stat_activity is read once a transaction: a poll in the same
+                    # one would never see the other claim's backend arrive.
+                    watch.rollback()
             tx.commit()
             other.join(timeout=60)
     finally:
@@ -466,6 +469,8 @@ def test_a_claim_that_finds_every_clock_slot_held_waits_for_one_and_moves_the_cl
                     {"pid": held_by},
                 ).scalar_one()
             )
+            # pg_stat_activity is read once a transaction (see above).
+            watch.rollback()
         assert blocked and not picked, "the claim did not wait for a slot"
         gate_tx.rollback()
         claimer.join(timeout=60)
