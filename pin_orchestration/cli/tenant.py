@@ -58,8 +58,13 @@ def tenant_list() -> None:
     for t in list_tenants(engine_from_env()):
         click.echo(
             f"{t['name']}\t{t['id']}\tkey {t['api_key_prefix']}…\t{t['jobs']} job(s)\t"
-            f"weight {t['weight']:g}\tkey rotated {t['key_rotated_at'].isoformat()}"
+            f"weight {_weight(t['weight'])}\tkey rotated {t['key_rotated_at'].isoformat()}"
         )
+
+
+def _weight(weight: float) -> str:
+    """The weight as stored, every digit (`:g` rounds to six: 1.0000001 read as 1)."""
+    return repr(float(weight)).removesuffix(".0")
 
 
 @tenant.command("set-weight")
@@ -74,7 +79,7 @@ def tenant_set_weight(name: str, weight: float) -> None:
         changed = set_tenant_weight(engine_from_env(), name, weight)
     except TenantError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"tenant {changed.name}: weight {weight:g}")
+    click.echo(f"tenant {changed.name}: weight {_weight(weight)}")
 
 
 @tenant.command("webhook-secret")

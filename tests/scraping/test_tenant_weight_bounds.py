@@ -88,3 +88,20 @@ def test_pin_tenant_set_weight_refuses_a_weight_outside_the_bounds(
     assert "weight must be between 0.001 and 1000" in done.output
     assert f"(got {float(given)!r})" in done.output, done.output
     assert _weight(db_engine, "a") == 1.0
+
+
+@pytest.mark.parametrize("weight", [1.0000001, 0.0012345678, 999.9999999, 3.0, MIN_TENANT_WEIGHT])
+def test_pin_tenant_list_and_set_weight_print_the_weight_stored(
+    db_url: str, db_engine: Engine, make_tenant, weight: float
+) -> None:
+    """`:g` printed six digits: a weight of 1.0000001 was listed as 1, and an operator
+    reading the list could not tell the weight they set from the default."""
+    make_tenant("a")
+    done = _pin(db_url, "tenant", "set-weight", "a", repr(weight))
+    assert done.exit_code == 0, done.output
+    shown = repr(weight).removesuffix(".0")
+    assert done.output.strip() == f"tenant a: weight {shown}"
+    listed = _pin(db_url, "tenant", "list")
+    assert listed.exit_code == 0, listed.output
+    assert f"\tweight {shown}\t" in listed.output, listed.output
+    assert float(shown) == _weight(db_engine, "a")
