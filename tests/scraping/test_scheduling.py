@@ -377,6 +377,16 @@ def test_a_redirect_hop_counts_against_the_hop_hosts_limits_across_workers(
         hop.stop()
     assert all(r.claimed > 0 for r in reports.values()) and len(reports) == 2
     assert sum(r.succeeded for r in reports.values()) == 14
+    with db_engine.connect() as conn:
+        retried = conn.execute(
+            text(
+                "SELECT j.url, a.number, a.outcome, a.error_class, a.error_detail"
+                " FROM scraping.job_attempts a JOIN scraping.jobs j ON j.id = a.job_id"
+                " WHERE a.outcome IS DISTINCT FROM 'succeeded'"
+            )
+        ).all()
+    # Every hop waits for its slot, none fails: a page is fetched once.
+    assert not retried, retried
     assert len(origin.served) == 10 and len(hop.served) == 14
     # The hop host, as it saw it: never more than 2 at once, its rate held for hops and
     # its own jobs together (without the hop slots, 8 slots' hops arrive at once).
