@@ -1,4 +1,5 @@
-"""Fixtures: every test gets a fresh, migrated database, cloned from a template.
+"""Fixtures: every test gets a database of its own as the migrations left it, cloned from a
+template or emptied after the test before (`_Databases`).
 
 PIN_DATABASE_URL (a server the tests may create databases on) selects the PostgreSQL to
 use; without it the session starts an embedded PostgreSQL in a temporary directory, so
