@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.pool import NullPool
 
 from pin_orchestration.migrations import upgrade_database
@@ -159,21 +159,39 @@ def template_database(pg_server_url: str, admin_engine: Engine) -> Iterator[str]
 
 
 # Catalogs a test's DDL writes to (a table, index, function, trigger, type, schema, a
-# temporary object's schema…). Their row count and newest xmin, equal to the template's
-# after a test, say it made no DDL: its database is then emptied and reused.
+# temporary object's schema, a collation, a foreign-data wrapper…). Their row count and
+# newest xmin, equal to the template's after a test, say it made no DDL.
 _CATALOGS = (
     "pg_class", "pg_attribute", "pg_attrdef", "pg_constraint", "pg_index", "pg_proc",
     "pg_namespace", "pg_type", "pg_trigger", "pg_rewrite", "pg_depend", "pg_description",
     "pg_sequence", "pg_policy", "pg_extension", "pg_inherits", "pg_enum", "pg_event_trigger",
-    "pg_operator", "pg_cast", "pg_publication", "pg_default_acl", "pg_largeobject_metadata",
-    "pg_statistic_ext",
+    "pg_operator", "pg_opclass", "pg_opfamily", "pg_amop", "pg_amproc", "pg_am", "pg_cast",
+    "pg_aggregate", "pg_collation", "pg_conversion", "pg_transform", "pg_ts_config",
+    "pg_ts_config_map", "pg_ts_dict", "pg_ts_parser", "pg_ts_template", "pg_language",
+    "pg_foreign_data_wrapper", "pg_foreign_server", "pg_foreign_table", "pg_user_mapping",
+    "pg_publication", "pg_publication_rel", "pg_default_acl", "pg_init_privs",
+    "pg_largeobject_metadata", "pg_statistic_ext", "pg_seclabel", "pg_statistic",
 )  # fmt: skip
+# What else makes a database unlike a fresh clone, in the same SELECT: the database's own
+# row and its comment, labels and settings (shared catalogs), prepared transactions; and a
+# table a test vacuumed or analyzed (pg_class updated in place: its xmin stays) or grew
+# to 10 pages or more, whose size the planner would read where it reads a fresh table as
+# 10 pages (a never-vacuumed table under 10 pages is planned as 10).
 _CATALOG_FINGERPRINT = text(
     "SELECT "
     + ", ".join(f"(SELECT count(*) || '/' || max(xmin::text::bigint) FROM {c})" for c in _CATALOGS)
-    + ", (SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
+    + ", (SELECT row(d.datconnlimit, d.datistemplate, d.datallowconn, d.datacl::text,"
+    "            shobj_description(d.oid, 'pg_database'))::text"
+    "     FROM pg_database d WHERE d.datname = current_database())"
+    ", (SELECT count(*) FROM pg_shseclabel l JOIN pg_database d ON d.oid = l.objoid"
+    "    WHERE d.datname = current_database())"
+    ", (SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
     "    WHERE d.datname = current_database())"
     ", (SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database())"
+    ", (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    "    WHERE c.relkind IN ('r', 'i', 't', 'S', 'm') AND n.nspname NOT LIKE 'pg\\_%'"
+    "      AND n.nspname <> 'information_schema'"
+    "      AND (c.reltuples >= 0 OR pg_relation_size(c.oid) >= 10 * 8192))"
 )
 _USER_TABLES = text(
     "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables"
@@ -193,12 +211,14 @@ class _Databases:
     """This worker's test databases. The first is cloned from the template; when a test is
     done with one, a thread of its own readies it for the next: every session on it is
     ended, it is renamed (so nothing left of the test, a thread or a child still holding
-    its URL, reaches the next test), and, when the test made no DDL, emptied and given the
-    rows the migrations wrote; after DDL (or anything else amiss) it is dropped and a new
-    clone taken. A clone and its drop cost the server ~170 ms of CPU (CREATE DATABASE writes
-    the template's pages to the WAL and forces its commit to disk), an emptying ~5 ms: the
-    suite is CPU-bound, and most of its tests take a database (600 s against 640-665 s for
-    the whole suite on the 2-core machine)."""
+    its URL, reaches the next test), and, when the test made no DDL (nor analyzed, vacuumed
+    or grew a table to 10 pages, nor changed the database's own row: `_CATALOG_FINGERPRINT`
+    equal to the template's), emptied, given the rows the migrations wrote and its
+    statistics reset; otherwise it is dropped and a new clone taken. A clone and its drop
+    cost the server ~170 ms of CPU (CREATE DATABASE writes the template's pages to the WAL
+    and forces its commit to disk), an emptying ~5 ms: the suite is CPU-bound, and most of
+    its tests take a database (581-600 s against 640-665 s for the whole suite on the
+    2-core machine)."""
 
     def __init__(self, server_url: str, admin_engine: Engine, template: str) -> None:
         self._server_url = server_url
@@ -206,6 +226,7 @@ class _Databases:
         self._template = template
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pin-test-databases")
         self._next: Future[str] | None = None
+        self.handed_out: list[str] = []  # names, as taken (for a test of this class)
         with self._connect(template) as conn:
             self._fingerprint = tuple(conn.execute(_CATALOG_FINGERPRINT).one())
             self._tables = list(conn.execute(_USER_TABLES).scalars())
@@ -230,7 +251,11 @@ class _Databases:
 
     def _drop(self, name: str) -> None:
         with self._admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            try:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            except ProgrammingError:  # 42809: a test made it a template
+                conn.execute(text(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE false'))
+                conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
     def _renamed_alone(self, name: str) -> str | None:
         """`name` under a new name once every session on it has ended; None when sessions
@@ -253,14 +278,16 @@ class _Databases:
         return None
 
     def _recycle(self, name: str) -> str:
-        renamed = self._renamed_alone(name)
+        renamed = None
         try:
+            renamed = self._renamed_alone(name)
             if renamed is None:
                 raise _NotAsMigrated(f"sessions kept coming back to {name}")
             self._empty(renamed)
             return renamed
         except Exception:  # noqa: BLE001 - whatever it was, a new clone is always right
-            self._drop(renamed or name)
+            for leftover in {name, renamed} - {None}:
+                self._drop(leftover)
             return self._clone()
 
     def _empty(self, name: str) -> None:
@@ -276,11 +303,18 @@ class _Databases:
             for sequence, start in self._sequences:
                 conn.execute(text("SELECT setval(:s, :v, false)"), {"s": sequence, "v": start})
             conn.commit()
+            # The counts in pg_stat_user_tables and pg_stat_database go too, this
+            # emptying's own DELETEs included: flushed (as the session idles) before the reset.
+            conn.execute(text("SELECT pg_stat_force_next_flush()"))
+            conn.commit()
+            conn.execute(text("SELECT pg_stat_reset()"))
+            conn.commit()
 
     def take(self) -> str:
         ready = self._next or self._thread.submit(self._clone)
         self._next = None
-        return ready.result()
+        self.handed_out.append(ready.result())
+        return self.handed_out[-1]
 
     def give_back(self, name: str) -> None:
         self._next = self._thread.submit(self._recycle, name)

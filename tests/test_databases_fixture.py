@@ -22,6 +22,13 @@ def databases(
     databases = _Databases(pg_server_url, admin_engine, template_database)
     yield databases
     databases.close()
+    # A test that failed before giving its database back leaves none behind either.
+    with admin_engine.connect() as conn:
+        for (name,) in conn.execute(
+            text("SELECT datname FROM pg_database WHERE datname = ANY(:n)"),
+            {"n": databases.handed_out},
+        ):
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 def _contents(url: str) -> dict[str, object]:
@@ -109,3 +116,112 @@ def test_a_database_a_test_changed_the_schema_of_is_not_handed_out_again(
             text("SELECT to_regclass('scraping.ix_jobs_running_domain') IS NOT NULL")
         ).scalar_one()
     databases.give_back(second)
+
+
+def _one(url: str, query: str) -> tuple[object, ...]:
+    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        return tuple(row)
+
+
+# What a test may leave behind (found by a hostile review), and a probe of it: each is
+# either emptied away or makes the next test's database a new clone.
+LEFT_BEHIND = {
+    "analyze": (
+        "INSERT INTO news.snapshot_detach_outbox (id, snapshot_id, post_id, reason)"
+        " SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'BlockReplaced'"
+        " FROM generate_series(1, 5000);"
+        " ANALYZE news.snapshot_detach_outbox",
+        "SELECT (SELECT count(*) FROM pg_stats WHERE tablename = 'snapshot_detach_outbox'),"
+        " (SELECT reltuples FROM pg_class WHERE oid = 'news.snapshot_detach_outbox'::regclass)",
+    ),
+    "counts": (
+        "INSERT INTO pin.job_runs (job_code, run_id, status, started_at)"
+        " SELECT 'x', 'r' || n, 'succeeded', now() FROM generate_series(1, 300) n",
+        "SELECT n_tup_ins, n_tup_del, n_dead_tup FROM pg_stat_user_tables"
+        " WHERE relid = 'pin.job_runs'::regclass",
+    ),
+    "database": (
+        "DO $$BEGIN EXECUTE format('COMMENT ON DATABASE %I IS ''x''; ALTER DATABASE %I"
+        " CONNECTION LIMIT 7', current_database(), current_database()); END$$",
+        "SELECT shobj_description(oid, 'pg_database'), datconnlimit FROM pg_database"
+        " WHERE datname = current_database()",
+    ),
+    "fdw": (
+        "CREATE FOREIGN DATA WRAPPER pin_test_fdw",
+        "SELECT count(*) FROM pg_foreign_data_wrapper",
+    ),
+    "collation": (
+        'CREATE COLLATION pg_catalog.pin_test_c FROM "C"',
+        "SELECT count(*) FROM pg_collation WHERE collname = 'pin_test_c'",
+    ),
+    "text_search": (
+        "CREATE TEXT SEARCH DICTIONARY pg_catalog.pin_test_d (TEMPLATE = simple)",
+        "SELECT count(*) FROM pg_ts_dict WHERE dictname = 'pin_test_d'",
+    ),
+    "grant": (
+        "GRANT SELECT ON pin.job_runs TO PUBLIC",
+        "SELECT relacl::text FROM pg_class WHERE oid = 'pin.job_runs'::regclass",
+    ),
+    "sequence": (
+        "ALTER SEQUENCE scraping.webhook_deliveries_id_seq INCREMENT 5",
+        "SELECT increment_by FROM pg_sequences WHERE sequencename = 'webhook_deliveries_id_seq'",
+    ),
+    "setting": (
+        "DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET work_mem = ''7MB''',"
+        " current_database()); END$$",
+        "SELECT current_setting('work_mem')",
+    ),
+    "large_object": ("SELECT lo_from_bytea(0, 'x')", "SELECT count(*) FROM pg_largeobject"),
+    "temporary_table": (
+        "CREATE TEMP TABLE pin_test_t (x int)",
+        "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pg_temp%'",
+    ),
+    "advisory_lock": ("SELECT pg_advisory_lock(812012)", "SELECT pg_try_advisory_lock(812012)"),
+}
+
+
+@pytest.mark.parametrize("left", list(LEFT_BEHIND))
+def test_nothing_a_test_leaves_in_its_database_reaches_the_next_test(
+    pg_server_url: str, databases: _Databases, left: str
+) -> None:
+    done, probe = LEFT_BEHIND[left]
+    first = databases.take()
+    # Left open, as a thread or child of the test would leave it.
+    lingering = psycopg.connect(_libpq(_with_database(pg_server_url, first)), autocommit=True)
+    lingering.execute(done)
+    databases.give_back(first)
+    second, fresh = databases.take(), databases._clone()
+    try:
+        assert _one(_with_database(pg_server_url, second), probe) == _one(
+            _with_database(pg_server_url, fresh), probe
+        )
+    finally:
+        lingering.close()
+        databases._drop(fresh)
+        databases.give_back(second)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ['ALTER DATABASE "{name}" IS_TEMPLATE true', 'DROP DATABASE "{name}" WITH (FORCE)'],
+    ids=["made-a-template", "dropped"],
+)
+def test_a_test_that_made_its_database_a_template_or_dropped_it_fails_no_later_test(
+    pg_server_url: str, databases: _Databases, admin_engine: Engine, statement: str
+) -> None:
+    first = databases.take()
+    with admin_engine.connect() as conn:
+        conn.execute(text(statement.format(name=first)))
+    databases.give_back(first)
+    second = databases.take()
+    with create_engine(_with_database(pg_server_url, second)).connect() as conn:
+        assert not conn.execute(
+            text("SELECT datistemplate FROM pg_database WHERE datname = current_database()")
+        ).scalar_one()
+    databases.give_back(second)
+    with admin_engine.connect() as conn:  # nor is any left behind
+        assert not conn.execute(
+            text("SELECT count(*) FROM pg_database WHERE datistemplate AND datname LIKE 'pin_t_%'")
+        ).scalar_one()
