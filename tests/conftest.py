@@ -261,8 +261,10 @@ class _Databases:
         """`name` under a new name once every session on it has ended; None when sessions
         keep coming back (a child of the test still running): then it is for dropping."""
         renamed = f"pin_t_{uuid.uuid4().hex[:12]}"
+        # A bound on the time, not the tries: a RENAME itself waits up to 5 s for sessions.
+        deadline = time.monotonic() + 10
         with self._admin.connect() as conn:
-            for _ in range(200):
+            while time.monotonic() < deadline:
                 conn.execute(
                     text(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
