@@ -134,7 +134,18 @@ def pg_server_url() -> Iterator[str]:
     from pin_orchestration.platform.embedded import start_embedded_postgres, stop_embedded_postgres
 
     with embedded_data_dir() as data_dir:
-        yield start_embedded_postgres(data_dir, stop_on_exit=True)
+        url = start_embedded_postgres(data_dir, stop_on_exit=True)
+        # A scratch server, deleted with the session: what a crash would lose does not
+        # matter, and the suite's CPU is the bound (a commit waits for no disk; autovacuum
+        # off, as on the CI machine's server, so a test's database is emptied, not cloned
+        # again after an autoanalyze).
+        admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            for setting in ("fsync", "synchronous_commit", "full_page_writes", "autovacuum"):
+                conn.execute(text(f"ALTER SYSTEM SET {setting} = off"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+        admin.dispose()
+        yield url
         # Stop it before its data directory goes away.
         stop_embedded_postgres(data_dir)
 
