@@ -242,8 +242,13 @@ class _Databases:
             self._fingerprint = tuple(conn.execute(_CATALOG_FINGERPRINT).one())
             self._tables = list(conn.execute(_USER_TABLES).scalars())
             self._sequences = [tuple(r) for r in conn.execute(_SEQUENCES)]
-            self._seeded = {t: _copy_out(conn, t) for t in self._tables}
-        self._seeded = {t: rows for t, rows in self._seeded.items() if rows}
+            self._seeded = {t: rows for t in self._tables if (rows := _copy_out(conn, t))}
+
+    def __enter__(self) -> _Databases:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @contextmanager
     def _connect(self, database: str) -> Iterator[Connection]:
@@ -354,9 +359,8 @@ def _copy_in(conn: Connection, table: str, rows: bytes) -> None:
 def _databases(
     pg_server_url: str, admin_engine: Engine, template_database: str
 ) -> Iterator[_Databases]:
-    databases = _Databases(pg_server_url, admin_engine, template_database)
-    yield databases
-    databases.close()
+    with _Databases(pg_server_url, admin_engine, template_database) as databases:
+        yield databases
 
 
 @pytest.fixture

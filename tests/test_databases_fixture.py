@@ -9,26 +9,21 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from tests.conftest import _Databases, _with_database
+from pin_orchestration.migrations.schema_dump import libpq_url
+from tests.conftest import _USER_TABLES, _Databases, _with_database
 
 
 @pytest.fixture
 def databases(
     pg_server_url: str, admin_engine: Engine, template_database: str
 ) -> Iterator[_Databases]:
-    databases = _Databases(pg_server_url, admin_engine, template_database)
-    yield databases
-    databases.close()
+    with _Databases(pg_server_url, admin_engine, template_database) as databases:
+        yield databases
     # A test that failed before giving its database back leaves none behind either.
-    with admin_engine.connect() as conn:
-        for (name,) in conn.execute(
-            text("SELECT datname FROM pg_database WHERE datname = ANY(:n)"),
-            {"n": databases.handed_out},
-        ):
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    for name in databases.handed_out:
+        databases._drop(name)
 
 
 def _contents(url: str) -> dict[str, object]:
@@ -36,12 +31,7 @@ def _contents(url: str) -> dict[str, object]:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            tables = conn.execute(
-                text(
-                    "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables"
-                    " WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1"
-                )
-            ).scalars()
+            tables = conn.execute(_USER_TABLES).scalars()
             contents: dict[str, object] = {
                 t: sorted(map(str, conn.execute(text(f"SELECT * FROM {t}")))) for t in tables
             }
@@ -55,10 +45,6 @@ def _contents(url: str) -> dict[str, object]:
         return contents
     finally:
         engine.dispose()
-
-
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def test_a_database_given_back_is_handed_out_again_as_the_migrations_left_it(
@@ -79,7 +65,7 @@ def test_a_database_given_back_is_handed_out_again_as_the_migrations_left_it(
         conn.execute(text("UPDATE scraping.pick_class_clocks SET tenant_clock[2] = 7"))
         conn.execute(text("SELECT nextval('scraping.webhook_deliveries_id_seq')"))
     # A session the test left open (a thread or a child of it, still running).
-    lingering = psycopg.connect(_libpq(url), autocommit=True)
+    lingering = psycopg.connect(libpq_url(url), autocommit=True)
     engine.dispose()
     databases.give_back(first)
     second = databases.take()
@@ -119,7 +105,7 @@ def test_a_database_a_test_changed_the_schema_of_is_not_handed_out_again(
 
 
 def _one(url: str, query: str) -> tuple[object, ...]:
-    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         row = conn.execute(query).fetchone()
         assert row is not None
         return tuple(row)
@@ -189,7 +175,7 @@ def test_nothing_a_test_leaves_in_its_database_reaches_the_next_test(
     done, probe = LEFT_BEHIND[left]
     first = databases.take()
     # Left open, as a thread or child of the test would leave it.
-    lingering = psycopg.connect(_libpq(_with_database(pg_server_url, first)), autocommit=True)
+    lingering = psycopg.connect(libpq_url(_with_database(pg_server_url, first)), autocommit=True)
     lingering.execute(done)
     databases.give_back(first)
     second, fresh = databases.take(), databases._clone()
