@@ -729,13 +729,18 @@ BEGIN
                     -- apart, so they come back one per token, not all at once; for a
                     -- pause or a connection, until then. Their tenants left with nothing
                     -- to claim are parked with them (rows other transactions hold are left
-                    -- to the claims that meet them).
+                    -- to the claims that meet them): locked first, then parked by a
+                    -- statement of its own when they still have no flow ready. Its
+                    -- snapshot sees every intake that held a tenant's row before the lock
+                    -- (intake of a ready tenant holds its row FOR SHARE, no new version:
+                    -- checked in the locking statement's snapshot, a flow intake committed
+                    -- in between was missed, and the tenant parked with it ready); intake
+                    -- after the lock waits for this claim and brings back what it parked.
                     v_aside := ARRAY(
                         SELECT DISTINCT w.tenant_id FROM scraping.set_domain_flows_aside(
                             v_fdomain, c_name[ci], v_tenant, v_due,
                             CASE WHEN v_bucket THEN 1 / v_rps ELSE 0 END) AS w);
-                    UPDATE scraping.tenant_queues t SET ready = false
-                    WHERE t.ctid = ANY (ARRAY(
+                    w_tenant_row := ARRAY(
                         SELECT p.row_id FROM unnest(v_aside) AS u(tenant_id)
                         CROSS JOIN LATERAL (
                             SELECT t2.ctid AS row_id FROM scraping.tenant_queues t2
@@ -744,7 +749,12 @@ BEGIN
                               AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
                                               WHERE f.priority = t2.priority
                                                 AND f.tenant_id = t2.tenant_id AND f.ready)
-                            FOR NO KEY UPDATE SKIP LOCKED) p));
+                            FOR NO KEY UPDATE SKIP LOCKED) p);
+                    UPDATE scraping.tenant_queues t SET ready = false
+                    WHERE t.ctid = ANY (w_tenant_row)
+                      AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                      WHERE f.priority = t.priority
+                                        AND f.tenant_id = t.tenant_id AND f.ready);
                     n_set_aside := n_set_aside + 1 + cardinality(v_aside) / 16;
                     EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
                     CONTINUE flows;
@@ -996,6 +1006,8 @@ $$;
 CREATE FUNCTION scraping.domains_domain_queue() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_tenant_rows tid[];
 BEGIN
     IF NEW.blocked_until > clock_timestamp() THEN
         UPDATE scraping.domain_queues q
@@ -1007,9 +1019,11 @@ BEGIN
         WHERE f.domain = NEW.domain
           AND (f.ready OR f.wake_at IS DISTINCT FROM NEW.blocked_until);
         -- Their tenants left with no flow ready are parked now rather than by the next
-        -- claim to meet them (a tenant row a claim or intake holds is left to it).
-        UPDATE scraping.tenant_queues t SET ready = false
-        WHERE t.ctid = ANY (ARRAY(
+        -- claim to meet them (a tenant row a claim or intake holds is left to it): locked
+        -- first, then parked by a statement of its own when they still have no flow
+        -- ready, whose snapshot sees every intake that held the row before the lock (as
+        -- the claim's set-aside does, claim_jobs.sql).
+        v_tenant_rows := ARRAY(
             SELECT t2.ctid FROM scraping.tenant_queues t2
             WHERE (t2.priority, t2.tenant_id) IN (
                     SELECT f.priority, f.tenant_id FROM scraping.tenant_flows f
@@ -1018,7 +1032,12 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
                               WHERE f.priority = t2.priority
                                 AND f.tenant_id = t2.tenant_id AND f.ready)
-            FOR NO KEY UPDATE SKIP LOCKED));
+            FOR NO KEY UPDATE SKIP LOCKED);
+        UPDATE scraping.tenant_queues t SET ready = false
+        WHERE t.ctid = ANY (v_tenant_rows)
+          AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                          WHERE f.priority = t.priority
+                            AND f.tenant_id = t.tenant_id AND f.ready);
     ELSE
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
         WHERE q.domain = NEW.domain AND NOT q.ready AND q.waiting_for = 'room'

@@ -217,6 +217,8 @@ $fn$;
 -- brings the flows waiting for room back at the next claim.
 CREATE OR REPLACE FUNCTION scraping.domains_domain_queue() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_tenant_rows tid[];
 BEGIN
     IF NEW.blocked_until > clock_timestamp() THEN
         UPDATE scraping.domain_queues q
@@ -228,9 +230,11 @@ BEGIN
         WHERE f.domain = NEW.domain
           AND (f.ready OR f.wake_at IS DISTINCT FROM NEW.blocked_until);
         -- Their tenants left with no flow ready are parked now rather than by the next
-        -- claim to meet them (a tenant row a claim or intake holds is left to it).
-        UPDATE scraping.tenant_queues t SET ready = false
-        WHERE t.ctid = ANY (ARRAY(
+        -- claim to meet them (a tenant row a claim or intake holds is left to it): locked
+        -- first, then parked by a statement of its own when they still have no flow
+        -- ready, whose snapshot sees every intake that held the row before the lock (as
+        -- the claim's set-aside does, claim_jobs.sql).
+        v_tenant_rows := ARRAY(
             SELECT t2.ctid FROM scraping.tenant_queues t2
             WHERE (t2.priority, t2.tenant_id) IN (
                     SELECT f.priority, f.tenant_id FROM scraping.tenant_flows f
@@ -239,7 +243,12 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
                               WHERE f.priority = t2.priority
                                 AND f.tenant_id = t2.tenant_id AND f.ready)
-            FOR NO KEY UPDATE SKIP LOCKED));
+            FOR NO KEY UPDATE SKIP LOCKED);
+        UPDATE scraping.tenant_queues t SET ready = false
+        WHERE t.ctid = ANY (v_tenant_rows)
+          AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                          WHERE f.priority = t.priority
+                            AND f.tenant_id = t.tenant_id AND f.ready);
     ELSE
         UPDATE scraping.domain_queues q SET wake_at = clock_timestamp()
         WHERE q.domain = NEW.domain AND NOT q.ready AND q.waiting_for = 'room'
