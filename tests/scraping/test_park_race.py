@@ -208,3 +208,57 @@ def test_a_pause_does_not_park_a_tenant_intake_just_gave_a_ready_flow(
     later = [(j.tenant_id, j.domain) for j in _claim(db_engine, 8)]
     assert later == [(u, "open.example")], (stranded, later)
     assert not stranded
+
+
+def test_intake_waiting_for_the_claim_that_parks_its_tenant_brings_it_back(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """The tenant the claim picked from (its row held since the pick) is parked when its
+    only flow goes aside: intake of a job of it on another domain meanwhile inserts its flow
+    and then waits for the tenant's row (FOR SHARE), so the claim parks it without seeing
+    that flow; once the claim commits, intake finds the tenant parked and brings it back.
+    Already so before 0045; a guard: the next claim takes the job."""
+    u = make_tenant("u")[0].id
+    w = make_tenant("w")[0].id
+    set_domain_limits(db_engine, "slow.example", rps=0.01, concurrency=None)
+    _enqueue(db_engine, w, ["http://slow.example/w"])
+    assert [j.tenant_id for j in _claim(db_engine, 1)] == [w]  # the bucket is empty now
+    _enqueue(db_engine, u, ["http://slow.example/u"])
+
+    claim = _Gated(
+        db_url,
+        GATED_UNNEST,
+        f"SET parkgate.tenant = '{u}'",
+        "SELECT tenant_id, domain FROM scraping.claim_jobs('g', 8, 600, 10000, 10000)",
+    )
+    intake_errors: list[BaseException] = []
+    with (
+        psycopg.connect(claim.url, autocommit=True) as gate,
+        psycopg.connect(claim.url, autocommit=True) as watch,
+        psycopg.connect(claim.url, autocommit=True) as producer,
+    ):
+        gate.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        claim.run_until_the_gate(watch)
+
+        def intake() -> None:
+            try:
+                _intake(producer, u, "http://open.example/u")
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                intake_errors.append(e)
+
+        producer_pid = producer.info.backend_pid
+        posting = threading.Thread(target=intake)
+        posting.start()
+        waits_for_the_claim = "SELECT %s = ANY (pg_blocking_pids(%s))"
+        while not watch.execute(waits_for_the_claim, (claim.pid, producer_pid)).fetchone()[0]:
+            assert posting.is_alive(), f"intake did not wait for the claim: {intake_errors}"
+            posting.join(0.01)
+        gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+        claim.close()
+        posting.join(timeout=60)
+        assert not posting.is_alive()
+    assert not intake_errors, intake_errors
+
+    assert claim.rows == []
+    later = [(j.tenant_id, j.domain) for j in _claim(db_engine, 8)]
+    assert later == [(u, "open.example")], (_parked_with_a_ready_flow(db_engine), later)
