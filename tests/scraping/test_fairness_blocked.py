@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -357,9 +358,10 @@ class _GatedClaim:
         self.conn.close()
 
 
-def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> float:
+def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> Decimal:
     """The start tag a tenant arriving now is given in class normal: the class clock (its
-    job is due in an hour, so it takes no pick)."""
+    job is due in an hour, so it takes no pick). Numeric (exact, migration 0045): a
+    Decimal."""
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -613,20 +615,13 @@ def test_a_claim_that_found_every_slot_held_writes_its_fall_back_slot_once_that_
     assert _arrival_tag(db_engine, make_tenant("late")[0].id) >= 7
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "The floor 0.001 keeps a weight-1 tenant's step of 1 inside a double, not a weight-"
-        "1000 tenant's step of 0.001: a tenant at the floor alone grows the class clock 1000 "
-        "a job, and from 2**44 (~1.8e10 of its jobs, 200 days at 1000 jobs/s) x + 0.001 == x, "
-        "so two weight-1000 tenants coming back at the clock stand still and one takes every "
-        "pick (b 10 : c 0). Reproduce: class normal's clocks at 2**44 in every slot (the "
-        "history), b and c at weight 1000 with 20 jobs each, claim 10."
-    ),
-)
 def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
     db_engine: Engine, make_tenant
 ) -> None:
+    """A tenant at the floor weight 0.001 alone grows the class clock 1000 a job: from 2**44
+    (~1.8e10 of its jobs) x + 0.001 == x in a double, and two weight-1000 tenants coming
+    back at the clock stood still, one taking every pick (b 10 : c 0). Start tags are
+    numeric (migration 0045), so each step of 0.001 counts and they share the picks."""
     b, c = (make_tenant(name)[0].id for name in ("b", "c"))
     for name in ("b", "c"):
         set_tenant_weight(db_engine, name, MAX_TENANT_WEIGHT)

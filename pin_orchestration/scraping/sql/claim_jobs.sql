@@ -24,7 +24,12 @@
 --    work all through a run of picks by one claim start n_a and n_b jobs with
 --    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b, from start tags level as claims one after the
 --    other leave them (claims at once may leave a tenant one of them held behind: the
---    next claims serve it until it is level, docs/jobs/scraping.md).
+--    next claims serve it until it is level, docs/jobs/scraping.md). Start tags and the
+--    start clock are numeric (migration 0045), the step 1/weight rounded to 20 decimals:
+--    added exactly at any size, so the bound holds however long the history (in a double
+--    a step of 0.001 was lost from 2**44, and one tenant took every pick). The jobs' fair
+--    tags, the tag clock and the flows' heads stay double precision: they order one
+--    tenant's own jobs, never whose turn it is.
 -- 3. Flow: scraping.tenant_flows holds one row per (domain, class, tenant) with queued
 --    jobs, its head (the smallest fair tag: a tenant's flows are taken oldest first) and
 --    whether it may be claimed (`ready`). A flow without a due job is set aside until its
@@ -151,11 +156,13 @@ DECLARE
     c_step bigint[];
     c_finish bigint[];
     c_start bigint[];
+    -- the class clocks: the job-tag clock (double precision, as the jobs' fair tags) and
+    -- the start clock (numeric, as the tenants' start tags: exact, see v_step)
     c_tclock double precision[];
-    c_sclock double precision[];
+    c_sclock numeric[];
     -- the class clocks as read at the start (written back only when a pick moved one)
     c_tclock0 double precision[];
-    c_sclock0 double precision[];
+    c_sclock0 numeric[];
     c_done boolean[] := ARRAY[false, false, false];
     v_clock bigint;
     ci integer;
@@ -163,8 +170,13 @@ DECLARE
     n_set_aside integer := 0;
     v_now timestamptz;
     v_tenant uuid;
-    v_tenant_tag double precision;
-    v_weight double precision;
+    v_tenant_tag numeric;
+    -- A start of the tenant picked advances its start tag by 1/weight, in numeric rounded
+    -- to 20 decimals: a tag is a sum of such steps and of clocks that are themselves such
+    -- sums (or doubles 0045 carried exactly), so its scale stays bounded and no step is
+    -- ever lost, however large the tags (in double precision 0.001 was lost from 2**44
+    -- and 1 from 2**53, and one tenant took every pick).
+    v_step numeric;
     v_probe record;
     v_fdomain text;
     v_domain scraping.domains;
@@ -203,7 +215,7 @@ DECLARE
     -- this call's starts (written at the end)
     tc_priority text[] := '{}';
     tc_tenant uuid[] := '{}';
-    tc_tag double precision[] := '{}';
+    tc_tag numeric[] := '{}';
     -- the flows whose head this call moved (written at the end)
     fh_domain text[] := '{}';
     fh_priority text[] := '{}';
@@ -302,7 +314,8 @@ BEGIN
                               WHERE u.p = c_name[ci]);
             v_mine := ARRAY(SELECT u.t FROM unnest(tc_priority, tc_tenant) AS u(p, t)
                             WHERE u.p = c_name[ci]);
-            SELECT t.tenant_id, t.start_tag, tn.weight INTO v_tenant, v_tenant_tag, v_weight
+            SELECT t.tenant_id, t.start_tag, round(1 / tn.weight::numeric, 20)
+            INTO v_tenant, v_tenant_tag, v_step
             FROM scraping.tenant_queues t
             JOIN scraping.tenants tn ON tn.id = t.tenant_id
             WHERE t.priority = c_name[ci] AND t.ready
@@ -327,7 +340,8 @@ BEGIN
                     OR (tc_tag[kt], tc_tenant[kt]) < (v_tenant_tag, v_tenant))
             THEN
                 v_tenant := tc_tenant[kt];
-                SELECT tn.weight INTO v_weight FROM scraping.tenants tn WHERE tn.id = v_tenant;
+                SELECT round(1 / tn.weight::numeric, 20) INTO v_step
+                FROM scraping.tenants tn WHERE tn.id = v_tenant;
             ELSIF v_tenant IS NULL THEN
                 -- Every tenant of the class with claimable work is being claimed from by
                 -- other claims: wait for the first of them rather than answer "nothing to
@@ -631,7 +645,7 @@ BEGIN
                     fh_head := fh_head || v_next;
                 END IF;
                 c_sclock[ci] := greatest(c_sclock[ci], tc_tag[kt]);
-                tc_tag[kt] := tc_tag[kt] + 1.0 / v_weight;
+                tc_tag[kt] := tc_tag[kt] + v_step;
                 c_tclock[ci] := greatest(c_tclock[ci], v_tag);
                 v_clock := greatest(c_finish[ci], v_clock);
                 c_start[ci] := v_clock;

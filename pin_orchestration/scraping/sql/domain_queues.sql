@@ -9,8 +9,11 @@
 -- A job entering the queue takes its tenant's next fair tag in its class: the tenant's
 -- last tag or the class's tag clock, whichever is later, then grown by 1/weight. It orders
 -- the tenant's own jobs (oldest first, on each domain and across its flows); it does not
--- decide whose turn it is. Concurrent intake of one tenant into one class serialises on
--- its tenant_vtimes row, nothing else.
+-- decide whose turn it is, so it stays double precision (the tenants' start tags, which
+-- do, are numeric: claim_jobs.sql, migration 0045); past a tag clock of 2**44 a tenant's
+-- new jobs may take equal tags and then go by id, and no other tenant's turn moves.
+-- Concurrent intake of one tenant into one class serialises on its tenant_vtimes row,
+-- nothing else.
 --
 -- scraping.take_fair_tags reserves p_count consecutive tags at once and returns them,
 -- numbered from 0 (the k-th is first + k/weight): a batch pays one upsert per class, not
