@@ -40,6 +40,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import ClassVar
 
@@ -326,9 +327,10 @@ class ScrapingModel(RuleBasedStateMachine):
                 for r in conn.execute(text("SELECT id, weight FROM scraping.tenants"))
             }
 
-    def _start_tags(self) -> dict[tuple[str, uuid.UUID], float]:
+    def _start_tags(self) -> dict[tuple[str, uuid.UUID], Decimal]:
         """Each (class, tenant)'s start tag as the next claim finds it: a parked tenant's
-        comes back at its class's start clock if that is later (claim_jobs.sql)."""
+        comes back at its class's start clock if that is later (claim_jobs.sql). Start tags
+        are numeric (exact, migration 0045): psycopg reads them as Decimal."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
@@ -345,7 +347,7 @@ class ScrapingModel(RuleBasedStateMachine):
         claimed: list[ClaimedJob],
         began: datetime,
         weights: dict[uuid.UUID, float],
-        tags: dict[tuple[str, uuid.UUID], float],
+        tags: dict[tuple[str, uuid.UUID], Decimal],
     ) -> None:
         """Tenants with claimable work on an open domain all through the claim (due before
         it began, not paused, no cancel asked, still queued after it): within a class, their
@@ -391,7 +393,10 @@ class ScrapingModel(RuleBasedStateMachine):
                 for b in tenants:
                     wa, wb = weights[a], weights[b]
                     lag = n[a] / wa - n[b] / wb
-                    sa, sb = tags.get((priority, a), 0.0), tags.get((priority, b), 0.0)
+                    sa = tags.get((priority, a), Decimal(0))
+                    sb = tags.get((priority, b), Decimal(0))
+                    # the gap exact, then a float like the rest of the bound
+                    gap = float(max(Decimal(0), sb - sa))
                     if lag > 1 / wa + 1 / wb + EPSILON:
                         # past the bound from level tags: a catch-up (if within the gap)
                         self.stats[
@@ -404,7 +409,7 @@ class ScrapingModel(RuleBasedStateMachine):
                                 else " (neither before: look)"
                             )
                         ] += 1
-                    if lag > max(0.0, sb - sa) + 1 / wa + 1 / wb + EPSILON:
+                    if lag > gap + 1 / wa + 1 / wb + EPSILON:
                         raise ModelViolation(
                             f"unfair claim in class {priority}: tenant {a} (weight {wa},"
                             f" start tag {sa}) started {n[a]}, tenant {b} (weight {wb}, start"
