@@ -366,7 +366,7 @@ DECLARE
     v_tenant_tag numeric;
     -- A start of the tenant picked advances its start tag by 1/weight, in numeric rounded
     -- to 20 decimals: a tag is a sum of such steps and of clocks that are themselves such
-    -- sums (or doubles 0045 carried exactly), so its scale stays bounded and no step is
+    -- sums (or doubles 0046 carried exactly), so its scale stays bounded and no step is
     -- ever lost, however large the tags (in double precision 0.001 was lost from 2**44
     -- and 1 from 2**53, and one tenant took every pick).
     v_step numeric;

@@ -330,7 +330,7 @@ class ScrapingModel(RuleBasedStateMachine):
     def _start_tags(self) -> dict[tuple[str, uuid.UUID], Decimal]:
         """Each (class, tenant)'s start tag as the next claim finds it: a parked tenant's
         comes back at its class's start clock if that is later (claim_jobs.sql). Start tags
-        are numeric (exact, migration 0045): psycopg reads them as Decimal."""
+        are numeric (exact, migration 0046): psycopg reads them as Decimal."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(

@@ -66,7 +66,7 @@ def test_0044_leaves_the_others_their_turns_after_a_tiny_weight_has_run(
 ) -> None:
     """At 0043 a tenant of weight 1e-300 starts 3 jobs while b and c wait on a paused host:
     its tag and the class start clock reach ~1e300, where a weight-1 step of 1 is lost in a
-    double. 0044 raises the weight but leaves those clocks; 0045 makes the start tags
+    double. 0044 raises the weight but leaves those clocks; 0046 makes the start tags
     numeric (carrying them exactly), so b and c, back at the clock, share the picks."""
     from pin_orchestration.scraping.store.politeness import resume_domain
     from pin_orchestration.scraping.store.tenancy import create_tenant
@@ -86,7 +86,7 @@ def test_0044_leaves_the_others_their_turns_after_a_tiny_weight_has_run(
         assert Counter(j.tenant_id for j in _claim(engine, 3)) == {a: 3}
 
         command.upgrade(config, "0044")
-        command.upgrade(config, "0045")
+        command.upgrade(config, "0046")
         assert resume_domain(engine, PAUSED)
         woken = Counter(j.tenant_id for j in _claim(engine, 10))
         assert woken[b] + woken[c] == 10 and abs(woken[b] - woken[c]) <= 2, woken

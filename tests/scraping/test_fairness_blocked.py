@@ -360,7 +360,7 @@ class _GatedClaim:
 
 def _arrival_tag(engine: Engine, tenant_id: uuid.UUID) -> Decimal:
     """The start tag a tenant arriving now is given in class normal: the class clock (its
-    job is due in an hour, so it takes no pick). Numeric (exact, migration 0045): a
+    job is due in an hour, so it takes no pick). Numeric (exact, migration 0046): a
     Decimal."""
     with engine.begin() as conn:
         conn.execute(
@@ -621,7 +621,7 @@ def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
     """A tenant at the floor weight 0.001 alone grows the class clock 1000 a job: from 2**44
     (~1.8e10 of its jobs) x + 0.001 == x in a double, and two weight-1000 tenants coming
     back at the clock stood still, one taking every pick (b 10 : c 0). Start tags are
-    numeric (migration 0045), so each step of 0.001 counts and they share the picks."""
+    numeric (migration 0046), so each step of 0.001 counts and they share the picks."""
     b, c = (make_tenant(name)[0].id for name in ("b", "c"))
     for name in ("b", "c"):
         set_tenant_weight(db_engine, name, MAX_TENANT_WEIGHT)

@@ -25,7 +25,7 @@
 --    |n_a/w_a - n_b/w_b| <= 1/w_a + 1/w_b, from start tags level as claims one after the
 --    other leave them (claims at once may leave a tenant one of them held behind: the
 --    next claims serve it until it is level, docs/jobs/scraping.md). Start tags and the
---    start clock are numeric (migration 0045), the step 1/weight rounded to 20 decimals:
+--    start clock are numeric (migration 0046), the step 1/weight rounded to 20 decimals:
 --    added exactly at any size, so the bound holds however long the history (in a double
 --    a step of 0.001 was lost from 2**44, and one tenant took every pick). The jobs' fair
 --    tags, the tag clock and the flows' heads stay double precision: they order one
@@ -173,7 +173,7 @@ DECLARE
     v_tenant_tag numeric;
     -- A start of the tenant picked advances its start tag by 1/weight, in numeric rounded
     -- to 20 decimals: a tag is a sum of such steps and of clocks that are themselves such
-    -- sums (or doubles 0045 carried exactly), so its scale stays bounded and no step is
+    -- sums (or doubles 0046 carried exactly), so its scale stays bounded and no step is
     -- ever lost, however large the tags (in double precision 0.001 was lost from 2**44
     -- and 1 from 2**53, and one tenant took every pick).
     v_step numeric;

@@ -10,7 +10,7 @@
 -- last tag or the class's tag clock, whichever is later, then grown by 1/weight. It orders
 -- the tenant's own jobs (oldest first, on each domain and across its flows); it does not
 -- decide whose turn it is, so it stays double precision (the tenants' start tags, which
--- do, are numeric: claim_jobs.sql, migration 0045); past a tag clock of 2**44 a tenant's
+-- do, are numeric: claim_jobs.sql, migration 0046); past a tag clock of 2**44 a tenant's
 -- new jobs may take equal tags and then go by id, and no other tenant's turn moves.
 -- Concurrent intake of one tenant into one class serialises on its tenant_vtimes row,
 -- nothing else.

@@ -1,4 +1,4 @@
-"""Migration 0045 makes the tenants' start tags and the class start clock numeric on a
+"""Migration 0046 makes the tenants' start tags and the class start clock numeric on a
 database with a history: every tag and clock a running queue has reached is carried
 exactly (as the very double it was, so tags that differ only past a double's 15th digit stay
 apart and in order), the clock slots each keep their own clocks, down gives back the same
@@ -88,9 +88,9 @@ def _types(engine: Engine) -> set[str]:
         )
 
 
-def test_0045_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) -> None:
+def test_0046_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) -> None:
     config = alembic_config(empty_db_url)
-    command.upgrade(config, "0044")
+    command.upgrade(config, "0045")
     engine = create_engine(empty_db_url)
     try:
         with engine.begin() as conn:
@@ -121,7 +121,7 @@ def test_0045_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) 
         slots_before, view_before = _clocks(engine)
         assert view_before["normal"] == math.nextafter(BIG, math.inf)
 
-        command.upgrade(config, "0045")
+        command.upgrade(config, "0046")
         assert _types(engine) == {"numeric", "numeric[]"}
         tags = _start_tags(engine)
         assert all(isinstance(t, Decimal) for t in tags.values())
@@ -142,13 +142,13 @@ def test_0045_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) 
             ).scalar_one()
         assert stepped
 
-        command.downgrade(config, "0044")
+        command.downgrade(config, "0045")
         assert _types(engine) == {"double precision", "double precision[]"}
         assert _start_tags(engine) == TAGS, "down gives back the very doubles"
         assert _order(engine) == order
         assert _clocks(engine) == (slots_before, view_before)
 
-        command.upgrade(config, "0045")
+        command.upgrade(config, "0046")
         assert _start_tags(engine) == tags
         assert _clocks(engine) == (slots, view)
         assert _order(engine) == order

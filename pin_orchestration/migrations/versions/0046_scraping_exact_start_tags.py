@@ -8,17 +8,17 @@ pick. The jobs' fair tags (jobs.fair_tag, tenant_vtimes, the tag clock, the flow
 queues' heads) stay double precision: they order one tenant's own jobs, never whose turn
 it is.
 
-The SQL is frozen in 0045_scraping_exact_start_tags.sql / .down.sql beside this file; the
+The SQL is frozen in 0046_scraping_exact_start_tags.sql / .down.sql beside this file; the
 live definition is pin_orchestration/scraping/sql/claim_jobs.sql.
 
-Revision ID: 0045
-Revises: 0044
+Revision ID: 0046
+Revises: 0045
 """
 
 from pin_orchestration.migrations import run_frozen_sql
 
-revision = "0045"
-down_revision = "0044"
+revision = "0046"
+down_revision = "0045"
 branch_labels = None
 depends_on = None
 

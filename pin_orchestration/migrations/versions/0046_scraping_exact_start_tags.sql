@@ -1,4 +1,4 @@
--- 0045: the tenants' start tags (scraping.tenant_queues.start_tag) and the class start
+-- 0046: the tenants' start tags (scraping.tenant_queues.start_tag) and the class start
 -- clock (scraping.pick_class_clocks.start_clock, read through scraping.class_clocks) are
 -- numeric, and so is the claim's arithmetic on them (scraping.claim_jobs). A pick advances
 -- its tenant's tag by 1/weight; in a double that step was lost once the clock was large
@@ -72,7 +72,7 @@ DECLARE
     v_tenant_tag numeric;
     -- A start of the tenant picked advances its start tag by 1/weight, in numeric rounded
     -- to 20 decimals: a tag is a sum of such steps and of clocks that are themselves such
-    -- sums (or doubles 0045 carried exactly), so its scale stays bounded and no step is
+    -- sums (or doubles 0046 carried exactly), so its scale stays bounded and no step is
     -- ever lost, however large the tags (in double precision 0.001 was lost from 2**44
     -- and 1 from 2**53, and one tenant took every pick).
     v_step numeric;
@@ -444,13 +444,18 @@ BEGIN
                     -- apart, so they come back one per token, not all at once; for a
                     -- pause or a connection, until then. Their tenants left with nothing
                     -- to claim are parked with them (rows other transactions hold are left
-                    -- to the claims that meet them).
+                    -- to the claims that meet them): locked first, then parked by a
+                    -- statement of its own when they still have no flow ready. Its
+                    -- snapshot sees every intake that held a tenant's row before the lock
+                    -- (intake of a ready tenant holds its row FOR SHARE, no new version:
+                    -- checked in the locking statement's snapshot, a flow intake committed
+                    -- in between was missed, and the tenant parked with it ready); intake
+                    -- after the lock waits for this claim and brings back what it parked.
                     v_aside := ARRAY(
                         SELECT DISTINCT w.tenant_id FROM scraping.set_domain_flows_aside(
                             v_fdomain, c_name[ci], v_tenant, v_due,
                             CASE WHEN v_bucket THEN 1 / v_rps ELSE 0 END) AS w);
-                    UPDATE scraping.tenant_queues t SET ready = false
-                    WHERE t.ctid = ANY (ARRAY(
+                    w_tenant_row := ARRAY(
                         SELECT p.row_id FROM unnest(v_aside) AS u(tenant_id)
                         CROSS JOIN LATERAL (
                             SELECT t2.ctid AS row_id FROM scraping.tenant_queues t2
@@ -459,7 +464,12 @@ BEGIN
                               AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
                                               WHERE f.priority = t2.priority
                                                 AND f.tenant_id = t2.tenant_id AND f.ready)
-                            FOR NO KEY UPDATE SKIP LOCKED) p));
+                            FOR NO KEY UPDATE SKIP LOCKED) p);
+                    UPDATE scraping.tenant_queues t SET ready = false
+                    WHERE t.ctid = ANY (w_tenant_row)
+                      AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                      WHERE f.priority = t.priority
+                                        AND f.tenant_id = t.tenant_id AND f.ready);
                     n_set_aside := n_set_aside + 1 + cardinality(v_aside) / 16;
                     EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
                     CONTINUE flows;

@@ -1,5 +1,5 @@
--- 0045 down: start tags and the class start clock are double precision again, each the
--- nearest double to its numeric (a history made before 0045 comes back exactly), and the
+-- 0046 down: start tags and the class start clock are double precision again, each the
+-- nearest double to its numeric (a history made before 0046 comes back exactly), and the
 -- claim adds 1.0 / weight in double precision again.
 
 DROP VIEW scraping.class_clocks;
@@ -414,13 +414,18 @@ BEGIN
                     -- apart, so they come back one per token, not all at once; for a
                     -- pause or a connection, until then. Their tenants left with nothing
                     -- to claim are parked with them (rows other transactions hold are left
-                    -- to the claims that meet them).
+                    -- to the claims that meet them): locked first, then parked by a
+                    -- statement of its own when they still have no flow ready. Its
+                    -- snapshot sees every intake that held a tenant's row before the lock
+                    -- (intake of a ready tenant holds its row FOR SHARE, no new version:
+                    -- checked in the locking statement's snapshot, a flow intake committed
+                    -- in between was missed, and the tenant parked with it ready); intake
+                    -- after the lock waits for this claim and brings back what it parked.
                     v_aside := ARRAY(
                         SELECT DISTINCT w.tenant_id FROM scraping.set_domain_flows_aside(
                             v_fdomain, c_name[ci], v_tenant, v_due,
                             CASE WHEN v_bucket THEN 1 / v_rps ELSE 0 END) AS w);
-                    UPDATE scraping.tenant_queues t SET ready = false
-                    WHERE t.ctid = ANY (ARRAY(
+                    w_tenant_row := ARRAY(
                         SELECT p.row_id FROM unnest(v_aside) AS u(tenant_id)
                         CROSS JOIN LATERAL (
                             SELECT t2.ctid AS row_id FROM scraping.tenant_queues t2
@@ -429,7 +434,12 @@ BEGIN
                               AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
                                               WHERE f.priority = t2.priority
                                                 AND f.tenant_id = t2.tenant_id AND f.ready)
-                            FOR NO KEY UPDATE SKIP LOCKED) p));
+                            FOR NO KEY UPDATE SKIP LOCKED) p);
+                    UPDATE scraping.tenant_queues t SET ready = false
+                    WHERE t.ctid = ANY (w_tenant_row)
+                      AND NOT EXISTS (SELECT 1 FROM scraping.tenant_flows f
+                                      WHERE f.priority = t.priority
+                                        AND f.tenant_id = t.tenant_id AND f.ready);
                     n_set_aside := n_set_aside + 1 + cardinality(v_aside) / 16;
                     EXIT picks WHEN n_set_aside >= MAX_SET_ASIDE;
                     CONTINUE flows;
