@@ -920,9 +920,9 @@ BEGIN
         SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
                                  greatest(s.tenant_clock[2], c_tclock[2]),
                                  greatest(s.tenant_clock[3], c_tclock[3])],
-            start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
-                                greatest(s.start_clock[2], c_sclock[2]),
-                                greatest(s.start_clock[3], c_sclock[3])]
+            exact_start_clock = ARRAY[greatest(s.exact_start_clock[1], c_sclock[1]),
+                                      greatest(s.exact_start_clock[2], c_sclock[2]),
+                                      greatest(s.exact_start_clock[3], c_sclock[3])]
         WHERE s.slot = coalesce(v_slot, pg_backend_pid() % 8);
     END IF;
 END
@@ -2100,8 +2100,8 @@ CREATE TABLE pin.retired_totals (
 CREATE TABLE scraping.pick_class_clocks (
     slot smallint NOT NULL,
     tenant_clock double precision[] NOT NULL,
-    start_clock numeric[] NOT NULL,
-    CONSTRAINT pick_class_clocks_check CHECK (((cardinality(tenant_clock) = 3) AND (cardinality(start_clock) = 3))),
+    exact_start_clock numeric[] NOT NULL,
+    CONSTRAINT pick_class_clocks_check CHECK (((cardinality(tenant_clock) = 3) AND (cardinality(exact_start_clock) = 3))),
     CONSTRAINT pick_class_clocks_slot_check CHECK (((slot >= 0) AND (slot <= 7)))
 );
 
@@ -2112,7 +2112,7 @@ CREATE TABLE scraping.pick_class_clocks (
 CREATE VIEW scraping.class_clocks AS
  SELECT c.priority,
     max(s.tenant_clock[c.k]) AS tenant_clock,
-    max(s.start_clock[c.k]) AS start_clock
+    max(s.exact_start_clock[c.k]) AS start_clock
    FROM (unnest(ARRAY['high'::text, 'normal'::text, 'low'::text]) WITH ORDINALITY c(priority, k)
      CROSS JOIN scraping.pick_class_clocks s)
   GROUP BY c.priority;

@@ -113,7 +113,7 @@ RESET = (
     "scraping.intake_buckets, scraping.webhook_deliveries, scraping.redirect_slots, "
     "scraping.tenants CASCADE; "
     "UPDATE scraping.pick_classes SET vtime = 0, last_start = 0; "
-    "UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}', start_clock = '{0,0,0}'"
+    "UPDATE scraping.pick_class_clocks SET tenant_clock = '{0,0,0}', exact_start_clock = '{0,0,0}'"
 )
 EPSILON = 1e-6
 

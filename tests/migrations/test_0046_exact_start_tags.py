@@ -6,13 +6,26 @@ doubles, and up again the same numerics."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import psycopg
+import pytest
 from alembic import command
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 
 from pin_orchestration.migrations import alembic_config
+from pin_orchestration.migrations.schema_dump import libpq_url
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob, finish_attempts
+from pin_orchestration.scraping.store.tenancy import create_tenant, set_tenant_weight
+from pin_orchestration.scraping.worker.run import claim_due_jobs
+from tests.scraping.conftest import UNLIMITED
 
 BIG = 2.0**44
 # start tags in class normal, tenant name -> tag: neighbours a plain ::numeric (15 digits)
@@ -60,11 +73,26 @@ def _order(engine: Engine) -> list[list[str]]:
     return [list(r.names) for r in rows]
 
 
+def _slot_column(engine: Engine) -> str:
+    """The slots' start clock column: start_clock before 0046, exact_start_clock from it
+    (renamed, so a claim compiled before the migration fails at its write)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT attname FROM pg_attribute WHERE attrelid ="
+                " 'scraping.pick_class_clocks'::regclass AND attname LIKE '%start_clock'"
+            )
+        ).scalar_one()
+
+
 def _clocks(engine: Engine) -> tuple[dict[int, list[object]], dict[str, object]]:
+    column = _slot_column(engine)
     with engine.connect() as conn:
         slots = {
-            r.slot: list(r.start_clock)
-            for r in conn.execute(text("SELECT slot, start_clock FROM scraping.pick_class_clocks"))
+            r.slot: list(r.clock)
+            for r in conn.execute(
+                text(f"SELECT slot, {column} AS clock FROM scraping.pick_class_clocks")
+            )
         }
         view = {
             r.priority: r.start_clock
@@ -82,6 +110,7 @@ def _types(engine: Engine) -> set[str]:
                     " WHERE (a.attrelid, a.attname) IN ("
                     "   ('scraping.tenant_queues'::regclass, 'start_tag'),"
                     "   ('scraping.pick_class_clocks'::regclass, 'start_clock'),"
+                    "   ('scraping.pick_class_clocks'::regclass, 'exact_start_clock'),"
                     "   ('scraping.class_clocks'::regclass, 'start_clock'))"
                 )
             ).scalars()
@@ -122,6 +151,7 @@ def test_0046_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) 
         assert view_before["normal"] == math.nextafter(BIG, math.inf)
 
         command.upgrade(config, "0046")
+        assert _slot_column(engine) == "exact_start_clock"
         assert _types(engine) == {"numeric", "numeric[]"}
         tags = _start_tags(engine)
         assert all(isinstance(t, Decimal) for t in tags.values())
@@ -143,6 +173,7 @@ def test_0046_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) 
         assert stepped
 
         command.downgrade(config, "0045")
+        assert _slot_column(engine) == "start_clock"
         assert _types(engine) == {"double precision", "double precision[]"}
         assert _start_tags(engine) == TAGS, "down gives back the very doubles"
         assert _order(engine) == order
@@ -153,4 +184,240 @@ def test_0046_carries_start_tags_and_clocks_exactly_and_back(empty_db_url: str) 
         assert _clocks(engine) == (slots, view)
         assert _order(engine) == order
     finally:
+        engine.dispose()
+
+
+# --- 0046 on a live database: workers claiming and writing outcomes while it runs ---
+
+GATE_SECONDS = 30
+
+
+def _wait_for(predicate: Callable[[], bool], what: str) -> None:
+    """A gate on a state PostgreSQL reports (a lock wait), polled; never a fixed sleep."""
+    deadline = time.monotonic() + GATE_SECONDS
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gate never opened: {what}")
+        time.sleep(0.02)
+
+
+def _waiting(
+    admin: psycopg.Connection, *, pid: int | None = None, relation: str | None = None
+) -> bool:
+    return bool(
+        admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND (%(pid)s::int IS NULL OR pid = %(pid)s::int)"
+            " AND (%(rel)s::text IS NULL OR relation = %(rel)s::text::regclass)",
+            {"pid": pid, "rel": relation},
+        ).fetchone()[0]
+    )
+
+
+def _queue(engine: Engine, tenant_id: object, domain: str, n: int = 1) -> None:
+    with engine.begin() as conn:
+        for i in range(n):
+            conn.execute(
+                text(
+                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
+                    " next_attempt_at) VALUES (gen_random_uuid(), :t, :u, :d, 'normal',"
+                    " now() - interval '1 hour')"
+                ),
+                {"t": tenant_id, "u": f"http://{domain}/{i}", "d": domain},
+            )
+
+
+def _claim(engine: Engine, limit: int) -> list[ClaimedJob]:
+    return claim_due_jobs(
+        engine, worker="w", limit=limit, lease_seconds=600, domain_defaults=UNLIMITED
+    )
+
+
+@pytest.mark.parametrize("round_", ["redirect_hop_429", "last_attempt_429_and_a_retry"])
+def test_0046_waits_out_a_worker_round_that_pauses_a_host_and_hands_back_a_job(
+    empty_db_url: str, round_: str
+) -> None:
+    """A round's pause holds tenant_queues and its retry then reads class_clocks (intake's
+    fair tags); a claim takes them the other way round. 0046 took the view and then waited
+    for tenant_queues: the deadlock detector failed the migration (found by a hostile
+    review). It now takes the three together, holding none while it waits, and both the
+    round and the migration go through. redirect_hop_429: b.example's job handed back after
+    its redirect hop a.example answered 429; last_attempt_429_and_a_retry: a.example's job
+    failed on a 429 at its last attempt, b.example's handed back in the same round."""
+    config = alembic_config(empty_db_url)
+    command.upgrade(config, "0045")
+    engine = create_engine(empty_db_url)
+    admin = psycopg.connect(libpq_url(empty_db_url), autocommit=True)
+    migration_error: list[BaseException] = []
+    try:
+        tenant, _ = create_tenant(engine, "t")
+        _queue(engine, tenant.id, "b.example")
+        # another tenant's flow on the hop's host, so its pause has tenants to park
+        other, _ = create_tenant(engine, "u")
+        _queue(engine, other.id, "a.example")
+        jobs = {j.domain: j for j in _claim(engine, 2)}
+
+        def migrate() -> None:
+            try:
+                command.upgrade(config, "0046")
+            except BaseException as exc:  # reported on the main thread
+                migration_error.append(exc)
+
+        migration = threading.Thread(target=migrate)
+        # The round pauses a.example (sorted first), then writes b.example's outcome: the
+        # migration starts between the two, once it waits for tenant_queues.
+        paused: list[bool] = []
+
+        def gate(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            if "scraping.pause_domain(" in statement:
+                paused.append(True)
+            elif "WITH o AS" in statement and paused and not migration.is_alive():
+                migration.start()
+                _wait_for(
+                    lambda: _waiting(admin, relation="scraping.tenant_queues"),
+                    "0046 waiting for tenant_queues",
+                )
+
+        event.listen(engine, "before_cursor_execute", gate)
+        now = datetime.now(UTC)
+        b, a = jobs["b.example"], jobs["a.example"]
+        retry_b = AttemptOutcome(
+            job_id=b.id,
+            attempt=b.attempt,
+            status="queued",
+            outcome="retry",
+            next_attempt_at=now,
+            job_domain="b.example",
+        )
+        hop_429 = {
+            "http_status": 429,
+            "error_class": "http_429",
+            "domain": "a.example",
+            "domain_paused_until": now + timedelta(seconds=60),
+        }
+        if round_ == "redirect_hop_429":
+            outcomes = [dataclasses.replace(retry_b, **hop_429)]
+        else:
+            failed_a = AttemptOutcome(
+                job_id=a.id,
+                attempt=a.attempt,
+                status="failed",
+                outcome="failed",
+                job_domain="a.example",
+                **hop_429,
+            )
+            outcomes = [failed_a, retry_b]
+        try:
+            finish_attempts(engine, worker="w", outcomes=outcomes)
+        finally:
+            event.remove(engine, "before_cursor_execute", gate)
+        assert paused and migration.ident is not None, "the gate never started 0046"
+        migration.join(GATE_SECONDS)
+        assert not migration.is_alive()
+        assert not migration_error, f"0046 failed: {migration_error[0]!r}"
+        with engine.connect() as conn:
+            status = conn.execute(
+                text("SELECT status FROM scraping.jobs WHERE id = :i"), {"i": b.id}
+            ).scalar_one()
+        assert status == "queued", "the round's outcome is written"
+        assert _slot_column(engine) == "exact_start_clock"
+    finally:
+        admin.close()
+        engine.dispose()
+
+
+CLOCK_2_60 = 2.0**60  # clocks a pre-0044 history (weights below 0.001) reached
+
+
+def test_a_claim_called_while_0046_commits_fails_rather_than_round_the_clock(
+    empty_db_url: str,
+) -> None:
+    """A claim called while 0046 holds its locks runs 0045's body (PL/pgSQL compiles a
+    function when it is called): after the commit it read the numeric clocks into doubles
+    and wrote them back rounded to 15 digits, at 2**60 the class clock 3,024 past every
+    tag, and a weight-1000 tenant arriving there got none of the next 15 picks (found by a
+    hostile review). The slots' column is renamed by 0046, so that claim fails at its write
+    (one statement: nothing it picked is kept) and the worker's next claim is 0046's. The
+    gate: a row lock on pin.alembic_version holds 0046 after its DDL, before its commit."""
+    config = alembic_config(empty_db_url)
+    command.upgrade(config, "0045")
+    engine = create_engine(empty_db_url)
+    url = libpq_url(empty_db_url)
+    admin = psycopg.connect(url, autocommit=True)
+    version_holder = psycopg.connect(url)
+    claimer = psycopg.connect(url, autocommit=True)
+    errors: list[BaseException] = []
+    claim_errors: list[BaseException] = []
+    try:
+        ids = {}
+        for name in ("a", "b"):
+            ids[name] = create_tenant(engine, name)[0].id
+            set_tenant_weight(engine, name, 1000.0)
+            _queue(engine, ids[name], f"{name}.example", 20)
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE scraping.tenant_queues SET start_tag = :c"), {"c": CLOCK_2_60}
+            )
+            conn.execute(
+                text("UPDATE scraping.pick_class_clocks SET start_clock = ARRAY[:c, :c, :c]"),
+                {"c": CLOCK_2_60},
+            )
+        version_holder.execute("SELECT 1 FROM pin.alembic_version FOR UPDATE")
+
+        def migrate() -> None:
+            try:
+                command.upgrade(config, "0046")
+            except BaseException as exc:  # reported on the main thread
+                errors.append(exc)
+
+        def claim() -> None:
+            try:
+                claimer.execute("SELECT id FROM scraping.claim_jobs('w', 4, 600, 10000, 10000)")
+            except BaseException as exc:
+                claim_errors.append(exc)
+
+        migration = threading.Thread(target=migrate)
+        migration.start()
+        # 0046's DDL is done and its locks held: it waits to write its version
+        _wait_for(
+            lambda: (
+                _waiting(admin, relation="pin.alembic_version")
+                or bool(
+                    admin.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND wait_event = 'transactionid' AND query LIKE '%alembic_version%'"
+                    ).fetchone()[0]
+                )
+            ),
+            "0046 waiting to write its version",
+        )
+        claiming = threading.Thread(target=claim)
+        claiming.start()
+        claimer_pid = claimer.info.backend_pid
+        _wait_for(lambda: _waiting(admin, pid=claimer_pid), "the claim waiting for 0046")
+        version_holder.rollback()
+        migration.join(GATE_SECONDS)
+        claiming.join(GATE_SECONDS)
+        assert not errors, errors
+        assert [type(e) for e in claim_errors] == [psycopg.errors.UndefinedColumn], claim_errors
+
+        with engine.connect() as conn:
+            running = conn.execute(
+                text("SELECT count(*) FROM scraping.jobs WHERE status <> 'queued'")
+            ).scalar_one()
+            clock = conn.execute(
+                text("SELECT start_clock FROM scraping.class_clocks WHERE priority = 'normal'")
+            ).scalar_one()
+        assert running == 0, "nothing the failed claim picked is kept"
+        # the history's double, carried as its shortest digits (1152921504606847000)
+        assert clock == Decimal(repr(CLOCK_2_60)), clock
+        # the next claim is 0046's: a tenant arriving at the clock shares the picks
+        c = create_tenant(engine, "c")[0].id
+        set_tenant_weight(engine, "c", 1000.0)
+        _queue(engine, c, "c.example", 20)
+        picked = Counter(j.tenant_id for j in _claim(engine, 15))
+        assert picked[c] >= 4, picked
+    finally:
+        for conn in (claimer, version_holder, admin):
+            conn.close()
         engine.dispose()

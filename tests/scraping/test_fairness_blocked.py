@@ -514,7 +514,8 @@ def test_a_claim_whose_slot_another_claim_just_committed_still_does_not_wait(
         claim.start_and_wait_at_the_gate(other)
         # another claim commits the claimer's first-choice slot meanwhile
         other.execute(
-            "UPDATE scraping.pick_class_clocks SET start_clock = start_clock WHERE slot = %s",
+            "UPDATE scraping.pick_class_clocks SET exact_start_clock = exact_start_clock"
+            " WHERE slot = %s",
             (claim.first_choice,),
         )
         if then_held:
@@ -534,7 +535,7 @@ def test_a_claim_whose_slot_another_claim_just_committed_still_does_not_wait(
     if then_held:
         with db_engine.connect() as conn:
             moved = conn.execute(
-                text("SELECT slot FROM scraping.pick_class_clocks WHERE start_clock[2] >= 7")
+                text("SELECT slot FROM scraping.pick_class_clocks WHERE exact_start_clock[2] >= 7")
             ).scalars()
             assert set(moved).isdisjoint({claim.first_choice, claim.fallback})
 
@@ -630,10 +631,58 @@ def test_a_floor_weights_long_history_leaves_the_heaviest_tenants_their_turns(
         conn.execute(
             text(
                 "UPDATE scraping.pick_class_clocks"
-                " SET tenant_clock[2] = 2.0 ^ 44, start_clock[2] = 2.0 ^ 44"
+                " SET tenant_clock[2] = 2.0 ^ 44, exact_start_clock[2] = 2.0 ^ 44"
             )
         )
     _enqueue(db_engine, b, [f"http://b-{i}.example/b{i}" for i in range(20)])
     _enqueue(db_engine, c, [f"http://c-{i}.example/c{i}" for i in range(20)])
     picked = Counter(j.tenant_id for j in _claim(db_engine, 10))
     assert picked[b] + picked[c] == 10 and abs(picked[b] - picked[c]) <= 2, picked
+
+
+def _set_normal_clocks(engine: Engine, clock: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scraping.pick_class_clocks SET tenant_clock[2] = CAST(:c AS numeric),"
+                " exact_start_clock[2] = CAST(:c AS numeric)"
+            ),
+            {"c": clock},
+        )
+
+
+@pytest.mark.parametrize("clock", ["17592186044416", "1152921504606846976.12345678901234567891"])
+def test_at_a_huge_clock_floor_and_top_weights_share_exactly_through_weight_changes(
+    db_engine: Engine, make_tenant, clock: str
+) -> None:
+    """At 2**44 and at 2**60 with 20 decimals: a floor-weight tenant beside one of weight
+    1000, a third arriving at the class clock (level, no banked turns, none lost), and
+    weight changes both ways between claims, each claim inside the bound; no tag's scale
+    grows past the step's 20 decimals."""
+    a, b, c = (make_tenant(name)[0].id for name in ("a", "b", "c"))
+    set_tenant_weight(db_engine, "a", MIN_TENANT_WEIGHT)
+    set_tenant_weight(db_engine, "b", MAX_TENANT_WEIGHT)
+    set_tenant_weight(db_engine, "c", MAX_TENANT_WEIGHT)
+    _set_normal_clocks(db_engine, clock)
+    _enqueue(db_engine, a, [f"http://a.example/{i}" for i in range(5)])
+    _enqueue(db_engine, b, [f"http://b.example/{i}" for i in range(400)])
+    picked = Counter(j.tenant_id for j in _claim(db_engine, 60))
+    assert picked[a] == 1 and picked[b] == 59, picked
+    _enqueue(db_engine, c, [f"http://c.example/{i}" for i in range(400)])
+    picked = Counter(j.tenant_id for j in _claim(db_engine, 100))
+    assert abs(picked[b] - picked[c]) <= 2 and picked[a] == 0, picked
+    # b down to the floor: one more start, then its step is 1000
+    set_tenant_weight(db_engine, "b", MIN_TENANT_WEIGHT)
+    picked = Counter(j.tenant_id for j in _claim(db_engine, 40))
+    assert picked[b] <= 1 and picked[c] >= 39, picked
+    with db_engine.connect() as conn:
+        scale, digits = conn.execute(
+            text(
+                "SELECT max(scale(start_tag)), max(length(start_tag::text))"
+                " FROM scraping.tenant_queues"
+            )
+        ).one()
+        clock_scale = conn.execute(
+            text("SELECT max(scale(start_clock)) FROM scraping.class_clocks")
+        ).scalar_one()
+    assert scale <= 20 and clock_scale <= 20 and digits <= 41, (scale, clock_scale, digits)

@@ -2,9 +2,52 @@
 -- nearest double to its numeric (a history made before 0046 comes back exactly), and the
 -- claim adds 1.0 / weight in double precision again.
 
+-- The three objects changed are taken together, holding none of them while waiting for
+-- another: a worker's outcome round holds tenant_queues and then reads class_clocks
+-- (intake's fair tags), a claim reads class_clocks and then writes tenant_queues, so any
+-- fixed order of waits deadlocks with one of them. Each try waits at most 100 ms (under
+-- the deadlock detector's 1 s: a cycle ends with this try, never with the worker's
+-- statement); past five minutes of tries the migration fails, naming the sessions that
+-- hold them (an open transaction that called scraping.submit_job holds tenant_queues).
+DO $lock$
+DECLARE
+    v_gives_up timestamptz := clock_timestamp() + interval '5 minutes';
+    v_holders text;
+BEGIN
+    SET LOCAL lock_timeout = '100ms';
+    LOOP
+        BEGIN
+            LOCK TABLE scraping.class_clocks, scraping.pick_class_clocks,
+                scraping.tenant_queues IN ACCESS EXCLUSIVE MODE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF clock_timestamp() > v_gives_up THEN
+                SELECT string_agg(DISTINCT format('pid %s (%s, %s)', a.pid,
+                                  coalesce(nullif(a.application_name, ''), 'no name'),
+                                  a.state), ', ')
+                INTO v_holders
+                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                WHERE l.granted AND l.pid <> pg_backend_pid()
+                  AND l.relation IN ('scraping.class_clocks'::regclass,
+                                     'scraping.pick_class_clocks'::regclass,
+                                     'scraping.tenant_queues'::regclass);
+                RAISE EXCEPTION 'could not lock scraping.tenant_queues, pick_class_clocks '
+                    'and class_clocks within 5 minutes; held by %', coalesce(v_holders, 'nobody now')
+                    USING HINT = 'End those transactions (or wait for them) and run '
+                                 'pin db upgrade again; nothing was changed.';
+            END IF;
+        END;
+    END LOOP;
+    SET LOCAL lock_timeout TO DEFAULT;
+END
+$lock$;
+
+-- The old name again, for the same reason as up: a claim compiled from 0046's claim
+-- fails at its write instead of putting numeric clocks into doubles.
 DROP VIEW scraping.class_clocks;
 ALTER TABLE scraping.tenant_queues
     ALTER COLUMN start_tag TYPE double precision USING start_tag::double precision;
+ALTER TABLE scraping.pick_class_clocks RENAME COLUMN exact_start_clock TO start_clock;
 ALTER TABLE scraping.pick_class_clocks
     ALTER COLUMN start_clock TYPE double precision[]
     USING start_clock::double precision[];

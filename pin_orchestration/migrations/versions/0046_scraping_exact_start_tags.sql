@@ -22,16 +22,63 @@
 -- down gives back the very doubles. Down turns tags back to the nearest double (tags made
 -- after this migration that differ by less than a double's spacing become equal).
 
+-- The three objects changed are taken together, holding none of them while waiting for
+-- another: a worker's outcome round holds tenant_queues and then reads class_clocks
+-- (intake's fair tags), a claim reads class_clocks and then writes tenant_queues, so any
+-- fixed order of waits deadlocks with one of them. Each try waits at most 100 ms (under
+-- the deadlock detector's 1 s: a cycle ends with this try, never with the worker's
+-- statement); past five minutes of tries the migration fails, naming the sessions that
+-- hold them (an open transaction that called scraping.submit_job holds tenant_queues).
+DO $lock$
+DECLARE
+    v_gives_up timestamptz := clock_timestamp() + interval '5 minutes';
+    v_holders text;
+BEGIN
+    SET LOCAL lock_timeout = '100ms';
+    LOOP
+        BEGIN
+            LOCK TABLE scraping.class_clocks, scraping.pick_class_clocks,
+                scraping.tenant_queues IN ACCESS EXCLUSIVE MODE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF clock_timestamp() > v_gives_up THEN
+                SELECT string_agg(DISTINCT format('pid %s (%s, %s)', a.pid,
+                                  coalesce(nullif(a.application_name, ''), 'no name'),
+                                  a.state), ', ')
+                INTO v_holders
+                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                WHERE l.granted AND l.pid <> pg_backend_pid()
+                  AND l.relation IN ('scraping.class_clocks'::regclass,
+                                     'scraping.pick_class_clocks'::regclass,
+                                     'scraping.tenant_queues'::regclass);
+                RAISE EXCEPTION 'could not lock scraping.tenant_queues, pick_class_clocks '
+                    'and class_clocks within 5 minutes; held by %', coalesce(v_holders, 'nobody now')
+                    USING HINT = 'End those transactions (or wait for them) and run '
+                                 'pin db upgrade again; nothing was changed.';
+            END IF;
+        END;
+    END LOOP;
+    SET LOCAL lock_timeout TO DEFAULT;
+END
+$lock$;
+
 SET LOCAL extra_float_digits = 3;
 
+-- The slots' start clocks get a new name: a claim called while this migration holds its
+-- locks was compiled from 0045's claim (PL/pgSQL compiles a function when it is called),
+-- whose double variables would write the clocks back rounded to 15 digits (float8 to
+-- numeric); its write to a column of the old name fails instead, and the whole claim with
+-- it (one statement: nothing it picked is kept; the worker claims again, with this claim).
+-- Readers keep the view's name, scraping.class_clocks.start_clock.
 DROP VIEW scraping.class_clocks;
 ALTER TABLE scraping.tenant_queues
     ALTER COLUMN start_tag TYPE numeric USING start_tag::text::numeric;
+ALTER TABLE scraping.pick_class_clocks RENAME COLUMN start_clock TO exact_start_clock;
 ALTER TABLE scraping.pick_class_clocks
-    ALTER COLUMN start_clock TYPE numeric[] USING start_clock::text[]::numeric[];
+    ALTER COLUMN exact_start_clock TYPE numeric[] USING exact_start_clock::text[]::numeric[];
 CREATE VIEW scraping.class_clocks AS
 SELECT c.priority, max(s.tenant_clock[c.k]) AS tenant_clock,
-       max(s.start_clock[c.k]) AS start_clock
+       max(s.exact_start_clock[c.k]) AS start_clock
 FROM unnest(ARRAY['high', 'normal', 'low']) WITH ORDINALITY AS c(priority, k)
 CROSS JOIN scraping.pick_class_clocks s
 GROUP BY c.priority;
@@ -626,9 +673,9 @@ BEGIN
         SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
                                  greatest(s.tenant_clock[2], c_tclock[2]),
                                  greatest(s.tenant_clock[3], c_tclock[3])],
-            start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
-                                greatest(s.start_clock[2], c_sclock[2]),
-                                greatest(s.start_clock[3], c_sclock[3])]
+            exact_start_clock = ARRAY[greatest(s.exact_start_clock[1], c_sclock[1]),
+                                      greatest(s.exact_start_clock[2], c_sclock[2]),
+                                      greatest(s.exact_start_clock[3], c_sclock[3])]
         WHERE s.slot = coalesce(v_slot, pg_backend_pid() % 8);
     END IF;
 END

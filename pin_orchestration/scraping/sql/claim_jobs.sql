@@ -72,7 +72,8 @@
 -- writes its attempt rows. Then the class state, last, so its rows are held only for the
 -- commit: the class sequence (pick_classes: vtime, last_start) all three rows or, when
 -- another claim holds them, not at all (both continued it from the same point); the class
--- clocks (start_clock, tenant_clock), which only grow, as greatest() into one of eight
+-- clocks (start_clock, tenant_clock; a slot's start clock is its exact_start_clock), which
+-- only grow, as greatest() into one of eight
 -- slots (scraping.pick_class_clocks), the first no other claim holds, so a claim never
 -- waits for them (unless all eight are held) and never leaves them behind; every reader
 -- takes the largest over the slots (view scraping.class_clocks). Nothing per pick grows
@@ -727,9 +728,9 @@ BEGIN
         SET tenant_clock = ARRAY[greatest(s.tenant_clock[1], c_tclock[1]),
                                  greatest(s.tenant_clock[2], c_tclock[2]),
                                  greatest(s.tenant_clock[3], c_tclock[3])],
-            start_clock = ARRAY[greatest(s.start_clock[1], c_sclock[1]),
-                                greatest(s.start_clock[2], c_sclock[2]),
-                                greatest(s.start_clock[3], c_sclock[3])]
+            exact_start_clock = ARRAY[greatest(s.exact_start_clock[1], c_sclock[1]),
+                                      greatest(s.exact_start_clock[2], c_sclock[2]),
+                                      greatest(s.exact_start_clock[3], c_sclock[3])]
         WHERE s.slot = coalesce(v_slot, pg_backend_pid() % 8);
     END IF;
 END
