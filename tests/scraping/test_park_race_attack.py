@@ -10,13 +10,15 @@ waiting for a lock wait to show in pg_locks, never by sleeping."""
 from __future__ import annotations
 
 import threading
-import uuid
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from pin_orchestration.migrations.schema_dump import libpq_url
+from pin_orchestration.platform.sql import NamedQueries
+from pin_orchestration.scraping.store import leases
 from pin_orchestration.scraping.store.politeness import set_domain_limits
 from tests.scraping.test_fairness_blocked import _claim, _enqueue
 from tests.scraping.test_park_race import (
@@ -123,10 +125,6 @@ def test_a_round_pausing_a_domain_does_not_deadlock_with_a_batch_intake(
     it had only x's running job) and w's job on e.example: announced in domain order, it
     holds d's new queue row and waits for w's row. The round's retry then waits for d's
     queue row: a cycle. Both must commit (no deadlock victim)."""
-    from datetime import UTC, datetime, timedelta
-
-    from pin_orchestration.scraping.store import leases
-
     w = make_tenant("w")[0].id
     x = make_tenant("x")[0].id
     z = make_tenant("z")[0].id
@@ -209,10 +207,6 @@ def test_a_crawl_delay_lifted_by_robots_wakes_the_flows_waiting_for_its_tokens(
     fetched again without the delay (the worker's robots_store + robots_crawl_delay): the
     rate is the default again, so the next claim takes both jobs, as it does after an
     operator's set_domain_limits (trigger domains_domain_queue, "a limit changed")."""
-    from sqlalchemy import text
-
-    from pin_orchestration.platform.sql import NamedQueries
-
     robots_q = NamedQueries("pin_orchestration.scraping", "robots.sql")
     w = make_tenant("w")[0].id
     a, b = _two_tenants(make_tenant)
@@ -242,3 +236,65 @@ def test_a_crawl_delay_lifted_by_robots_wakes_the_flows_waiting_for_its_tokens(
     robots(None)
     later = sorted(j.tenant_id for j in _claim(db_engine, 8))
     assert later == [a, b], later
+
+
+def test_a_set_aside_does_not_park_a_tenant_another_claims_wake_just_gave_a_ready_flow(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """Held (a guard; fails with 0045 reverted): the wake variant of 0045's race. A claim
+    picks t and sets slow.example's flows aside (t's and u's, the bucket empty). Gate:
+    inside its park statement (after its snapshot), the clock passes u's due time on
+    due.example and another claim of one job wakes u's flow there (ready; u's row locked,
+    not written: it was not parked) and starts x's job (x's turn before u's). u must not be
+    parked with that flow ready: its job would wait for slow.example's next token."""
+    t, x, u = sorted(make_tenant(name)[0].id for name in ("p", "q", "r"))
+    w = make_tenant("w")[0].id
+    set_domain_limits(db_engine, "slow.example", rps=0.01, concurrency=None)
+    _enqueue(db_engine, w, ["http://slow.example/w"])
+    assert [j.tenant_id for j in _claim(db_engine, 1)] == [w]  # the bucket is empty now
+    _enqueue(db_engine, t, ["http://slow.example/t"])
+    _enqueue(db_engine, u, ["http://slow.example/u"])
+    _enqueue(db_engine, x, ["http://open.example/x"])
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
+                " next_attempt_at) VALUES (gen_random_uuid(), :u, 'http://due.example/u',"
+                " 'due.example', 'normal', now() + interval '1 hour')"
+            ),
+            {"u": u},
+        )
+
+    claim = _Gated(
+        db_url,
+        GATED_UNNEST,
+        f"SET parkgate.tenant = '{u}'",
+        "SELECT tenant_id, domain FROM scraping.claim_jobs('g', 8, 600, 10000, 10000)",
+    )
+    with (
+        psycopg.connect(claim.url, autocommit=True) as gate,
+        psycopg.connect(claim.url, autocommit=True) as watch,
+    ):
+        gate.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        claim.run_until_the_gate(watch)
+        # the clock passes the due time
+        watch.execute(
+            "UPDATE scraping.jobs SET next_attempt_at = now() - interval '1 second'"
+            " WHERE domain = 'due.example'"
+        )
+        watch.execute(
+            "UPDATE scraping.tenant_flows SET wake_at = now() - interval '1 second'"
+            " WHERE domain = 'due.example'"
+        )
+        watch.execute("SET lock_timeout = '10s'")
+        other = watch.execute(
+            "SELECT tenant_id, domain FROM scraping.claim_jobs('o', 1, 600, 10000, 10000)"
+        ).fetchall()
+        assert other == [(x, "open.example")], other
+        gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+        claim.close()
+
+    stranded = _parked_with_a_ready_flow(db_engine)
+    later = [(j.tenant_id, j.domain) for j in _claim(db_engine, 8)]
+    assert (u, "due.example") in claim.rows + later, (stranded, claim.rows, later)
+    assert not stranded
