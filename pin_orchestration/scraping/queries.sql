@@ -322,8 +322,9 @@ SELECT set_config('pin.scraping_pause_cause', 'operator', true)
 -- name: pause_domains
 -- A 429 or Retry-After from a domain: no worker sends it anything for :paused_for seconds
 -- (from the database's clock), through scraping.pause_domain (capped; a longer pause
--- already set stands). Written in the transaction of the attempts' outcomes, domains in
--- name order, so two workers pausing the same domains never deadlock.
+-- already set stands). Written before the round's outcomes, one domain a transaction, in
+-- name order: two workers pausing the same domains queue, and the tenant rows its trigger
+-- parks are held only to that commit.
 SELECT scraping.pause_domain(p.domain, now() + make_interval(secs => p.seconds))
 FROM (
     SELECT u.domain, u.seconds

@@ -67,6 +67,9 @@ WHERE origin = :origin AND lease_owner = :owner
 -- The host's Crawl-delay caps its rate for every worker (trigger domains_effective_rps):
 -- the longest of its origins' robots.txt still fresh (http and https, other ports share
 -- the host's rate; the last one stored wrote it, and one without a delay lifted the cap).
+-- `rps` is named in the SET list, though the BEFORE trigger computes it, so the AFTER
+-- UPDATE OF rps trigger (domains_domain_queue) fires: a delay lifted or shortened wakes
+-- the flows set aside at the old token spacing (and brings back their parked tenants).
 INSERT INTO scraping.domains AS d (domain, crawl_delay, robots_default_rps)
 SELECT :domain,
        (SELECT max(r.crawl_delay) FROM scraping.robots r
@@ -75,6 +78,7 @@ SELECT :domain,
 ON CONFLICT (domain) DO UPDATE
 SET crawl_delay = EXCLUDED.crawl_delay,
     robots_default_rps = EXCLUDED.robots_default_rps,
+    rps = d.rps,
     updated_at = now()
 WHERE d.crawl_delay IS DISTINCT FROM EXCLUDED.crawl_delay
    OR d.robots_default_rps IS DISTINCT FROM EXCLUDED.robots_default_rps

@@ -6,23 +6,22 @@ doubles, and up again the same numerics."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import psycopg
-import pytest
 from alembic import command
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, text
 
 from pin_orchestration.migrations import alembic_config
 from pin_orchestration.migrations.schema_dump import libpq_url
-from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob, finish_attempts
+from pin_orchestration.scraping.store import leases
+from pin_orchestration.scraping.store.leases import AttemptOutcome, ClaimedJob
 from pin_orchestration.scraping.store.tenancy import create_tenant, set_tenant_weight
 from pin_orchestration.scraping.worker.run import claim_due_jobs
 from tests.scraping.conftest import UNLIMITED
@@ -233,17 +232,15 @@ def _claim(engine: Engine, limit: int) -> list[ClaimedJob]:
     )
 
 
-@pytest.mark.parametrize("round_", ["redirect_hop_429", "last_attempt_429_and_a_retry"])
-def test_0046_waits_out_a_worker_round_that_pauses_a_host_and_hands_back_a_job(
-    empty_db_url: str, round_: str
+def test_0046_waits_out_a_transaction_that_pauses_a_host_and_then_hands_back_a_job(
+    empty_db_url: str,
 ) -> None:
-    """A round's pause holds tenant_queues and its retry then reads class_clocks (intake's
-    fair tags); a claim takes them the other way round. 0046 took the view and then waited
-    for tenant_queues: the deadlock detector failed the migration (found by a hostile
-    review). It now takes the three together, holding none while it waits, and both the
-    round and the migration go through. redirect_hop_429: b.example's job handed back after
-    its redirect hop a.example answered 429; last_attempt_429_and_a_retry: a.example's job
-    failed on a 429 at its last attempt, b.example's handed back in the same round."""
+    """A transaction that pauses a host (its trigger parks tenants: tenant_queues) and then
+    hands a job back (its fair tag reads class_clocks) takes the two in the order opposite
+    to a claim's. 0046 took the view and then waited for tenant_queues: the deadlock
+    detector failed the migration (found by a hostile review, with a worker's round, which
+    was such a transaction until its pauses got transactions of their own). 0046 now takes
+    the three together, holding none while it waits, and both go through."""
     config = alembic_config(empty_db_url)
     command.upgrade(config, "0045")
     engine = create_engine(empty_db_url)
@@ -252,10 +249,10 @@ def test_0046_waits_out_a_worker_round_that_pauses_a_host_and_hands_back_a_job(
     try:
         tenant, _ = create_tenant(engine, "t")
         _queue(engine, tenant.id, "b.example")
-        # another tenant's flow on the hop's host, so its pause has tenants to park
+        # another tenant's flow on the paused host, so its pause has a tenant to park
         other, _ = create_tenant(engine, "u")
         _queue(engine, other.id, "a.example")
-        jobs = {j.domain: j for j in _claim(engine, 2)}
+        b = next(j for j in _claim(engine, 2) if j.domain == "b.example")
 
         def migrate() -> None:
             try:
@@ -264,54 +261,22 @@ def test_0046_waits_out_a_worker_round_that_pauses_a_host_and_hands_back_a_job(
                 migration_error.append(exc)
 
         migration = threading.Thread(target=migrate)
-        # The round pauses a.example (sorted first), then writes b.example's outcome: the
-        # migration starts between the two, once it waits for tenant_queues.
-        paused: list[bool] = []
-
-        def gate(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-            if "scraping.pause_domain(" in statement:
-                paused.append(True)
-            elif "WITH o AS" in statement and paused and not migration.is_alive():
-                migration.start()
-                _wait_for(
-                    lambda: _waiting(admin, relation="scraping.tenant_queues"),
-                    "0046 waiting for tenant_queues",
-                )
-
-        event.listen(engine, "before_cursor_execute", gate)
-        now = datetime.now(UTC)
-        b, a = jobs["b.example"], jobs["a.example"]
-        retry_b = AttemptOutcome(
+        hand_back = AttemptOutcome(
             job_id=b.id,
             attempt=b.attempt,
             status="queued",
             outcome="retry",
-            next_attempt_at=now,
+            next_attempt_at=datetime.now(UTC),
             job_domain="b.example",
         )
-        hop_429 = {
-            "http_status": 429,
-            "error_class": "http_429",
-            "domain": "a.example",
-            "domain_paused_until": now + timedelta(seconds=60),
-        }
-        if round_ == "redirect_hop_429":
-            outcomes = [dataclasses.replace(retry_b, **hop_429)]
-        else:
-            failed_a = AttemptOutcome(
-                job_id=a.id,
-                attempt=a.attempt,
-                status="failed",
-                outcome="failed",
-                job_domain="a.example",
-                **hop_429,
+        with engine.begin() as conn:
+            conn.execute(text("SELECT scraping.pause_domain('a.example', now() + interval '60 s')"))
+            migration.start()
+            _wait_for(
+                lambda: _waiting(admin, relation="scraping.tenant_queues"),
+                "0046 waiting for tenant_queues",
             )
-            outcomes = [failed_a, retry_b]
-        try:
-            finish_attempts(engine, worker="w", outcomes=outcomes)
-        finally:
-            event.remove(engine, "before_cursor_execute", gate)
-        assert paused and migration.ident is not None, "the gate never started 0046"
+            leases._finish_attempts(conn, "w", [hand_back], lambda o, m: None)
         migration.join(GATE_SECONDS)
         assert not migration.is_alive()
         assert not migration_error, f"0046 failed: {migration_error[0]!r}"
@@ -319,7 +284,7 @@ def test_0046_waits_out_a_worker_round_that_pauses_a_host_and_hands_back_a_job(
             status = conn.execute(
                 text("SELECT status FROM scraping.jobs WHERE id = :i"), {"i": b.id}
             ).scalar_one()
-        assert status == "queued", "the round's outcome is written"
+        assert status == "queued", "the hand-back is written"
         assert _slot_column(engine) == "exact_start_clock"
     finally:
         admin.close()

@@ -1,11 +1,10 @@
-"""Attacks on migration 0045 (a tenant parked only on what it has once its row is locked).
-
-0045 locks the tenants to park in one statement and parks them in the next, "whose
-snapshot sees every intake that held the row before the lock". Each test here tries to get
-a tenant parked (tenant_queues.ready = false) while it has a ready flow with a claimable
-job, or another liveness break around the two statements. Windows are forced with gates
-(tests/scraping/test_park_race.py's shadowed functions waiting on an advisory lock) or by
-waiting for a lock wait to show in pg_locks, never by sleeping."""
+"""No tenant is parked with a claimable flow, whatever runs beside a park: a pause or a
+claim in one snapshot (REPEATABLE READ), a worker's round pausing a host beside a batch
+intake, a robots.txt Crawl-delay lifted, a wake by another claim. Found by a hostile
+review of migration 0045 (a tenant parked only on what it has once its row is locked),
+each test failed before its fix. Windows are forced with gates (test_park_race's shadowed
+functions waiting on an advisory lock) or by waiting for a lock wait to show in pg_locks,
+never by sleeping."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from pin_orchestration.migrations.schema_dump import libpq_url
 from pin_orchestration.platform.sql import NamedQueries
@@ -31,13 +30,6 @@ from tests.scraping.test_park_race import (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0045's second statement has a fresh snapshot only under READ COMMITTED: in a "
-    "REPEATABLE READ transaction (an operator's, or default_transaction_isolation set on "
-    "the database) every statement of the pause trigger uses the transaction's snapshot, "
-    "so intake committed after it is missed and the tenant parked with its flow ready",
-)
 def test_a_pause_in_a_repeatable_read_transaction_does_not_strand_a_tenant(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -66,65 +58,38 @@ def test_a_pause_in_a_repeatable_read_transaction_does_not_strand_a_tenant(
     assert later == [(u, "open.example")], later
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="under default_transaction_isolation = 'repeatable read' the claim (one "
-    "autocommit statement) runs its lock and park statements in one snapshot, taken when "
-    "the call began: the race 0045 fixed is back, with a window of the whole claim",
-)
-def test_a_claim_under_repeatable_read_does_not_park_a_tenant_intake_just_gave_a_ready_flow(
-    db_url: str, db_engine: Engine, make_tenant
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_claim_refuses_to_run_in_one_snapshot_naming_the_fix(
+    db_url: str, db_engine: Engine, make_tenant, isolation: str
 ) -> None:
-    """test_park_race's set-aside race, the claim's connection set to REPEATABLE READ
-    (as a database whose default_transaction_isolation is set would run it)."""
-    t, u = _two_tenants(make_tenant)
-    w = make_tenant("w")[0].id
-    set_domain_limits(db_engine, "slow.example", rps=0.01, concurrency=None)
-    _enqueue(db_engine, w, ["http://slow.example/w"])
-    assert [j.tenant_id for j in _claim(db_engine, 1)] == [w]  # the bucket is empty now
-    _enqueue(db_engine, t, ["http://slow.example/t"])
-    _enqueue(db_engine, u, ["http://slow.example/u"])
-
-    claim = _Gated(
-        db_url,
-        GATED_UNNEST,
-        f"SET parkgate.tenant = '{u}'; SET default_transaction_isolation = 'repeatable read'",
-        "SELECT tenant_id, domain FROM scraping.claim_jobs('g', 8, 600, 10000, 10000)",
-    )
-    with (
-        psycopg.connect(claim.url, autocommit=True) as gate,
-        psycopg.connect(claim.url, autocommit=True) as watch,
-    ):
-        gate.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
-        claim.run_until_the_gate(watch)
-        _intake(watch, u, "http://open.example/u")
-        gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
-        claim.close()
-
-    stranded = _parked_with_a_ready_flow(db_engine)
-    later = [(j.tenant_id, j.domain) for j in _claim(db_engine, 8)]
-    assert (u, "open.example") in claim.rows + later, (stranded, claim.rows, later)
-    assert not stranded
+    """Under REPEATABLE READ (a database's default_transaction_isolation, say) the claim's
+    lock and park statements shared the call's one snapshot: intake committed during the
+    claim was missed and its tenant parked with a flow ready (forced with test_park_race's
+    gate by a hostile review). The claim now refuses there, with the fix in the error, and
+    claims nothing; under READ COMMITTED the same job is claimed."""
+    u = make_tenant("u")[0].id
+    _enqueue(db_engine, u, ["http://open.example/u"])
+    with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
+        conn.execute(f"SET default_transaction_isolation = '{isolation}'")
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+            conn.execute("SELECT * FROM scraping.claim_jobs('g', 8, 600, 10000, 10000)")
+    assert f"only under READ COMMITTED, not {isolation}" in str(refused.value)
+    assert "default_transaction_isolation" in (refused.value.diag.message_hint or "")
+    assert [(j.tenant_id, j.domain) for j in _claim(db_engine, 8)] == [(u, "open.example")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing (also before 0045): the pause trigger leaves the tenant rows it "
-    "locks (parked, and since 0045 also those locked but not parked) held to the end of "
-    "the worker's outcome round, which then writes later domains; intake holding a later "
-    "domain's queue row waits for such a tenant row, the round for that queue row: "
-    "a deadlock the round's domain order does not prevent (tenant rows are outside it)",
-)
 def test_a_round_pausing_a_domain_does_not_deadlock_with_a_batch_intake(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
-    """A worker's round (one transaction, domains in name order, leases.finish_attempts'
-    own statements): a 429 pauses b.example, whose only tenant w is parked by the trigger
-    (its row held to the commit); then d.example's outcome, a retry of x's job. Meanwhile a
-    producer posts a batch (one INSERT) of z's job on d.example (d's queue row made anew:
-    it had only x's running job) and w's job on e.example: announced in domain order, it
-    holds d's new queue row and waits for w's row. The round's retry then waits for d's
-    queue row: a cycle. Both must commit (no deadlock victim)."""
+    """A worker's round (leases.finish_attempts): a redirect hop's 429 pauses b.example,
+    whose only tenant w the pause trigger parks, and hands x's job on d.example back.
+    Meanwhile a producer posts a batch (one INSERT) of z's job on d.example (d's queue row
+    made anew: it had only x's running job) and w's job on e.example: announced in domain
+    order, it holds d's new queue row, then takes w's row. When the round held w's row to
+    its commit (the pause in the outcomes' transaction), the batch waited for it and the
+    round's hand-back then for d's queue row: a deadlock (found by a hostile review). The
+    gate: the round stops before its outcomes' statement until the batch has either
+    committed or waits for the round."""
     w = make_tenant("w")[0].id
     x = make_tenant("x")[0].id
     z = make_tenant("z")[0].id
@@ -134,25 +99,23 @@ def test_a_round_pausing_a_domain_does_not_deadlock_with_a_batch_intake(
 
     url = libpq_url(db_url)
     errors: dict[str, BaseException] = {}
-    retry = leases.AttemptOutcome(
+    now = datetime.now(UTC)
+    hand_back = leases.AttemptOutcome(
         job_id=job.id,
         attempt=job.attempt,
         status="queued",
         outcome="retry",
-        next_attempt_at=datetime.now(UTC) + timedelta(seconds=5),
+        next_attempt_at=now + timedelta(seconds=5),
         job_domain="d.example",
+        http_status=429,
+        error_class="http_429",
+        domain="b.example",
+        domain_paused_until=now + timedelta(seconds=600),
     )
     with (
-        db_engine.connect() as round_conn,
         psycopg.connect(url, autocommit=True) as producer,
         psycopg.connect(url, autocommit=True) as watch,
     ):
-        round_pid = round_conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        round_conn.commit()  # (autobegun) the round's transaction starts below
-        leases._lock_fair_tag_rows(round_conn, [job.id])
-        round_conn.execute(
-            leases._q("pause_domains"), {"domains": ["b.example"], "paused_for": [600.0]}
-        ).all()
 
         def post() -> None:
             try:
@@ -169,36 +132,38 @@ def test_a_round_pausing_a_domain_does_not_deadlock_with_a_batch_intake(
                 errors["intake"] = e
 
         posting = threading.Thread(target=post)
-        posting.start()
-        producer_pid = producer.info.backend_pid
-        waits = "SELECT %s = ANY (pg_blocking_pids(%s))"
-        while not watch.execute(waits, (round_pid, producer_pid)).fetchone()[0]:
-            assert posting.is_alive(), f"intake did not wait for the round: {errors}"
-            posting.join(0.01)
+
+        def gate(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            if "WITH o AS" not in statement or posting.ident is not None:
+                return
+            round_pid = cursor.connection.info.backend_pid
+            posting.start()
+            waits = "SELECT %s = ANY (pg_blocking_pids(%s))"
+            producer_pid = producer.info.backend_pid
+            while posting.is_alive():
+                if watch.execute(waits, (round_pid, producer_pid)).fetchone()[0]:
+                    return
+                posting.join(0.01)
+
+        event.listen(db_engine, "before_cursor_execute", gate)
         try:
-            leases._finish_attempts(
-                round_conn,
-                "w",
-                [retry],
-                lambda o, m: None if m is None else (m - datetime.now(UTC)).total_seconds(),
-            )
-            round_conn.commit()
+            leases.finish_attempts(db_engine, worker="w", outcomes=[hand_back])
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors["round"] = e
-            round_conn.rollback()
+        finally:
+            event.remove(db_engine, "before_cursor_execute", gate)
+        assert posting.ident is not None, "the round never reached its outcomes"
         posting.join(timeout=60)
         assert not posting.is_alive()
 
     assert not errors, errors
+    with db_engine.connect() as conn:
+        domains = conn.execute(
+            text("SELECT domain, status FROM scraping.jobs ORDER BY domain, tenant_id")
+        ).all()
+    assert ("e.example", "queued") in domains and len(domains) == 4, domains
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing: robots_crawl_delay changes rps only through the BEFORE trigger "
-    "domains_effective_rps, and the AFTER UPDATE OF blocked_until, rps, concurrency "
-    "trigger that wakes flows waiting for room does not fire for a column a BEFORE "
-    "trigger set; the flows (and their parked tenants) keep the old rate's token spacing",
-)
 def test_a_crawl_delay_lifted_by_robots_wakes_the_flows_waiting_for_its_tokens(
     db_engine: Engine, make_tenant
 ) -> None:

@@ -242,6 +242,20 @@ DECLARE
     w_flow tid[];
     w_tenant_row tid[];
 BEGIN
+    -- Every statement here takes a snapshot of its own (READ COMMITTED): a tenant is
+    -- parked only on what the statement after its row's lock sees. In one snapshot for
+    -- the whole call (REPEATABLE READ, SERIALIZABLE: an operator's transaction, or a
+    -- database's default_transaction_isolation) intake committed meanwhile is missed and
+    -- a tenant parked with a flow ready, its jobs stranded.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'scraping.claim_jobs runs only under READ COMMITTED, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Call it outside a REPEATABLE READ or SERIALIZABLE transaction; '
+                         'where default_transaction_isolation is set, set it back for the '
+                         'workers: ALTER ROLE ... SET default_transaction_isolation = '
+                         '''read committed''.';
+    END IF;
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
     END IF;

@@ -236,7 +236,12 @@ BEGIN
         -- claim to meet them (a tenant row a claim or intake holds is left to it): locked
         -- first, then parked by a statement of its own when they still have no flow
         -- ready, whose snapshot sees every intake that held the row before the lock (as
-        -- the claim's set-aside does, claim_jobs.sql).
+        -- the claim's set-aside does, claim_jobs.sql). Only under READ COMMITTED: in a
+        -- transaction of one snapshot (an operator's REPEATABLE READ) that statement
+        -- would miss intake committed meanwhile; the claims that meet them park them.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RETURN NULL;
+        END IF;
         v_tenant_rows := ARRAY(
             SELECT t2.ctid FROM scraping.tenant_queues t2
             WHERE (t2.priority, t2.tenant_id) IN (

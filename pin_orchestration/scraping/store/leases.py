@@ -251,16 +251,26 @@ def finish_attempts(
         paused_for = seconds_from_now(o, o.domain_paused_until)
         if o.domain and paused_for is not None:
             pauses[o.domain] = max(paused_for, pauses.get(o.domain, paused_for))
-    # Each write locks rows of one domain (the job's queue rows through the triggers, the
-    # domain's row and queues for a pause), held to the commit. Written in completion order,
-    # two rounds met in opposite orders and deadlocked; in domain order (a domain's
-    # outcomes, then its pause), as the sweeper and the requeue lock them, they queue.
+    # A pause is written first, each in a transaction of its own: the host is paused
+    # before any job of it can be claimed again, and the tenant rows its trigger parks
+    # are held only to that commit. Held to the round's, they sat outside the domain
+    # order below: a batch intake holding a later domain's queue row and waiting for such
+    # a tenant row deadlocked with the round. A pause only lengthens, so a round written
+    # again (the database lost midway) writes it again to no effect.
+    for domain in sorted(pauses):
+        with engine.begin() as conn:
+            if max_pause_seconds is not None:
+                conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
+            conn.execute(_q("pause_domains"), {"domains": [domain], "paused_for": [pauses[domain]]})
+    # Each write locks rows of one domain (the job's queue rows through the triggers),
+    # held to the commit. Written in completion order, two rounds met in opposite orders
+    # and deadlocked; in domain order, as the sweeper and the requeue lock them, they queue.
     by_domain: dict[str, list[AttemptOutcome]] = {}
     for o in sorted(outcomes, key=lambda o: str(o.job_id)):
         by_domain.setdefault(o.job_domain or "", []).append(o)
     written: dict[uuid.UUID, str] = {}
     handed_back = [o.job_id for o in outcomes if o.status == "queued"]
-    if len(by_domain) == 1 and not pauses and not handed_back:
+    if len(by_domain) == 1 and not handed_back:
         # The round is one statement, atomic by itself (the common round: one host's jobs
         # done): in autocommit, no BEGIN and COMMIT round trips of the worker's main loop,
         # each a wait for the GIL behind its slots as a round ends.
@@ -271,16 +281,8 @@ def finish_attempts(
         # A retry takes its tenant's next fair tag before its domain's queue is touched:
         # those rows first, in one order (two rounds whose tenants crossed deadlocked).
         _lock_fair_tag_rows(conn, handed_back)
-        if pauses and max_pause_seconds is not None:
-            conn.execute(_q("set_max_pause"), {"seconds": max_pause_seconds})
-        for domain in sorted(by_domain.keys() | pauses.keys()):
-            if domain in by_domain:
-                written.update(_finish_attempts(conn, worker, by_domain[domain], seconds_from_now))
-            if domain in pauses:
-                conn.execute(
-                    _q("pause_domains"),
-                    {"domains": [domain], "paused_for": [pauses[domain]]},
-                )
+        for domain in sorted(by_domain):
+            written.update(_finish_attempts(conn, worker, by_domain[domain], seconds_from_now))
     return written
 
 
