@@ -1,10 +1,9 @@
-"""Hostile review of 3427b6f (a round's pauses written first, one host a transaction; the
-claim refused outside READ COMMITTED, 0047; robots_crawl_delay naming rps). Windows are
-forced with locks held open and waits seen in pg_blocking_pids, never by sleeping. Tests
-marked xfail(strict) fail on the code they were written against (3427b6f). The three
-deadlocks pass once scraping.pause_domain locks the host's queue rows (ORDER BY priority)
-and flows (ORDER BY priority, tenant_id) FOR NO KEY UPDATE before it writes the domains
-row: the order intake, the sweeper, the requeue and rounds lock them in."""
+"""A round's pause beside the sweeper, a batch intake and robots.txt refreshes, and a worker
+whose claim is refused for its isolation: found by a hostile review of 3427b6f, each test
+failed before its fix (0048: a pause locks its host's queue rows and flows in key order
+before the host's row, and the trigger fires only on a change; the worker logs the
+database's hint). Windows are forced with locks held open and waits seen in
+pg_blocking_pids, never by sleeping."""
 
 from __future__ import annotations
 
@@ -61,12 +60,6 @@ def _flows(engine: Engine, host: str) -> list[tuple]:
 # --- 3. robots_crawl_delay names rps: the AFTER UPDATE OF rps trigger fires -------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="domains_domain_queue_update fires on UPDATE OF rps with no WHEN clause: a "
-    "robots refresh whose rps is unchanged (Crawl-delay 100 -> 200 both clamp to 0.01 rps) "
-    "wakes every flow set aside for the host's next tokens",
-)
 def test_a_robots_refresh_that_leaves_rps_unchanged_does_not_wake_flows_waiting_for_tokens(
     db_engine: Engine, make_tenant
 ) -> None:
@@ -125,12 +118,6 @@ def test_a_robots_refresh_during_a_pause_neither_lengthens_it_nor_strands_a_tena
 # --- 2. the claim refused outside READ COMMITTED (0047): what a worker says -------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DatabaseBackoff.failed logs only the exception's first line: the HINT naming "
-    "the fix (default_transaction_isolation) is dropped, and the refusal is retried as a "
-    "database outage for ever",
-)
 def test_a_worker_whose_claim_is_refused_for_its_isolation_logs_the_fix(
     db_url: str, db_engine: Engine, caplog: pytest.LogCaptureFixture, make_tenant
 ) -> None:
@@ -188,12 +175,6 @@ def _until_waiting(
         thread.join(0.01)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="domains_domain_queue's pause branch updates the domain's queue rows in scan "
-    "(heap) order, the sweeper / requeue / batch intake lock them in (domain, priority) "
-    "order: deadlock (pre-existing; the pause's own transaction since 3427b6f)",
-)
 def test_a_rounds_pause_does_not_deadlock_with_the_sweeper_on_one_hosts_queue_rows(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -290,13 +271,6 @@ def test_a_rounds_pause_does_not_deadlock_with_the_sweeper_on_one_hosts_queue_ro
     assert not errors, (held, errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="domains_domain_queue's pause branch updates the domain's queue rows in scan "
-    "(heap) order, a batch intake upserts them in (domain, priority) order; and the pause "
-    "holds the domains row, which the intake's INSERT .. ON CONFLICT DO NOTHING waits for: "
-    "deadlock",
-)
 def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue_rows(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -382,11 +356,6 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue
     assert not errors, {k: str(v) for k, v in errors.items()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pause branch updates the domain's tenant_flows in scan (heap) order, a batch "
-    "intake upserts them in (domain, priority, tenant) order: deadlock",
-)
 def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_flows(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:

@@ -18,6 +18,7 @@ DECLARE
         3600);
     v_until timestamptz;
     v_kept timestamptz;
+    v_host text;
 BEGIN
     IF p_domain IS NULL OR btrim(p_domain) = '' THEN
         RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
@@ -28,8 +29,23 @@ BEGIN
         RETURN v_kept;
     END IF;
     v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
+    v_host := scraping.idna_host(p_domain);
+    -- A pause that lengthens sets the host's queues and flows aside (trigger
+    -- domains_domain_queue), in the order its scan meets them, with the host's row held.
+    -- Intake, the sweeper, the requeue runbook and rounds take those rows in key order, and
+    -- intake the host's row after its queue rows: so they are locked first, here, in key
+    -- order, before the host's row (taken in the trigger's order, a pause deadlocked with a
+    -- batch intake or the sweeper on one host's rows). A pause that would change nothing
+    -- locks nothing more.
+    IF NOT EXISTS (SELECT 1 FROM scraping.domains d
+                   WHERE d.domain = v_host AND d.blocked_until >= v_until) THEN
+        PERFORM 1 FROM scraping.domain_queues q WHERE q.domain = v_host
+        ORDER BY q.priority FOR NO KEY UPDATE;
+        PERFORM 1 FROM scraping.tenant_flows f WHERE f.domain = v_host
+        ORDER BY f.priority, f.tenant_id FOR NO KEY UPDATE;
+    END IF;
     INSERT INTO scraping.domains AS d (domain, blocked_until)
-    VALUES (scraping.idna_host(p_domain), v_until)
+    VALUES (v_host, v_until)
     ON CONFLICT (domain) DO UPDATE
     SET blocked_until = greatest(coalesce(d.blocked_until, '-infinity'), EXCLUDED.blocked_until),
         updated_at = now()

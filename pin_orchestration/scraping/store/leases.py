@@ -255,8 +255,10 @@ def finish_attempts(
     # before any job of it can be claimed again, and the tenant rows its trigger parks
     # are held only to that commit. Held to the round's, they sat outside the domain
     # order below: a batch intake holding a later domain's queue row and waiting for such
-    # a tenant row deadlocked with the round. A pause only lengthens, so a round written
-    # again (the database lost midway) writes it again to no effect.
+    # a tenant row deadlocked with the round. A pause only lengthens: a round written again
+    # (the database lost midway) writes its pause again, ending where it did, or under
+    # PIN_SCRAPING_MAX_PAUSE_SECONDS at most the cap from the second write (as a round
+    # rolled back and written again did when the pause was in its transaction).
     for domain in sorted(pauses):
         with engine.begin() as conn:
             if max_pause_seconds is not None:

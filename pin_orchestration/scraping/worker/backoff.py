@@ -43,10 +43,15 @@ class DatabaseBackoff:
         delay *= random.uniform(0.5, 1.0)
         self.failures += 1
         self._next_try = time.monotonic() + delay
+        # PostgreSQL's hint names the fix where there is one (a claim refused outside READ
+        # COMMITTED: which setting to change); the message alone is its first line.
+        diag = getattr(getattr(exc, "orig", exc), "diag", None)
+        hint = getattr(diag, "message_hint", None)
         log.warning(
-            "%s failed (%s: %s); retrying in %.2f s",
+            "%s failed (%s: %s)%s; retrying in %.2f s",
             what,
             type(exc).__name__,
             str(exc).splitlines()[0] if str(exc) else "",
+            f" ({hint})" if hint else "",
             delay,
         )
