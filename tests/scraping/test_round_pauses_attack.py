@@ -271,32 +271,11 @@ def test_a_rounds_pause_does_not_deadlock_with_the_sweeper_on_one_hosts_queue_ro
     assert not errors, (held, errors)
 
 
-def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue_rows(
-    db_url: str, db_engine: Engine, make_tenant
-) -> None:
-    """d.example's queue rows wait for a later due time (jobs scheduled in an hour), normal's
-    made first. A producer posts a batch (one INSERT) of a high and a normal job due now:
-    announced in (domain, priority) order, it upserts high's queue row, then normal's. A
-    round's pause of d.example (a 429 from a redirect hop to it) updates normal's first.
-    Gate: a third transaction holds high's row until the batch waits for it and the pause
-    (normal's locked) waits behind it; let go, the batch and the pause deadlock: the
-    commit's own scenario (a round's pause beside a batch intake) on one host's rows."""
-    u = make_tenant("u")[0].id
-    x = make_tenant("x")[0].id
-    with db_engine.begin() as conn:
-        for priority in ("normal", "high"):
-            conn.execute(
-                text(
-                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
-                    " next_attempt_at) VALUES (gen_random_uuid(), :u, 'http://d.example/' ||"
-                    " :p, 'd.example', :p, now() + interval '1 hour')"
-                ),
-                {"u": u, "p": priority},
-            )
-    _enqueue(db_engine, x, ["http://a.example/x"])
-    [round_job] = _claim(db_engine, 1)
+def _a_hop_429_pausing_d(round_job: leases.ClaimedJob) -> leases.AttemptOutcome:
+    """The round's outcome: the job on a.example failed on a 429 from a redirect hop to
+    d.example, which it pauses for 600 s."""
     now = datetime.now(UTC)
-    outcome = leases.AttemptOutcome(
+    return leases.AttemptOutcome(
         job_id=round_job.id,
         attempt=round_job.attempt,
         status="failed",
@@ -307,6 +286,18 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue
         domain="d.example",
         domain_paused_until=now + timedelta(seconds=600),
     )
+
+
+def _pause_beside_a_batch(
+    db_url: str,
+    db_engine: Engine,
+    outcome: leases.AttemptOutcome,
+    hold: tuple[str, tuple[object, ...]],
+    batch: tuple[str, tuple[object, ...]],
+) -> None:
+    """Gate: a third transaction runs `hold` (a row lock) until the batch (`batch`, one
+    INSERT) waits for it and the round's pause waits behind it; then lets go. Both must
+    commit: neither is a deadlock's victim."""
     errors: dict[str, BaseException] = {}
     url = libpq_url(db_url)
 
@@ -326,22 +317,11 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue
 
         def post() -> None:
             try:
-                producer.execute(
-                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
-                    " next_attempt_at) VALUES"
-                    " (gen_random_uuid(), %s, 'http://d.example/h', 'd.example', 'high',"
-                    "  now() - interval '1 hour'),"
-                    " (gen_random_uuid(), %s, 'http://d.example/n', 'd.example', 'normal',"
-                    "  now() - interval '1 hour')",
-                    (u, u),
-                )
+                producer.execute(*batch)
             except BaseException as e:  # noqa: BLE001 - reported by the test
                 errors["intake"] = e
 
-        holder.execute(
-            "SELECT 1 FROM scraping.domain_queues WHERE domain = 'd.example'"
-            " AND priority = 'high' FOR NO KEY UPDATE"
-        )
+        holder.execute(*hold)
         hpid = holder.info.backend_pid
         posting = threading.Thread(target=post)
         posting.start()
@@ -356,6 +336,49 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue
     assert not errors, {k: str(v) for k, v in errors.items()}
 
 
+def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_queue_rows(
+    db_url: str, db_engine: Engine, make_tenant
+) -> None:
+    """d.example's queue rows wait for a later due time (jobs scheduled in an hour), normal's
+    made first. A producer posts a batch (one INSERT) of a high and a normal job due now:
+    announced in (domain, priority) order, it upserts high's queue row, then normal's. A
+    round's pause of d.example (a 429 from a redirect hop to it) updated normal's first, in
+    its trigger's scan order: held on high's row, the batch and the pause deadlocked."""
+    u = make_tenant("u")[0].id
+    x = make_tenant("x")[0].id
+    with db_engine.begin() as conn:
+        for priority in ("normal", "high"):
+            conn.execute(
+                text(
+                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
+                    " next_attempt_at) VALUES (gen_random_uuid(), :u, 'http://d.example/' ||"
+                    " :p, 'd.example', :p, now() + interval '1 hour')"
+                ),
+                {"u": u, "p": priority},
+            )
+    _enqueue(db_engine, x, ["http://a.example/x"])
+    [round_job] = _claim(db_engine, 1)
+    _pause_beside_a_batch(
+        db_url,
+        db_engine,
+        _a_hop_429_pausing_d(round_job),
+        hold=(
+            "SELECT 1 FROM scraping.domain_queues WHERE domain = 'd.example'"
+            " AND priority = 'high' FOR NO KEY UPDATE",
+            (),
+        ),
+        batch=(
+            "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
+            " next_attempt_at) VALUES"
+            " (gen_random_uuid(), %s, 'http://d.example/h', 'd.example', 'high',"
+            "  now() - interval '1 hour'),"
+            " (gen_random_uuid(), %s, 'http://d.example/n', 'd.example', 'normal',"
+            "  now() - interval '1 hour')",
+            (u, u),
+        ),
+    )
+
+
 def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_flows(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -363,8 +386,7 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_flows
     for jobs scheduled in an hour, t2's made first (t1 < t2). A batch posts a job due now
     for each: announced in tenant order, it upserts t1's flow, then t2's (the queue row
     only read under KEY SHARE, which a pause does not wait for). A round's pause of
-    d.example updates t2's flow first. Gate: a third transaction holds t1's flow until the
-    batch waits for it and the pause (t2's locked) waits behind it: let go, a deadlock."""
+    d.example updated t2's flow first: held on t1's flow, a deadlock."""
     w = make_tenant("w")[0].id
     t1, t2 = sorted(make_tenant(n)[0].id for n in ("t1", "t2"))
     x = make_tenant("x")[0].id
@@ -381,61 +403,20 @@ def test_a_rounds_pause_does_not_deadlock_with_a_batch_intake_on_one_hosts_flows
                 ),
                 {"t": t},
             )
-    now = datetime.now(UTC)
-    outcome = leases.AttemptOutcome(
-        job_id=round_job.id,
-        attempt=round_job.attempt,
-        status="failed",
-        outcome="failed",
-        job_domain="a.example",
-        http_status=429,
-        error_class="http_429",
-        domain="d.example",
-        domain_paused_until=now + timedelta(seconds=600),
-    )
-    errors: dict[str, BaseException] = {}
-    url = libpq_url(db_url)
-
-    def round_() -> None:
-        try:
-            leases.finish_attempts(
-                db_engine, worker="w", outcomes=[outcome], max_pause_seconds=3600
-            )
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors["round"] = e
-
-    with (
-        psycopg.connect(url) as holder,
-        psycopg.connect(url, autocommit=True) as producer,
-        psycopg.connect(url, autocommit=True) as watch,
-    ):
-
-        def post() -> None:
-            try:
-                producer.execute(
-                    "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
-                    " next_attempt_at) SELECT gen_random_uuid(), t,"
-                    " 'http://d.example/now/' || t, 'd.example', 'normal',"
-                    " now() - interval '1 hour' FROM unnest(%s::uuid[]) t",
-                    ([t2, t1],),
-                )
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                errors["intake"] = e
-
-        holder.execute(
+    _pause_beside_a_batch(
+        db_url,
+        db_engine,
+        _a_hop_429_pausing_d(round_job),
+        hold=(
             "SELECT 1 FROM scraping.tenant_flows WHERE domain = 'd.example'"
             " AND tenant_id = %s FOR NO KEY UPDATE",
             (t1,),
-        )
-        hpid = holder.info.backend_pid
-        posting = threading.Thread(target=post)
-        posting.start()
-        _until_waiting(watch, hpid, "INSERT INTO scraping.jobs", posting)
-        pauser = threading.Thread(target=round_)
-        pauser.start()
-        _until_waiting(watch, hpid, "pause_domain", pauser)
-        holder.commit()
-        posting.join(60)
-        pauser.join(60)
-        assert not posting.is_alive() and not pauser.is_alive()
-    assert not errors, {k: str(v) for k, v in errors.items()}
+        ),
+        batch=(
+            "INSERT INTO scraping.jobs (id, tenant_id, url, domain, priority,"
+            " next_attempt_at) SELECT gen_random_uuid(), t,"
+            " 'http://d.example/now/' || t, 'd.example', 'normal',"
+            " now() - interval '1 hour' FROM unnest(%s::uuid[]) t",
+            ([t2, t1],),
+        ),
+    )
