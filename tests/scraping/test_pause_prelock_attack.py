@@ -1,7 +1,9 @@
-"""A hostile review of 5aba691 (0048: a pause locks its host's queue rows and flows in key
-order before the host's row, when it would lengthen; the trigger fires only on a change).
-Windows are forced with locks held open and waits seen in pg_blocking_pids, never by
-sleeping."""
+"""A pause racing a resume of its host, and another pause: found by a hostile review of
+0048's first form (a pause locked its host's queue rows and flows in key order before the
+host's row, deciding on an unlocked read; a resume still took the host's row first). Both
+deadlocked; both pass now that the decision is read under KEY SHARE and a resume takes the
+rows as a pause does (scraping.lock_domain_rows). Windows are forced with locks held open
+and waits seen in pg_blocking_pids, never by sleeping."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import threading
 import time
 
 import psycopg
-import pytest
 from sqlalchemy import Engine, text
 
 from pin_orchestration.migrations.schema_dump import libpq_url
+
+GATE_SECONDS = 30
 
 
 def _waiting_on(watch: psycopg.Connection, holder: int, marker: str) -> int | None:
@@ -65,14 +68,6 @@ def _two_queues_paused(db_engine: Engine, tenant) -> None:
     assert all(not r.ready and r.waiting_for == "room" for r in rows), rows
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pause_domain decides whether to pre-lock from a snapshot read of the host's "
-    "row taken without a lock: a resume committing while the pause waits for that row "
-    "turns a 'changes nothing' pause into a lengthening one whose trigger then takes the "
-    "queue rows in scan order with the host's row held (the pre-0048 order), and it "
-    "deadlocks with a second pause that pre-locked them in key order",
-)
 def test_a_pause_racing_a_resume_does_not_deadlock_with_another_pause(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:
@@ -123,6 +118,14 @@ def test_a_pause_racing_a_resume_does_not_deadlock_with_another_pause(
             errors[name] = e
             conn.rollback()
 
+    def resume_host(conn: psycopg.Connection) -> None:
+        try:
+            conn.execute("SELECT scraping.resume_domain('d.example') /* resume */")
+            conn.commit()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors["resume"] = e
+            conn.rollback()
+
     with (
         psycopg.connect(url) as producer,
         psycopg.connect(url) as resume,
@@ -135,21 +138,27 @@ def test_a_pause_racing_a_resume_does_not_deadlock_with_another_pause(
             " AND tenant_id = %s FOR NO KEY UPDATE",
             (g,),
         )
-        assert resume.execute("SELECT scraping.resume_domain('d.example')").fetchone()[0]
-        rpid = resume.info.backend_pid
+        ppid = producer.info.backend_pid
+        # The resume takes the host's rows in key order before the host's own row: it
+        # waits for the producer's flow holding none of the host's row (its first form
+        # held the host's row and left g's flow, so the pauses below met it in turn).
+        tr = threading.Thread(target=resume_host, args=(resume,))
+        tr.start()
+        _until_waiting(watch, ppid, "resume", tr)
+        # A's 10 minutes change nothing while the 20-minute pause stands: read under KEY
+        # SHARE (no resume holds the host's row yet), it commits without waiting.
         ta = threading.Thread(target=pause, args=(a, "pause_a", 10))
         ta.start()
-        _until_waiting(watch, rpid, "pause_a", ta)
+        ta.join(GATE_SECONDS)
+        assert not ta.is_alive(), "pause A waited"
+        # B's 30 minutes lengthen: it takes the queue rows in key order, behind the resume.
         tb = threading.Thread(target=pause, args=(b, "pause_b", 30))
         tb.start()
-        _until_waiting(watch, rpid, "pause_b", tb)
-        resume.commit()
-        _until_waiting(watch, producer.info.backend_pid, "pause_b", tb)
-        _until_waiting(watch, b.info.backend_pid, "pause_a", ta)
+        _until_waiting(watch, resume.info.backend_pid, "pause_b", tb)
         producer.commit()
-        ta.join(60)
+        tr.join(60)
         tb.join(60)
-        assert not ta.is_alive() and not tb.is_alive()
+        assert not tr.is_alive() and not tb.is_alive()
     assert not errors, {k: str(v) for k, v in errors.items()}
     with db_engine.connect() as conn:
         kept = conn.execute(
@@ -161,13 +170,6 @@ def test_a_pause_racing_a_resume_does_not_deadlock_with_another_pause(
     assert kept
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0048 reversed the pause's order (queue rows and flows, then the host's row) "
-    "but every other writer of the host's row whose trigger touches those rows (resume, "
-    "set_domain_limits, robots_crawl_delay) still takes the host's row first: a "
-    "lengthening pause and a resume of one host deadlock",
-)
 def test_a_lengthening_pause_does_not_deadlock_with_a_resume_of_its_host(
     db_url: str, db_engine: Engine, make_tenant
 ) -> None:

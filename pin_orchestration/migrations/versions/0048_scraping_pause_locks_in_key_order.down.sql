@@ -35,3 +35,23 @@ BEGIN
     RETURN v_kept;
 END
 $fn$;
+
+CREATE OR REPLACE FUNCTION scraping.resume_domain(p_domain text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_was_paused boolean;
+BEGIN
+    IF p_domain IS NULL OR btrim(p_domain) = '' THEN
+        RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
+    END IF;
+    SELECT d.blocked_until > clock_timestamp() INTO v_was_paused FROM scraping.domains d
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL
+    FOR UPDATE;
+    UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
+    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+    RETURN coalesce(v_was_paused, false);
+END
+$fn$;
+
+DROP FUNCTION scraping.lock_domain_rows(text);

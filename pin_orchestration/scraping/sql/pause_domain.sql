@@ -1,3 +1,19 @@
+-- A host's queue rows, then its flows, locked in key order (priority; priority, tenant):
+-- the order intake, the sweeper, the requeue runbook and rounds take them in. A writer of
+-- the host's row whose trigger (domains_domain_queue) sets them aside or wakes them calls
+-- this first: the trigger takes them in its scan order with the host's row held, and a
+-- pause so deadlocked with a batch intake or the sweeper on one host's rows.
+CREATE OR REPLACE FUNCTION scraping.lock_domain_rows(p_host text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    PERFORM 1 FROM scraping.domain_queues q WHERE q.domain = p_host
+    ORDER BY q.priority FOR NO KEY UPDATE;
+    PERFORM 1 FROM scraping.tenant_flows f WHERE f.domain = p_host
+    ORDER BY f.priority, f.tenant_id FOR NO KEY UPDATE;
+END
+$fn$;
+
 -- A domain's pause (a 429 or Retry-After from it, or an operator): no worker sends it
 -- anything before the pause ends. The pause this call asks for is capped at the session's
 -- pin.scraping_max_pause_seconds (the worker sets it from PIN_SCRAPING_MAX_PAUSE_SECONDS;
@@ -30,19 +46,16 @@ BEGIN
     END IF;
     v_until := least(p_until, clock_timestamp() + make_interval(secs => v_cap));
     v_host := scraping.idna_host(p_domain);
-    -- A pause that lengthens sets the host's queues and flows aside (trigger
-    -- domains_domain_queue), in the order its scan meets them, with the host's row held.
-    -- Intake, the sweeper, the requeue runbook and rounds take those rows in key order, and
-    -- intake the host's row after its queue rows: so they are locked first, here, in key
-    -- order, before the host's row (taken in the trigger's order, a pause deadlocked with a
-    -- batch intake or the sweeper on one host's rows). A pause that would change nothing
-    -- locks nothing more.
-    IF NOT EXISTS (SELECT 1 FROM scraping.domains d
-                   WHERE d.domain = v_host AND d.blocked_until >= v_until) THEN
-        PERFORM 1 FROM scraping.domain_queues q WHERE q.domain = v_host
-        ORDER BY q.priority FOR NO KEY UPDATE;
-        PERFORM 1 FROM scraping.tenant_flows f WHERE f.domain = v_host
-        ORDER BY f.priority, f.tenant_id FOR NO KEY UPDATE;
+    -- A pause that lengthens sets the host's queues and flows aside (its trigger), so it
+    -- takes them first, in key order (scraping.lock_domain_rows). A pause that would change
+    -- nothing locks nothing more: read under KEY SHARE, which waits for a resume under way
+    -- (FOR UPDATE) and reads what it left (read past it, the pause was taken for no change,
+    -- its trigger then took the rows in its own order).
+    PERFORM 1 FROM scraping.domains d
+    WHERE d.domain = v_host AND d.blocked_until >= v_until
+    FOR KEY SHARE;
+    IF NOT FOUND THEN
+        PERFORM scraping.lock_domain_rows(v_host);
     END IF;
     INSERT INTO scraping.domains AS d (domain, blocked_until)
     VALUES (v_host, v_until)
@@ -64,6 +77,9 @@ BEGIN
     IF p_domain IS NULL OR btrim(p_domain) = '' THEN
         RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
     END IF;
+    -- Its trigger wakes the host's queues and flows: taken first, in key order, as a pause
+    -- takes them (a resume holding the host's row deadlocked with a pause holding them).
+    PERFORM scraping.lock_domain_rows(scraping.idna_host(p_domain));
     SELECT d.blocked_until > clock_timestamp() INTO v_was_paused FROM scraping.domains d
     WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL
     FOR UPDATE;
