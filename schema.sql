@@ -1562,18 +1562,20 @@ CREATE FUNCTION scraping.resume_domain(p_domain text) RETURNS boolean
     AS $$
 DECLARE
     v_was_paused boolean;
+    v_host text;
 BEGIN
     IF p_domain IS NULL OR btrim(p_domain) = '' THEN
         RAISE EXCEPTION 'p_domain must name a host' USING ERRCODE = '22023';
     END IF;
     -- Its trigger wakes the host's queues and flows: taken first, in key order, as a pause
     -- takes them (a resume holding the host's row deadlocked with a pause holding them).
-    PERFORM scraping.lock_domain_rows(scraping.idna_host(p_domain));
+    v_host := scraping.idna_host(p_domain);
+    PERFORM scraping.lock_domain_rows(v_host);
     SELECT d.blocked_until > clock_timestamp() INTO v_was_paused FROM scraping.domains d
-    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL
+    WHERE d.domain = v_host AND d.blocked_until IS NOT NULL
     FOR UPDATE;
     UPDATE scraping.domains d SET blocked_until = NULL, updated_at = now()
-    WHERE d.domain = scraping.idna_host(p_domain) AND d.blocked_until IS NOT NULL;
+    WHERE d.domain = v_host AND d.blocked_until IS NOT NULL;
     RETURN coalesce(v_was_paused, false);
 END
 $$;
