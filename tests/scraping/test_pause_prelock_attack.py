@@ -8,38 +8,14 @@ and waits seen in pg_blocking_pids, never by sleeping."""
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 from sqlalchemy import Engine, text
 
 from pin_orchestration.migrations.schema_dump import libpq_url
+from tests.scraping.test_round_pauses_attack import _until_waiting
 
 GATE_SECONDS = 30
-
-
-def _waiting_on(watch: psycopg.Connection, holder: int, marker: str) -> int | None:
-    row = watch.execute(
-        "SELECT pid FROM pg_stat_activity WHERE position(%s IN query) > 0"
-        " AND pid <> pg_backend_pid()"
-        " AND %s = ANY (pg_blocking_pids(pid))",
-        (marker, holder),
-    ).fetchone()
-    return row[0] if row else None
-
-
-def _until_waiting(
-    watch: psycopg.Connection, holder: int, marker: str, thread: threading.Thread
-) -> None:
-    deadline = time.monotonic() + 20
-    while _waiting_on(watch, holder, marker) is None and thread.is_alive():
-        if time.monotonic() > deadline:
-            activity = watch.execute(
-                "SELECT pid, pg_blocking_pids(pid), wait_event_type, left(query, 80)"
-                " FROM pg_stat_activity WHERE datname = current_database()"
-            ).fetchall()
-            raise AssertionError(f"{marker} never waited on {holder}: {activity}")
-        thread.join(0.01)
 
 
 def _two_queues_paused(db_engine: Engine, tenant) -> None:
